@@ -1,0 +1,32 @@
+# Two commands set everything up: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+BIN := $(VENV)/bin
+DEMO_OUT ?= out/demo
+
+.PHONY: demo test lint bench-overhead clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	RESETTRACE=trace RESETTRACE_EXPORTER=file:$(DEMO_OUT)/spans.jsonl \
+	$(BIN)/resettrace bench collector --task g1_walk_flat --backend mujoco \
+		--num-envs 512 --warmup 20 --steps 300 --out $(DEMO_OUT)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy src
+
+bench-overhead: $(STAMP)
+	$(BIN)/resettrace bench overhead --json out/overhead.json
+
+clean:
+	rm -rf $(VENV) out build *.egg-info
