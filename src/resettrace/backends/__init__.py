@@ -1,0 +1,29 @@
+"""Backend registry: simulator names to classes, imported only when asked for."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["BACKENDS", "backend_class", "make_backend"]
+
+#: name -> "module:Class"; modules load on first use so that ``import resettrace`` stays light.
+BACKENDS: dict[str, str] = {
+    "mujoco": "resettrace.backends.mujoco:MujocoBackend",
+}
+
+
+def backend_class(name: str) -> Any:
+    """The backend class registered as ``name``; unknown names list the known ones."""
+    try:
+        target = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}") \
+            from None
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_backend(name: str, *, num_envs: int, model: Any = None, **options: Any) -> Any:
+    """Create the backend ``name`` with ``num_envs`` envs of ``model`` (default: bundled G1)."""
+    return backend_class(name)(num_envs=num_envs, model=model, **options)

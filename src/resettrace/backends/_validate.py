@@ -1,0 +1,70 @@
+"""Input checks shared by every backend, run before any engine call.
+
+Each check raises ``ValueError`` naming the argument and the problem, so that a
+bad call never reaches an engine (MotrixSim has no bounds checks and can crash the
+process) and leaves every env's state untouched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["check_ids", "check_rows", "normalise_quat_into", "QUAT_EPS"]
+
+#: A base quaternion shorter than this cannot be normalised.
+QUAT_EPS = 1e-9
+
+
+def check_ids(env_ids: object, num_envs: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Validate env ids; return them sorted as int32, and the sorting order (or None).
+
+    Ids must be a 1-D array of integers, unique, in ``[0, num_envs)``. Unsorted ids
+    are accepted: the returned order puts the caller's rows in id order.
+    """
+    ids = np.asarray(env_ids)
+    if ids.dtype == np.bool_:
+        raise ValueError("env_ids must be integer ids, not a boolean mask "
+                         "(use np.flatnonzero(mask))")
+    if ids.ndim != 1:
+        raise ValueError(f"env_ids must be one-dimensional, got shape {ids.shape}")
+    if ids.size == 0:
+        return np.zeros(0, np.int32), None
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"env_ids must be integers, got dtype {ids.dtype}")
+    lo, hi = ids.min(), ids.max()
+    if lo < 0 or hi >= num_envs:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"env_ids must be in [0, {num_envs}), got {bad}")
+    order = None
+    if ids.size > 1 and not (ids[1:] > ids[:-1]).all():
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+        dup = np.flatnonzero(ids[1:] == ids[:-1])
+        if dup.size:
+            raise ValueError(f"env_ids must be unique, got {ids[dup[0]]} twice")
+    if ids.dtype != np.int32 or not ids.flags.c_contiguous:
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+    return ids, order
+
+
+def check_rows(name: str, rows: object, k: int, width: int) -> np.ndarray:
+    """A finite float array of shape ``(k, width)`` (a view where possible)."""
+    a = np.asarray(rows)
+    if a.shape != (k, width):
+        raise ValueError(f"{name} must have shape ({k}, {width}) for {k} env ids, "
+                         f"got {a.shape}")
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"{name} must be numeric, got dtype {a.dtype}")
+    if not np.isfinite(a).all():
+        bad = np.argwhere(~np.isfinite(a))[0]
+        raise ValueError(f"{name} has a non-finite value at row {bad[0]}, column {bad[1]}")
+    return a
+
+
+def normalise_quat_into(out: np.ndarray, quat: np.ndarray, name: str) -> None:
+    """Write unit quaternions of ``quat`` ``(k, 4)`` into ``out``; reject zero ones."""
+    norm = np.sqrt(np.einsum("ij,ij->i", quat, quat))
+    if (norm < QUAT_EPS).any():
+        row = int(np.flatnonzero(norm < QUAT_EPS)[0])
+        raise ValueError(f"{name} has a zero base quaternion at row {row}")
+    np.divide(quat, norm[:, None], out=out)

@@ -1,0 +1,222 @@
+"""MuJoCo backend: ``num_envs`` rows of one ``mujoco.batch.Batch``, stepped on a thread pool.
+
+``set_state`` for k of N rows (every step timed under its catalog phase):
+
+=================  ====================================================================
+mask               validate and sort the ids into an int32 index (no bool mask)
+qpos_convert       validate qpos/qvel, normalise the base quaternion into scratch rows
+data_reset         write the state row of a freshly reset env to the k rows
+state_scatter      clear the rows' warning counters (kept outside the state rows)
+set_dof_pos/vel    write qpos / qvel rows
+actuator_ctrl      position targets hold the new joint pose
+forward_kinematic  ``forward(ids, stage=POS)``: kinematics of the k rows only
+refresh_pose_cache body poses of the k rows into the contract's xyz + wxyz cache
+=================  ====================================================================
+
+``data_slice``, ``clear_forces`` (applied forces are state and already zero),
+``geom_overrides``, ``reset_rand``, ``invalidate_velocity`` and ``pool_reset`` do not
+apply and are reported as 0.0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import mujoco
+import numpy as np
+from mujoco import batch as mj_batch
+
+from resettrace import catalog as C
+from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
+from resettrace.contract import BackendInfo, SetStateResult
+from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MujocoBackend", "load_model", "DEFAULT_MODEL"]
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "assets" / "g1" / "g1.xml"
+KEYFRAME = "stand"
+
+_STAGE_NONE = int(mujoco.mjtStage.mjSTAGE_NONE)
+_STAGE_POS = int(mujoco.mjtStage.mjSTAGE_POS)
+
+
+def load_model(model: str | os.PathLike[str] | mujoco.MjModel | None) -> mujoco.MjModel:
+    """An ``MjModel`` from a path to an MJCF file, a model, or the bundled G1."""
+    if isinstance(model, mujoco.MjModel):
+        return model
+    path = Path(DEFAULT_MODEL if model is None else model)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    return mujoco.MjModel.from_xml_path(str(path))
+
+
+def describe_model(m: mujoco.MjModel, name: str) -> BackendInfo:
+    """Check the floating-base layout the contract needs and describe the model."""
+    free = int(mujoco.mjtJoint.mjJNT_FREE)
+    if m.njnt == 0 or int(m.jnt_type[0]) != free or int(m.jnt_qposadr[0]) != 0:
+        raise ValueError("the model's first joint must be the floating base (a free joint)")
+    hinge_types = [int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE)]
+    if not np.isin(m.jnt_type[1:], hinge_types).all():
+        raise ValueError("every joint after the floating base must be a hinge or slide joint")
+    joint_names = tuple(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint{j}"
+                        for j in range(1, m.njnt))
+    body_names = tuple(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, b) or f"body{b}"
+                       for b in range(m.nbody))
+    act_names = tuple(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_ACTUATOR, a) or f"act{a}"
+                      for a in range(m.nu))
+    if m.nu and (m.actuator_trntype != int(mujoco.mjtTrn.mjTRN_JOINT)).any():
+        raise ValueError("every actuator must drive a joint")
+    act_joint = (m.jnt_qposadr[m.actuator_trnid[:, 0]] - 7).astype(np.intp)
+    if (act_joint < 0).any():
+        raise ValueError("an actuator drives the floating base")
+    joint_range = np.array(m.jnt_range[1:], dtype=np.float64)
+    unlimited = ~m.jnt_limited[1:].astype(bool)
+    joint_range[unlimited] = (-np.inf, np.inf)
+    ctrl_range = np.array(m.actuator_ctrlrange, dtype=np.float64)
+    ctrl_range[~m.actuator_ctrllimited.astype(bool)] = (-np.inf, np.inf)
+    return BackendInfo(name=name, joint_names=joint_names, body_names=body_names,
+                       actuator_names=act_names, joint_range=joint_range, ctrl_range=ctrl_range,
+                       actuator_joint=act_joint, physics_dt=float(m.opt.timestep))
+
+
+class MujocoBackend:
+    """``num_envs`` simulations of one MuJoCo model in a ``mujoco.batch.Batch``."""
+
+    name = "mujoco"
+
+    def __init__(self, *, num_envs: int, model: Any = None, nthread: int | None = None,
+                 recorder: Recorder | NoopRecorder | None = None) -> None:
+        if int(num_envs) < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.num_envs = int(num_envs)
+        self.model = load_model(model)
+        self.info = describe_model(self.model, self.name)
+        m = self.model
+        self.nq, self.nv, self.nu = int(m.nq), int(m.nv), int(m.nu)
+        self._rec: Recorder | NoopRecorder = NOOP_RECORDER  # the initial reset is not traced
+        nthread = (os.cpu_count() or 1) if nthread is None else int(nthread)
+        self.batch: Any = mj_batch.Batch(m, self.num_envs, nthread=nthread)
+        b = self.batch
+        # bind every view before the first call: derived fields are copied out per call
+        self._qpos, self._qvel, self._ctrl = b.bind("qpos"), b.bind("qvel"), b.bind("ctrl")
+        self._xpos, self._xquat = b.bind("xpos"), b.bind("xquat")
+        self._state = b.state
+        self._warning = b.warning
+        key = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_KEY, KEYFRAME)
+        if key < 0 and m.nkey:
+            key = 0
+        self._keyframe = np.array(m.key_qpos[key] if key >= 0 else m.qpos0, dtype=np.float64)
+        # the state row of a freshly reset env: writing it equals Batch.reset(stage=NONE)
+        probe = mj_batch.Batch(m, 1, nthread=1)
+        probe.reset(stage=_STAGE_NONE)
+        self._template = np.array(probe.state[0])
+        del probe
+        self._act_qadr = 7 + self.info.actuator_joint
+        self._ctrl_lo = self.info.ctrl_range[:, 0].copy()
+        self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
+        self._pose = np.zeros((self.num_envs, m.nbody, 7))
+        self._pose_fresh = np.zeros(self.num_envs, dtype=bool)
+        self._body_index: dict[tuple[str, ...], np.ndarray] = {}
+        self._scratch_q = np.empty((0, self.nq))
+        # start every env at the keyframe, actuators holding it
+        q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
+        self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
+        self._rec = NOOP_RECORDER if recorder is None else recorder
+
+    # -- contract ----------------------------------------------------------------------------
+    @property
+    def keyframe_qpos(self) -> np.ndarray:
+        return self._keyframe.copy()
+
+    def step(self, ctrl: np.ndarray, nsteps: int = 1) -> None:
+        if ctrl.shape != (self.num_envs, self.nu):
+            raise ValueError(f"ctrl must have shape ({self.num_envs}, {self.nu}), "
+                             f"got {ctrl.shape}")
+        self._ctrl[...] = ctrl
+        self.batch.step(nstep=int(nsteps))
+        self._pose_fresh[:] = False
+
+    def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
+                  randomization: Any = None) -> SetStateResult | None:
+        if randomization is not None:
+            raise ValueError("the mujoco backend takes no randomization payload yet")
+        rec = self._rec
+        with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
+            with rec.scope(C.SET_STATE_MASK):
+                ids, order = check_ids(env_ids, self.num_envs)
+            k = ids.size
+            with rec.scope(C.SET_STATE_QPOS_CONVERT):
+                q_in = check_rows("qpos", qpos, k, self.nq)
+                v = check_rows("qvel", qvel, k, self.nv)
+                q = self._scratch(k)
+                if order is None:
+                    q[...] = q_in
+                else:
+                    q[...] = q_in[order]
+                    v = v[order]
+                normalise_quat_into(q[:, 3:7], q[:, 3:7], "qpos")
+            if k:
+                self._write_rows(ids, q, v)
+        return {"timing": t} if (t := outer.timing()) is not None else None
+
+    def _scratch(self, k: int) -> np.ndarray:
+        if self._scratch_q.shape[0] < k:
+            self._scratch_q = np.empty((max(k, 2 * self._scratch_q.shape[0]), self.nq))
+        return self._scratch_q[:k]
+
+    def _write_rows(self, ids: np.ndarray, q: np.ndarray, v: np.ndarray) -> None:
+        rec = self._rec
+        with rec.scope(C.SET_STATE_DATA_RESET):
+            self._state[ids] = self._template
+        with rec.scope(C.SET_STATE_STATE_SCATTER):
+            self._warning[ids] = 0
+        with rec.scope(C.SET_STATE_SET_DOF_POS):
+            self._qpos[ids] = q
+        with rec.scope(C.SET_STATE_SET_DOF_VEL):
+            self._qvel[ids] = v
+        with rec.scope(C.SET_STATE_ACTUATOR_CTRL):
+            self._ctrl[ids] = np.clip(q[:, self._act_qadr], self._ctrl_lo, self._ctrl_hi)
+        with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
+            self.batch.forward(ids, stage=_STAGE_POS)
+        with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
+            self._refresh_pose(ids)
+
+    def _refresh_pose(self, ids: np.ndarray) -> None:
+        self._pose[ids, :, :3] = self._xpos[ids]
+        self._pose[ids, :, 3:] = self._xquat[ids]
+        self._pose_fresh[ids] = True
+
+    def get_qpos_rows(self, env_ids: Any = None) -> np.ndarray:
+        """All rows: the live engine view (do not write it); else a copy of the rows."""
+        return self._qpos if env_ids is None else self._qpos[np.asarray(env_ids, np.intp)]
+
+    def get_qvel_rows(self, env_ids: Any = None) -> np.ndarray:
+        return self._qvel if env_ids is None else self._qvel[np.asarray(env_ids, np.intp)]
+
+    def get_body_pose_rows(self, env_ids: Any, body_names: tuple[str, ...] | list[str]
+                           ) -> np.ndarray:
+        cols = self._body_cols(tuple(body_names))
+        rows = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, np.intp)
+        stale = rows[~self._pose_fresh[rows]]
+        if stale.size:  # after a physics step: kinematics from the engine's last call
+            self._refresh_pose(stale)
+        return self._pose[rows[:, None], cols]
+
+    def _body_cols(self, names: tuple[str, ...]) -> np.ndarray:
+        cols = self._body_index.get(names)
+        if cols is None:
+            lookup = {n: i for i, n in enumerate(self.info.body_names)}
+            missing = [n for n in names if n not in lookup]
+            if missing:
+                raise ValueError(f"unknown body name(s) {missing}; known: "
+                                 f"{', '.join(self.info.body_names)}")
+            cols = self._body_index[names] = np.array([lookup[n] for n in names], np.intp)
+        return cols
+
+    def close(self) -> None:
+        self.batch = None
