@@ -1,0 +1,53 @@
+"""Domain-randomization manager: the reset call of ``reset_done``.
+
+``reset(env_ids)`` plans the reset rows' initial state (the task's sampler),
+selects their rows of the randomization payload, calls ``backend.set_state`` and
+builds their reset observation, each under its catalog phase. The ``set_state``
+span itself is emitted by the backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from resettrace import catalog as C
+from resettrace.contract import SetStateResult, SimBackend
+from resettrace.tasks.base import Task
+from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+
+__all__ = ["DomainRandomizationManager"]
+
+
+class DomainRandomizationManager:
+    """Resets rows of one backend for one task."""
+
+    def __init__(self, task: Task, backend: SimBackend, *, rng: np.random.Generator,
+                 recorder: Recorder | NoopRecorder = NOOP_RECORDER,
+                 payload: Any = None) -> None:
+        self.task = task
+        self.backend = backend
+        self.rng = rng
+        self.payload = payload
+        self._rec = recorder
+        #: the backend's timing dict of the last reset (None with tracing off)
+        self.last_set_state: SetStateResult | None = None
+
+    def _payload_rows(self, env_ids: np.ndarray) -> Any:
+        if self.payload is None:
+            return None
+        return self.payload.rows(env_ids)
+
+    def reset(self, env_ids: np.ndarray) -> np.ndarray:
+        """Re-initialise ``env_ids``; return their reset observation ``(k, obs_dim)``."""
+        rec = self._rec
+        with rec.scope(C.DR_RESET, len(env_ids)):
+            with rec.scope(C.DR_RESET_PLAN):
+                qpos, qvel = self.task.plan_reset(env_ids, self.rng)
+            with rec.scope(C.DR_RESET_PAYLOAD_FILTER):
+                rand = self._payload_rows(env_ids)
+            self.last_set_state = self.backend.set_state(env_ids, qpos, qvel, rand)
+            with rec.scope(C.DR_RESET_BUILD_OBSERVATION):
+                obs = self.task.reset_observation(env_ids)
+        return obs

@@ -1,0 +1,166 @@
+"""G1 walk-flat: follow a joystick velocity command on flat ground.
+
+Actor observation (98 = 3 + 3 + 29 + 29 + 29 + 3 + 2): base angular velocity
+(gyro, base frame), gravity in the base frame, joint positions minus the stand
+pose, joint velocities, last action, command (vx, vy, yaw rate), gait phase
+(sin, cos). Termination: base tilted past ``max_tilt_cos`` or below
+``min_base_height``; truncation after ``max_episode_steps``. Reset: the stand
+keyframe with xy and yaw noise and base velocity noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from resettrace.contract import SimBackend
+from resettrace.tasks.quat import quat_mul, quat_rotate_inverse, yaw_quat
+
+__all__ = ["G1WalkFlat", "WalkFlatConfig"]
+
+_GRAVITY = np.array([0.0, 0.0, -1.0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class WalkFlatConfig:
+    #: radians of joint target per unit of action
+    action_scale: float = 0.25
+    #: control period 0.02 s = 3 physics substeps of 0.02/3 s
+    substeps: int = 3
+    control_dt: float = 0.02
+    max_episode_steps: int = 1000
+    #: terminate when gravity's z in the base frame is above -cos(60 deg)
+    max_tilt_cos: float = 0.5
+    min_base_height: float = 0.5
+    gait_frequency_hz: float = 1.25
+    #: uniform command ranges (vx, vy, yaw rate)
+    command_range: tuple[tuple[float, float], ...] = ((-1.0, 1.0), (-0.5, 0.5), (-1.0, 1.0))
+    reset_xy_noise: float = 0.5
+    reset_yaw_noise: float = np.pi
+    reset_lin_vel_noise: float = 0.5
+    reset_ang_vel_noise: float = 0.5
+    #: spread episode starts so that time-outs do not all land on one step
+    randomize_initial_episode_step: bool = True
+    tracking_sigma: float = 0.25
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.substeps < 1 or self.max_episode_steps < 1:
+            raise ValueError("substeps and max_episode_steps must be >= 1")
+        if not 0.0 <= self.max_tilt_cos <= 1.0:
+            raise ValueError(f"max_tilt_cos must be in [0, 1], got {self.max_tilt_cos}")
+
+
+class G1WalkFlat:
+    """The walk-flat task on any backend that satisfies the contract."""
+
+    name = "g1_walk_flat"
+
+    def __init__(self, config: WalkFlatConfig | None = None, **overrides: Any) -> None:
+        self.config = config if config is not None else WalkFlatConfig(**overrides)
+        self.substeps = self.config.substeps
+        self.max_episode_steps = self.config.max_episode_steps
+        self.randomize_initial_episode_step = self.config.randomize_initial_episode_step
+        self.backend: SimBackend | None = None
+
+    def bind(self, backend: SimBackend, rng: np.random.Generator) -> None:
+        self.backend = backend
+        n, info = backend.num_envs, backend.info
+        self.num_joints = len(info.joint_names)
+        self.action_dim = backend.nu
+        self.obs_dim = 3 + 3 + 2 * self.num_joints + self.action_dim + 3 + 2
+        self.default_qpos = backend.keyframe_qpos
+        self.default_joint = self.default_qpos[7:].copy()
+        self._act_default = self.default_joint[info.actuator_joint]
+        self._ctrl_lo = info.ctrl_range[:, 0]
+        self._ctrl_hi = info.ctrl_range[:, 1]
+        self.command = np.zeros((n, 3))
+        self._command_lo, self._command_hi = np.array(self.config.command_range).T
+        self.phase_offset = np.zeros(n)
+        self._dt = self.config.control_dt
+        self._sample_episode(np.arange(n), rng)
+
+    # -- step ----------------------------------------------------------------------------------
+    def action_to_ctrl(self, action: np.ndarray, out: np.ndarray) -> None:
+        np.multiply(action, self.config.action_scale, out=out)
+        out += self._act_default
+        np.clip(out, self._ctrl_lo, self._ctrl_hi, out=out)
+
+    def observe(self, qpos: np.ndarray, qvel: np.ndarray, last_action: np.ndarray,
+                command: np.ndarray, phase: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Observation rows from state rows (works for the whole batch or k rows)."""
+        quat = qpos[:, 3:7]
+        nj, na = self.num_joints, self.action_dim
+        o = 0
+        out[:, o:o + 3] = qvel[:, 3:6]  # free-joint angular velocity is in the base frame
+        o += 3
+        out[:, o:o + 3] = quat_rotate_inverse(quat, np.broadcast_to(_GRAVITY, (len(quat), 3)))
+        o += 3
+        np.subtract(qpos[:, 7:], self.default_joint, out=out[:, o:o + nj])
+        o += nj
+        out[:, o:o + nj] = qvel[:, 6:]
+        o += nj
+        out[:, o:o + na] = last_action
+        o += na
+        out[:, o:o + 3] = command
+        o += 3
+        angle = 2.0 * np.pi * phase
+        out[:, o] = np.sin(angle)
+        out[:, o + 1] = np.cos(angle)
+        return out
+
+    def _phase(self, episode_step: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        return (episode_step * self._dt * self.config.gait_frequency_hz + offset) % 1.0
+
+    def update_state(self, episode_step: np.ndarray, last_action: np.ndarray,
+                     obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray) -> None:
+        assert self.backend is not None, "bind() first"
+        qpos = self.backend.get_qpos_rows(None)
+        qvel = self.backend.get_qvel_rows(None)
+        self.observe(qpos, qvel, last_action, self.command,
+                     self._phase(episode_step, self.phase_offset), obs)
+        gravity_z = obs[:, 5]
+        np.logical_or(gravity_z > -self.config.max_tilt_cos,
+                      qpos[:, 2] < self.config.min_base_height, out=terminated)
+        lin_vel = quat_rotate_inverse(qpos[:, 3:7], qvel[:, 0:3])
+        sigma = self.config.tracking_sigma
+        err_xy = np.sum((self.command[:, :2] - lin_vel[:, :2]) ** 2, axis=1)
+        err_yaw = (self.command[:, 2] - qvel[:, 5]) ** 2
+        reward[:] = np.exp(-err_xy / sigma) + 0.5 * np.exp(-err_yaw / sigma)
+        reward[terminated] -= 1.0
+
+    # -- reset ---------------------------------------------------------------------------------
+    def plan_reset(self, env_ids: np.ndarray, rng: np.random.Generator
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        assert self.backend is not None, "bind() first"
+        c, k = self.config, len(env_ids)
+        qpos = np.tile(self.default_qpos, (k, 1))
+        qpos[:, 0:2] += rng.uniform(-c.reset_xy_noise, c.reset_xy_noise, (k, 2))
+        yaw = rng.uniform(-c.reset_yaw_noise, c.reset_yaw_noise, k)
+        qpos[:, 3:7] = quat_mul(yaw_quat(yaw), qpos[:, 3:7])
+        qvel = np.zeros((k, self.backend.nv))
+        qvel[:, 0:2] = rng.uniform(-c.reset_lin_vel_noise, c.reset_lin_vel_noise, (k, 2))
+        qvel[:, 3:6] = rng.uniform(-c.reset_ang_vel_noise, c.reset_ang_vel_noise, (k, 3))
+        self._sample_episode(env_ids, rng)
+        return qpos, qvel
+
+    def _sample_episode(self, env_ids: np.ndarray, rng: np.random.Generator) -> None:
+        """A new command and gait phase for the rows' next episode."""
+        lo, hi = self._command_lo, self._command_hi
+        self.command[env_ids] = rng.uniform(lo, hi, (len(env_ids), 3))
+        self.phase_offset[env_ids] = rng.uniform(0.0, 1.0, len(env_ids))
+
+    def reset_observation(self, env_ids: np.ndarray) -> np.ndarray:
+        assert self.backend is not None, "bind() first"
+        qpos = self.backend.get_qpos_rows(env_ids)
+        qvel = self.backend.get_qvel_rows(env_ids)
+        out = np.empty((len(env_ids), self.obs_dim), dtype=np.float32)
+        no_action = np.zeros((len(env_ids), self.action_dim))
+        return self.observe(qpos, qvel, no_action, self.command[env_ids],
+                            self.phase_offset[env_ids], out)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "obs_dim": self.obs_dim, "action_dim": self.action_dim,
+                "substeps": self.substeps, "max_episode_steps": self.max_episode_steps}
