@@ -1,0 +1,1 @@
+"""Benchmarks: the collector breakdown (the main job) and the tracing overhead A/B."""

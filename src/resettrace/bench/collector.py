@@ -1,0 +1,164 @@
+"""``resettrace bench collector``: where the time of a batched env step goes.
+
+Steps ``num_envs`` envs of a task with noisy actions (realistic terminations, a
+few % of envs per step), discards ``warmup`` steps, then times ``steps`` steps
+with every phase recorded. Prints env/s and the breakdown tables; writes
+``timing.json``, ``timing.csv`` and, when spans are exported, ``spans.jsonl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from resettrace import catalog as C
+from resettrace.bench.tables import STAT_FIELDS, format_table, write_csv, write_json
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CollectorConfig", "run_collector", "render_report"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectorConfig:
+    task: str = "g1_walk_flat"
+    backend: str = "mujoco"
+    num_envs: int = 1024
+    warmup: int = 20
+    steps: int = 200
+    #: output folder for timing.json / timing.csv (None: write nothing)
+    out: str | None = None
+    #: MJCF path instead of the bundled G1
+    model: str | None = None
+    seed: int = 0
+    #: standard deviation of the random policy's actions
+    action_noise: float = 1.0
+    #: engine threads (None: all CPUs)
+    nthread: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_envs < 1:
+            raise ValueError(f"--num-envs must be >= 1, got {self.num_envs}")
+        if self.warmup < 0 or self.steps < 1:
+            raise ValueError("--warmup must be >= 0 and --steps >= 1")
+        if self.action_noise < 0:
+            raise ValueError(f"--action-noise must be >= 0, got {self.action_noise}")
+
+
+def run_collector(cfg: CollectorConfig, tracing: Any,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the benchmark under ``tracing`` (mode ``timing`` or ``trace``); return the result."""
+    import resettrace
+
+    if tracing.processor is None:
+        raise ValueError("the collector benchmark needs tracing mode 'timing' or 'trace'")
+    options: dict[str, Any] = {}
+    if cfg.nthread is not None:
+        options["nthread"] = cfg.nthread
+    env = resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
+                              model=cfg.model, seed=cfg.seed, tracing=tracing, **options)
+    rng = np.random.default_rng(cfg.seed + 1)
+    shape = (cfg.num_envs, env.action_dim)
+    actions = np.empty(shape)
+    say = progress or (lambda _msg: None)
+    try:
+        for _ in range(cfg.warmup):
+            env.step(rng.normal(0.0, cfg.action_noise, shape))
+        tracing.processor.clear()  # statistics of the timed steps only
+        resets = 0
+        last_report = t0 = time.perf_counter()
+        for i in range(cfg.steps):
+            rng.standard_normal(out=actions)
+            actions *= cfg.action_noise
+            _, _, done, _ = env.step(actions)
+            resets += int(done.sum())
+            now = time.perf_counter()
+            if now - last_report >= 2.0 or i + 1 == cfg.steps:
+                last_report = now
+                rate = (i + 1) * cfg.num_envs / (now - t0)
+                say(f"step {i + 1}/{cfg.steps} ({100 * (i + 1) / cfg.steps:.0f}%), "
+                    f"{rate:,.0f} env/s, resets {100 * resets / ((i + 1) * cfg.num_envs):.2f}%"
+                    " of envs per step")
+        wall = time.perf_counter() - t0
+    finally:
+        env.close()
+    flushed = tracing.force_flush()
+    stats = {k: s.as_dict() for k, s in tracing.stats().items()}
+    return {
+        "config": {**asdict(cfg), "mode": tracing.mode},
+        "env_per_s": cfg.num_envs * cfg.steps / wall,
+        "wall_s": wall,
+        "reset_fraction": resets / (cfg.steps * cfg.num_envs),
+        "stats": {k: {f: s[f] for f in STAT_FIELDS} | {"share_of_parent": s["share_of_parent"]}
+                  for k, s in stats.items()},
+        "samples": tracing.samples(),
+        "export": tracing.export_report() | {"flushed": flushed},
+    }
+
+
+def write_outputs(result: Mapping[str, Any], out: Path) -> list[Path]:
+    json_path, csv_path = out / "timing.json", out / "timing.csv"
+    write_json(json_path, result)
+    write_csv(csv_path, result["stats"])
+    return [json_path, csv_path]
+
+
+def _stat(stats: Mapping[str, Any], key: str, field: str = "total_ms") -> float:
+    s = stats.get(key)
+    return 0.0 if s is None else float(s[field])
+
+
+def render_report(result: Mapping[str, Any]) -> str:
+    """The env/s line and the four breakdown tables."""
+    stats = result["stats"]
+    cfg = result["config"]
+    steps = max(1, int(_stat(stats, C.ENV_STEP.key, "count")))
+    step_total = _stat(stats, C.ENV_STEP.key)
+    parts = [f"{cfg['task']} on {cfg['backend']}: {cfg['num_envs']} envs, {cfg['steps']} steps, "
+             f"mode {cfg['mode']}: {result['env_per_s']:,.0f} env/s, "
+             f"{100 * result['reset_fraction']:.2f}% of envs reset per step"]
+
+    def share(total: float, of: float) -> float:
+        return 100.0 * total / of if of > 0 else float("nan")
+
+    rows = []
+    for key in C.ENV_STEP_KEYS:
+        t = _stat(stats, key)
+        rows.append([key, t / steps, share(t, step_total)])
+    parts.append(format_table("env step breakdown (ms per env step)", ["key", "ms", "%"], rows))
+
+    for title, keys, parent in (
+        ("reset_done stages", C.RESET_DONE_KEYS, C.RESET_DONE.key),
+        ("DR reset stages", C.DR_RESET_KEYS, C.DR_RESET.key),
+        ("set_state phases (% of dr_reset_set_state_ms)", C.SET_STATE_KEYS, C.SET_STATE.key),
+    ):
+        parent_total = _stat(stats, parent)
+        rows = []
+        for key in keys:
+            s = stats.get(key)
+            if s is None:
+                rows.append([key, 0, float("nan"), float("nan"), float("nan"), float("nan")])
+                continue
+            pct = float("nan") if key == C.RESET_DONE_COUNT else share(s["total_ms"],
+                                                                       parent_total)
+            rows.append([key, s["count"], s["mean_ms"], s["p50_ms"], s["p90_ms"], pct])
+        parts.append(format_table(title, ["key", "count", "mean", "p50", "p90", "%"], rows))
+    exp = result.get("export") or {}
+    if cfg["mode"] == "trace":
+        parts.append(f"spans built: {exp.get('spans_built', 0)}, dropped: "
+                     f"{exp.get('spans_dropped', 0)}, pending: {exp.get('spans_pending', 0)}")
+    return "\n\n".join(parts)
+
+
+def progress_printer(stream: TextIO = sys.stderr) -> Callable[[str], None]:
+    def say(msg: str) -> None:
+        print(msg, file=stream, flush=True)
+
+    return say

@@ -1,0 +1,158 @@
+"""``resettrace bench overhead``: what tracing costs on the reset hot path.
+
+Three envs of the same task and size run side by side, one per tracing mode
+(``off``, ``timing``, ``trace`` with a span file). Each round visits the modes in
+a fresh random order and runs ``calls`` iterations of the training pattern on
+each: one physics substep (untimed; it releases the GIL, as training does), then
+``reset_done`` of a random ``ratio`` share of envs, timed from outside with
+``perf_counter_ns``. Medians per mode and the ratios timing/off and trace/off
+are measured in one run, so machine noise hits every mode alike.
+
+``noop_share``: the measured cost of one no-op scope, times the scopes of one
+reset, as a share of the median ``reset_done`` with tracing off.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from resettrace import catalog as C
+from resettrace.bench.tables import format_table
+from resettrace.config import Config
+from resettrace.tracing.recorder import NOOP_RECORDER
+
+__all__ = ["OverheadConfig", "run_overhead", "render_overhead", "noop_scope_cost_ns"]
+
+MODES = ("off", "timing", "trace")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverheadConfig:
+    task: str = "g1_walk_flat"
+    backend: str = "mujoco"
+    num_envs: int = 1024
+    ratio: float = 0.05
+    rounds: int = 100
+    calls: int = 3
+    warmup: int = 5
+    model: str | None = None
+    nthread: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.ratio <= 1.0:
+            raise ValueError(f"--ratio must be in (0, 1], got {self.ratio}")
+        if self.num_envs < 1 or self.rounds < 1 or self.calls < 1 or self.warmup < 0:
+            raise ValueError("--num-envs, --rounds and --calls must be >= 1, --warmup >= 0")
+
+
+def noop_scope_cost_ns(n: int = 200_000) -> float:
+    """Median over 5 repeats of the cost of one ``with NOOP_RECORDER.scope(...)``."""
+    rec, phase = NOOP_RECORDER, C.SET_STATE_MASK
+    costs = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            with rec.scope(phase):
+                pass
+        t1 = time.perf_counter_ns()
+        for _ in range(n):
+            pass
+        t2 = time.perf_counter_ns()
+        costs.append(((t1 - t0) - (t2 - t1)) / n)
+    return statistics.median(costs)
+
+
+def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = None
+                 ) -> dict[str, Any]:
+    import resettrace
+    from resettrace.tracing.session import Tracing
+
+    say = progress or (lambda _m: None)
+    k = max(1, round(cfg.ratio * cfg.num_envs))
+    options: dict[str, Any] = {} if cfg.nthread is None else {"nthread": cfg.nthread}
+    with tempfile.TemporaryDirectory(prefix="resettrace-overhead-") as tmp:
+        sessions = {
+            "off": Tracing(Config(mode="off")),
+            "timing": Tracing(Config(mode="timing")),
+            "trace": Tracing(Config(mode="trace",
+                                    exporters=(f"file:{Path(tmp) / 'spans.jsonl'}",))),
+        }
+        envs = {m: resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
+                                       model=cfg.model, seed=cfg.seed, tracing=sessions[m],
+                                       **options) for m in MODES}
+        rng = np.random.default_rng(cfg.seed)
+        times: dict[str, list[int]] = {m: [] for m in MODES}
+        mask = np.zeros(cfg.num_envs, dtype=bool)
+
+        def one(mode: str, record: bool) -> None:
+            env = envs[mode]
+            env.backend.step(env.ctrl, 1)
+            mask[:] = False
+            mask[rng.choice(cfg.num_envs, k, replace=False)] = True
+            t0 = time.perf_counter_ns()
+            env.reset_done(mask)
+            t1 = time.perf_counter_ns()
+            if record:
+                times[mode].append(t1 - t0)
+
+        for m in MODES:
+            for _ in range(cfg.warmup):
+                one(m, False)
+        for r in range(cfg.rounds):
+            for m in rng.permutation(MODES):
+                for _ in range(cfg.calls):
+                    one(str(m), True)
+            if (r + 1) % max(1, cfg.rounds // 5) == 0 or r + 1 == cfg.rounds:
+                say(f"round {r + 1}/{cfg.rounds}")
+        scopes = _scopes_per_reset(sessions["timing"])
+        report = sessions["trace"].export_report()
+        for m in MODES:
+            envs[m].close()
+            sessions[m].shutdown()
+        report["spans_dropped"] = sessions["trace"].dropped_spans
+    p50 = {m: statistics.median(times[m]) / 1e6 for m in MODES}
+    noop_ns = noop_scope_cost_ns()
+    return {
+        "config": asdict(cfg) | {"k": k},
+        "modes": {m: {"reset_done_p50_ms": p50[m],
+                      "reset_done_p90_ms": float(np.percentile(times[m], 90)) / 1e6,
+                      "calls": len(times[m])} for m in MODES},
+        "ratios": {"timing_vs_off": p50["timing"] / p50["off"],
+                   "trace_vs_off": p50["trace"] / p50["off"]},
+        "noop_scope_ns": noop_ns,
+        "scopes_per_reset": scopes,
+        "noop_share": noop_ns * scopes / (p50["off"] * 1e6),
+        "trace_export": report,
+    }
+
+
+def _scopes_per_reset(session: Any) -> int:
+    """Scopes per reset_done: every trace of this benchmark is one reset_done."""
+    proc = session.processor
+    return round(proc.records_seen / max(1, proc.traces_seen))
+
+
+def render_overhead(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    off = result["modes"]["off"]["reset_done_p50_ms"]
+    rows = [[m, v["reset_done_p50_ms"], v["reset_done_p90_ms"],
+             v["reset_done_p50_ms"] / off, v["calls"]] for m, v in result["modes"].items()]
+    table = format_table(
+        f"reset_done with tracing off / timing / trace: {cfg['num_envs']} envs, "
+        f"k={cfg['k']} ({100 * cfg['ratio']:.0f}%) per call, {cfg['backend']}",
+        ["mode", "p50 ms", "p90 ms", "vs off", "calls"], rows)
+    r = result["ratios"]
+    return (f"{table}\n\ntiming_vs_off {r['timing_vs_off']:.3f}   "
+            f"trace_vs_off {r['trace_vs_off']:.3f}   "
+            f"noop scope {result['noop_scope_ns']:.0f} ns x {result['scopes_per_reset']} scopes "
+            f"= {100 * result['noop_share']:.3f}% of reset_done (off)\n"
+            f"trace export: {result['trace_export']}")

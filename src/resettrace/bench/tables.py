@@ -1,0 +1,58 @@
+"""Plain-text tables and the timing.json / timing.csv writers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["format_table", "write_json", "write_csv", "STAT_FIELDS"]
+
+STAT_FIELDS = ("count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms", "total_ms")
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return f"{v:.3f}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)
+
+
+def format_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A titled table, first column left-aligned, the rest right-aligned."""
+    cells = [list(header)] + [[_cell(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = [title, "-" * len(title)]
+    for j, r in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1, allow_nan=False, default=_json_default))
+    tmp.replace(path)
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def write_csv(path: Path, stats: Mapping[str, Mapping[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(("key",) + STAT_FIELDS + ("share_of_parent",))
+        for key, s in stats.items():
+            share = s.get("share_of_parent")
+            w.writerow([key] + [s[k] for k in STAT_FIELDS] + ["" if share is None else share])

@@ -1,0 +1,133 @@
+"""The ``resettrace`` command line.
+
+``resettrace bench collector``  the env step breakdown (the main job)
+``resettrace bench overhead``   tracing off vs timing vs trace, side by side
+
+Tracing settings come from ``RESETTRACE`` / ``RESETTRACE_*`` / ``OTEL_*`` (see
+``resettrace.config``). The CLI owns the tracing session it creates and shuts it
+down with a bounded timeout before it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from resettrace.config import ENV_EXPORTER, Config
+
+log = logging.getLogger("resettrace")
+
+
+def _collector(args: argparse.Namespace) -> int:
+    from resettrace.bench.collector import (
+        CollectorConfig,
+        progress_printer,
+        render_report,
+        run_collector,
+        write_outputs,
+    )
+    from resettrace.tracing.session import Tracing
+
+    try:
+        cfg = CollectorConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
+                              warmup=args.warmup, steps=args.steps, out=args.out,
+                              model=args.model, seed=args.seed, action_noise=args.action_noise,
+                              nthread=args.nthread)
+    except ValueError as e:
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    overrides: dict[str, Any] = {}
+    env_cfg = Config.from_env()
+    if env_cfg.mode == "off":
+        overrides["mode"] = "timing"  # the breakdown needs timings
+    if env_cfg.mode == "trace" and not os.environ.get(ENV_EXPORTER) and args.out:
+        overrides["exporters"] = (f"file:{Path(args.out) / 'spans.jsonl'}",)
+    tracing = Tracing(Config.from_env(
+        **overrides, resource_attributes={"resettrace.task.name": args.task,
+                                          "resettrace.backend.name": args.backend,
+                                          "resettrace.env.count": args.num_envs}))
+    try:
+        result = run_collector(cfg, tracing, progress=progress_printer())
+    except (ValueError, FileNotFoundError) as e:
+        tracing.shutdown()
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    tracing.shutdown()
+    result["export"] = tracing.export_report() | {"flushed": result["export"]["flushed"]}
+    print(render_report(result))
+    if args.out:
+        paths = write_outputs(result, Path(args.out))
+        paths += [Path(spec.partition(":")[2]) for spec in tracing.config.exporters
+                  if tracing.mode == "trace" and spec.startswith("file:")]
+        print("\noutputs:\n" + "\n".join(f"  {p}" for p in paths))
+    return 0
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    from resettrace.bench.overhead import OverheadConfig, render_overhead, run_overhead
+
+    try:
+        cfg = OverheadConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
+                             ratio=args.ratio, rounds=args.rounds, calls=args.calls,
+                             warmup=args.warmup, model=args.model, nthread=args.nthread)
+    except ValueError as e:
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    result = run_overhead(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(render_overhead(result))
+    if args.json:
+        from resettrace.bench.tables import write_json
+
+        write_json(Path(args.json), result)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="resettrace", description=__doc__.split("\n\n")[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench",
+                                                                       required=True)
+
+    def common(b: argparse.ArgumentParser, num_envs: int) -> None:
+        b.add_argument("--task", default="g1_walk_flat")
+        b.add_argument("--backend", default="mujoco")
+        b.add_argument("--num-envs", type=int, default=num_envs)
+        b.add_argument("--model", default=None, help="MJCF file instead of the bundled G1")
+        b.add_argument("--nthread", type=int, default=None, help="engine threads (all CPUs)")
+
+    c = bench.add_parser("collector", help="env step breakdown of a noisy-action rollout")
+    common(c, 1024)
+    c.add_argument("--warmup", type=int, default=20, help="untimed steps first")
+    c.add_argument("--steps", type=int, default=200, help="timed steps")
+    c.add_argument("--out", default=None, help="folder for timing.json, timing.csv, spans")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--action-noise", type=float, default=1.0,
+                   help="std of the random actions (sets how often envs fall)")
+    c.set_defaults(func=_collector)
+
+    o = bench.add_parser("overhead", help="reset_done with tracing off / timing / trace")
+    common(o, 1024)
+    o.add_argument("--ratio", type=float, default=0.05, help="share of envs reset per call")
+    o.add_argument("--rounds", type=int, default=100, help="interleaved rounds")
+    o.add_argument("--calls", type=int, default=3, help="reset_done calls per mode per round")
+    o.add_argument("--warmup", type=int, default=5, help="untimed calls per mode first")
+    o.add_argument("--json", default=None, help="write the result as JSON")
+    o.set_defaults(func=_overhead)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="resettrace: %(levelname)s: %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
