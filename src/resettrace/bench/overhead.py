@@ -138,6 +138,7 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
 def _scopes_per_reset(session: Any) -> int:
     """Scopes per reset_done: every trace of this benchmark is one reset_done."""
     proc = session.processor
+    proc.force_flush()
     return round(proc.records_seen / max(1, proc.traces_seen))
 
 

@@ -1,0 +1,77 @@
+"""The command line end to end: the collector benchmark and the overhead benchmark."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from resettrace import catalog as C
+from resettrace.bench.tables import STAT_FIELDS
+
+
+def _run(args, env_extra=None, timeout=240):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESETTRACE", "OTEL_"))}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "resettrace.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_collector_trace_mode_writes_every_output(tmp_path) -> None:
+    out = tmp_path / "run"
+    r = _run(["bench", "collector", "--num-envs", "48", "--warmup", "2", "--steps", "30",
+              "--out", str(out), "--nthread", "1", "--action-noise", "2.0"],
+             {"RESETTRACE": "trace"})
+    assert r.returncode == 0, r.stderr
+    assert "env/s" in r.stdout and "env step breakdown" in r.stdout
+    for title in ("reset_done stages", "DR reset stages", "set_state phases"):
+        assert title in r.stdout
+    assert "step 30/30 (100%)" in r.stderr  # progress
+    data = json.loads((out / "timing.json").read_text())
+    assert set(data) >= {"config", "env_per_s", "stats", "samples"}
+    assert data["env_per_s"] > 0 and data["config"]["num_envs"] == 48
+    stats = data["stats"]
+    for key in C.ENV_STEP_KEYS + C.SET_STATE_KEYS:
+        assert key in stats, key
+        assert set(stats[key]) >= set(STAT_FIELDS)
+    assert stats[C.ENV_STEP.key]["count"] == 30
+    assert len(data["samples"][C.PHYSICS.key]) == 30
+    step = stats[C.ENV_STEP.key]["total_ms"]
+    parts = sum(stats[k]["total_ms"] for k in C.ENV_STEP_KEYS[1:])
+    assert parts == pytest.approx(step, rel=1e-6)  # physics + update + reset + other = total
+    rows = list(csv.DictReader((out / "timing.csv").open()))
+    assert {r["key"] for r in rows} == set(stats)
+    spans = (out / "spans.jsonl").read_text().splitlines()
+    assert any(json.loads(s)["name"] == C.SET_STATE.span for s in spans)
+    assert "dropped: 0" in r.stdout
+
+
+def test_collector_defaults_to_timing_and_rejects_bad_arguments(tmp_path) -> None:
+    r = _run(["bench", "collector", "--num-envs", "16", "--warmup", "0", "--steps", "3",
+              "--nthread", "1", "--out", str(tmp_path)])
+    assert r.returncode == 0, r.stderr
+    assert "mode timing" in r.stdout and not (tmp_path / "spans.jsonl").exists()
+    bad = _run(["bench", "collector", "--num-envs", "0"])
+    assert bad.returncode == 2 and "--num-envs must be >= 1" in bad.stderr
+    unknown = _run(["bench", "collector", "--backend", "bullet", "--num-envs", "4"])
+    assert unknown.returncode == 2 and "known: mujoco" in unknown.stderr
+
+
+def test_overhead_json(tmp_path) -> None:
+    path = tmp_path / "overhead.json"
+    r = _run(["bench", "overhead", "--num-envs", "64", "--rounds", "3", "--calls", "2",
+              "--warmup", "1", "--nthread", "1", "--json", str(path)])
+    assert r.returncode == 0, r.stderr
+    data = json.loads(path.read_text())
+    assert set(data["modes"]) == {"off", "timing", "trace"}
+    for mode in data["modes"].values():
+        assert mode["reset_done_p50_ms"] > 0 and mode["calls"] == 6
+    assert set(data["ratios"]) == {"timing_vs_off", "trace_vs_off"}
+    assert 0 < data["noop_share"] < 0.5
+    assert data["scopes_per_reset"] >= 15
+    assert data["trace_export"]["spans_dropped"] == 0
+    assert "timing_vs_off" in r.stdout

@@ -1,0 +1,160 @@
+"""TimingSpanProcessor statistics on injected timestamps: exact expected numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from resettrace import catalog as C
+from resettrace.tracing.processor import TimingSpanProcessor, parent_key, percentile
+from resettrace.tracing.recorder import Recorder, use_clock
+
+MS = 1_000_000  # ns
+
+
+class FakeClock:
+    """perf_counter_ns stand-in: returns the scripted times in order."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Iterator[FakeClock]:
+    c = FakeClock()
+    use_clock(c)
+    yield c
+    use_clock(None)
+
+
+def test_percentile_matches_linear_interpolation() -> None:
+    values = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 90) == pytest.approx(4.0 + 0.6 * 6.0)
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 10.0
+    assert percentile([7.0], 99) == 7.0
+
+
+def _reset(rec: Recorder, clock: FakeClock, *, k: int, plan: int, ss: int, fk: int,
+           mask: int, tail: int) -> None:
+    """One reset_done trace with scripted durations in ms (set_state = mask + fk + gap)."""
+    with rec.scope(C.RESET_DONE, k):
+        with rec.scope(C.RESET_DONE_RESET_CALL):
+            with rec.scope(C.DR_RESET, k):
+                with rec.scope(C.DR_RESET_PLAN):
+                    clock.now += plan * MS
+                with rec.scope(C.SET_STATE, k) as outer:
+                    with rec.scope(C.SET_STATE_MASK):
+                        clock.now += mask * MS
+                    with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
+                        clock.now += fk * MS
+                    clock.now += (ss - mask - fk) * MS
+        clock.now += tail * MS
+    timing = outer.timing()
+    assert timing is not None
+    assert list(timing) == list(C.SET_STATE_KEYS)
+    assert timing["set_state_mask_ms"] == mask
+    assert timing["set_state_forward_kinematic_ms"] == fk
+    assert timing["set_state_internal_gap_ms"] == ss - mask - fk
+    assert timing["set_state_data_reset_ms"] == 0.0
+
+
+def test_recorder_traces_aggregate_to_exact_statistics(clock: FakeClock) -> None:
+    proc = TimingSpanProcessor()
+    rec = Recorder([proc])
+    # five resets: set_state 4, 6, 8, 10, 12 ms; fk 1..5 ms; mask 1 ms; plan 2 ms; tail 3 ms
+    for i in range(5):
+        _reset(rec, clock, k=10 + i, plan=2, ss=4 + 2 * i, fk=1 + i, mask=1, tail=3)
+    st = proc.stats()
+
+    ss = st[C.SET_STATE.key]
+    assert ss.count == 5
+    assert ss.mean_ms == 8.0 and ss.p50_ms == 8.0 and ss.max_ms == 12.0 and ss.total_ms == 40.0
+    assert ss.p90_ms == pytest.approx(11.2) and ss.p99_ms == pytest.approx(11.92)
+    fk = st["set_state_forward_kinematic_ms"]
+    assert (fk.count, fk.mean_ms, fk.total_ms, fk.max_ms) == (5, 3.0, 15.0, 5.0)
+    assert fk.share_of_parent == pytest.approx(15.0 / 40.0)
+    gap = st["set_state_internal_gap_ms"]  # ss - mask - fk = 2, 3, 4, 5, 6
+    assert gap.total_ms == 20.0 and gap.p50_ms == 4.0
+    # every set_state key gets one sample per call, 0.0 where the phase did not run
+    for key in C.SET_STATE_KEYS:
+        assert st[key].count == 5
+    assert st["set_state_data_reset_ms"].total_ms == 0.0
+    # closed account one level up: dr_reset = plan + set_state + gap(0)
+    assert st[C.DR_RESET.key].total_ms == 10.0 + 40.0
+    assert st["dr_reset_internal_gap_ms"].total_ms == 0.0
+    # reset_done = reset_call + tail (the tail is the reset_done gap)
+    assert st["reset_done_internal_gap_ms"].total_ms == 15.0
+    assert st[C.RESET_DONE.key].share_of_parent is None  # env_step never ran
+    count = st[C.RESET_DONE_COUNT]
+    assert count.count == 5 and count.mean_ms == 12.0 and count.max_ms == 14.0
+    assert proc.samples()[C.SET_STATE.key] == [4.0, 6.0, 8.0, 10.0, 12.0]
+
+
+def test_reservoir_keeps_exact_totals_beyond_max_samples(clock: FakeClock) -> None:
+    proc = TimingSpanProcessor(max_samples=10)
+    rec = Recorder([proc])
+    for i in range(100):
+        with rec.scope(C.PHYSICS):
+            clock.now += (i + 1) * MS
+    st = proc.stats()[C.PHYSICS.key]
+    assert st.count == 100
+    assert st.total_ms == sum(range(1, 101))
+    assert st.max_ms == 100.0
+    assert len(proc.samples()[C.PHYSICS.key]) == 10
+
+
+def test_processor_aggregates_sdk_spans_created_by_user_code() -> None:
+    proc = TimingSpanProcessor()
+    provider = TracerProvider()
+    provider.add_span_processor(proc)
+    tracer = provider.get_tracer("user.code")
+    t0 = 1_700_000_000 * 10**9
+    for i, (outer, fk) in enumerate([(10, 4), (20, 6), (30, 14)]):
+        start = t0 + i * 100 * MS
+        parent = tracer.start_span(C.SET_STATE.span, start_time=start,
+                                   attributes={C.ATTR_RESET_COUNT: 3})
+        ctx = trace.set_span_in_context(parent)
+        child = tracer.start_span(C.SET_STATE_FORWARD_KINEMATIC.span, context=ctx,
+                                  start_time=start + MS)
+        child.end(end_time=start + MS + fk * MS)
+        parent.end(end_time=start + outer * MS)
+        tracer.start_span("not.a.catalog.span", start_time=start).end(end_time=start + MS)
+    st = proc.stats()
+    assert st[C.SET_STATE.key].total_ms == 60.0 and st[C.SET_STATE.key].p50_ms == 20.0
+    assert st["set_state_forward_kinematic_ms"].total_ms == 24.0
+    assert st["set_state_internal_gap_ms"].total_ms == 36.0  # 6 + 14 + 16
+    assert "not.a.catalog.span" not in st and len(st) == 3
+    provider.shutdown()
+
+
+def test_processor_skips_resettrace_own_materialised_spans() -> None:
+    proc = TimingSpanProcessor()
+    provider = TracerProvider()
+    provider.add_span_processor(proc)
+    tracer = provider.get_tracer(C.INSTRUMENTATION_SCOPE)
+    tracer.start_span(C.SET_STATE.span, start_time=0).end(end_time=MS)
+    assert proc.stats() == {}
+
+
+def test_parent_keys_follow_the_catalog() -> None:
+    assert parent_key("set_state_internal_gap_ms") == C.SET_STATE.key
+    assert parent_key("set_state_mask_ms") == C.SET_STATE.key
+    assert parent_key(C.SET_STATE.key) == C.DR_RESET.key
+    assert parent_key(C.ENV_STEP.key) is None
+    assert parent_key("unknown") is None
+
+
+def test_catalog_is_consistent() -> None:
+    assert len(C.SET_STATE_KEYS) == 16 and C.SET_STATE_KEYS[-1] == "set_state_internal_gap_ms"
+    assert len(set(C.ALL_KEYS)) == len(C.ALL_KEYS)
+    for phase in C.PHASES:
+        assert phase.key.endswith("_ms")
+        assert phase.parent is None or phase.parent in C.BY_SPAN
+    assert C.SET_STATE.key == "dr_reset_set_state_ms"
