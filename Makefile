@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	RESETTRACE=trace RESETTRACE_EXPORTER=file:$(DEMO_OUT)/spans.jsonl \
 	$(BIN)/resettrace bench collector --task g1_walk_flat --backend mujoco \
-		--num-envs 512 --warmup 20 --steps 300 --out $(DEMO_OUT)
+		--num-envs 1024 --warmup 20 --steps 800 --out $(DEMO_OUT)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
