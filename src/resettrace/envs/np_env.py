@@ -52,6 +52,11 @@ class NpEnv:
         task.update_state(self.episode_step, self.last_action, self.obs, self.reward,
                           self.terminated)
 
+    def use_recorder(self, recorder: Recorder | NoopRecorder) -> None:
+        """Record this env, its manager and its backend with ``recorder`` from now on."""
+        self.recorder = self.dr.recorder = recorder
+        self.backend.recorder = recorder
+
     @property
     def action_dim(self) -> int:
         return self.task.action_dim

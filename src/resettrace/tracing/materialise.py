@@ -87,6 +87,9 @@ class SpanMaterializer:
                 except Exception:  # never let one bad trace stop the exporter thread
                     log.exception("resettrace: failed to build spans for one trace")
                     self.dropped_spans += len(records)
+                # hand the GIL back between traces: a training thread returning from an
+                # engine call must not wait a whole switch interval for it
+                time.sleep(0)
             with self._cv:
                 self._cv.notify_all()
 

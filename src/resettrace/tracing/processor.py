@@ -20,6 +20,7 @@ import logging
 import math
 import random
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -60,6 +61,8 @@ _MAX_OPEN_PARENTS = 10_000
 _SET_STATE_SPAN = SET_STATE.span
 #: queued traces that wake the aggregation thread
 _DRAIN_BATCH = 32
+#: traces aggregated between two GIL hand-backs of the aggregation thread
+_DRAIN_CHUNK = 8
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -187,9 +190,12 @@ class TimingSpanProcessor(SpanProcessor):
 
     def _drain(self) -> None:
         pending = self._pending
-        with self._lock:
-            while pending:
-                self._aggregate(pending.popleft())
+        while pending:
+            with self._lock:
+                for _ in range(min(len(pending), _DRAIN_CHUNK)):
+                    self._aggregate(pending.popleft())
+            if threading.current_thread() is self._worker:
+                time.sleep(0)  # hand the GIL back to the training thread between chunks
 
     def _aggregate(self, records: Sequence[Record]) -> None:
         """Add one trace's phases; each ``set_state`` adds all 16 contract keys (0.0

@@ -112,16 +112,19 @@ class _Scope:
         return closed_timing(trace, self._pos, PHASES[self._index])
 
 
-_CHILD_KEYS: dict[int, tuple[tuple[str, ...], dict[int, int]]] = {}
+_CHILD_LAYOUT: dict[int, tuple[list[str | None], dict[str, float]]] = {}
 
 
-def _child_layout(phase: Phase) -> tuple[tuple[str, ...], dict[int, int]]:
-    layout = _CHILD_KEYS.get(phase.index)
+def _child_layout(phase: Phase) -> tuple[list[str | None], dict[str, float]]:
+    """Child key by phase index, and the zero dict of the phase's closed account."""
+    layout = _CHILD_LAYOUT.get(phase.index)
     if layout is None:
         kids = children_of(phase)
-        keys = tuple(p.key for p in kids) + ((phase.gap_key,) if phase.gap_key else ())
-        layout = (keys, {p.index: i for i, p in enumerate(kids)})
-        _CHILD_KEYS[phase.index] = layout
+        key_of: list[str | None] = [None] * len(PHASES)
+        for p in kids:
+            key_of[p.index] = p.key
+        keys = [p.key for p in kids] + ([phase.gap_key] if phase.gap_key else [])
+        layout = _CHILD_LAYOUT[phase.index] = (key_of, dict.fromkeys(keys, 0.0))
     return layout
 
 
@@ -131,19 +134,19 @@ def closed_timing(records: Sequence[Record], pos: int, phase: Phase) -> dict[str
     The gap is the record's duration minus the sum of its children, so the
     values add up to the record's duration exactly.
     """
-    keys, slot = _child_layout(phase)
-    values = [0.0] * len(keys)
+    key_of, zeros = _child_layout(phase)
+    out = zeros.copy()
     record = records[pos]
     total_ns = 0
     for j in range(pos + 1, len(records)):
         r = records[j]
-        if r[1] == pos:  # R_PARENT
+        if r[1] == pos:  # R_PARENT: a direct child
             d = r[3] - r[2]
             total_ns += d
-            values[slot[r[0]]] = d * 1e-6
+            out[key_of[r[0]]] += d * 1e-6
     if phase.gap_key:
-        values[-1] = (record[3] - record[2] - total_ns) * 1e-6
-    return dict(zip(keys, values))  # noqa: B905 - same length by construction
+        out[phase.gap_key] = (record[3] - record[2] - total_ns) * 1e-6
+    return out
 
 
 class Recorder:
