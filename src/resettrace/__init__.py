@@ -11,7 +11,9 @@ Public API (simulators and the OpenTelemetry SDK load only when first needed):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from resettrace.config import Config
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from resettrace.tracing.session import Tracing
 
 __all__ = ["Config", "configure", "get_tracing", "make_backend", "make_env", "stats",
-           "__version__"]
+           "use_tracing", "__version__"]
 __version__ = "0.1.0"
 
 _lock = threading.Lock()
@@ -58,6 +60,22 @@ def get_tracing() -> Tracing:
 
             _default = Tracing(Config.from_env())
         return _default
+
+
+@contextlib.contextmanager
+def use_tracing(session: Tracing) -> Iterator[Tracing]:
+    """Make ``session`` the default for the ``with`` block, then restore the previous one.
+
+    Neither session is shut down: the caller owns ``session``.
+    """
+    global _default
+    with _lock:
+        previous, _default = _default, session
+    try:
+        yield session
+    finally:
+        with _lock:
+            _default = previous
 
 
 def stats() -> dict[str, KeyStats]:

@@ -4,6 +4,10 @@
     :class:`JsonLinesSpanExporter`: one JSON object per span and line with
     ``name``, ``trace_id``, ``span_id``, ``parent_id`` (hex, ``null`` for a root),
     ``start_ns``, ``end_ns`` (Unix epoch nanoseconds), ``status`` and ``attributes``.
+``perfetto:PATH`` / ``otlp-json:PATH``
+    :mod:`resettrace.tracing.file_formats`: Chrome trace JSON, OTLP-JSON.
+``otlp``
+    OpenTelemetry's OTLP exporter (gRPC or HTTP/protobuf) to a collector.
 ``memory``
     OpenTelemetry's ``InMemorySpanExporter`` (tests).
 """
@@ -21,6 +25,8 @@ from typing import IO, Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from resettrace.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +89,37 @@ class JsonLinesSpanExporter(SpanExporter):
                 self._file = None
 
 
-def make_exporter(spec: str) -> SpanExporter:
+def make_exporter(spec: str, config: Config | None = None) -> SpanExporter:
     """An exporter from one ``RESETTRACE_EXPORTER`` item (already validated by Config)."""
     kind, _, arg = spec.partition(":")
     if kind == "file":
         return JsonLinesSpanExporter(arg)
     if kind == "memory":
         return InMemorySpanExporter()
+    if kind == "perfetto":
+        from resettrace.tracing.file_formats import ChromeTraceSpanExporter
+
+        return ChromeTraceSpanExporter(arg)
+    if kind == "otlp-json":
+        from resettrace.tracing.file_formats import OtlpJsonSpanExporter
+
+        return OtlpJsonSpanExporter(arg)
+    if kind == "otlp":
+        return make_otlp_exporter(config if config is not None else Config())
     raise ValueError(f"unknown exporter {spec!r}")
+
+
+def make_otlp_exporter(config: Config) -> SpanExporter:
+    """The SDK's OTLP span exporter for ``config.otlp_protocol`` and ``config.endpoint``."""
+    if config.otlp_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        return GrpcExporter(endpoint=config.endpoint, insecure=config.endpoint.startswith(
+            "http://"), timeout=config.otlp_timeout_s)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
+
+    return HttpExporter(endpoint=config.endpoint, timeout=config.otlp_timeout_s)
