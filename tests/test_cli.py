@@ -47,7 +47,8 @@ def test_collector_trace_mode_writes_every_output(tmp_path) -> None:
     assert {r["key"] for r in rows} == set(stats)
     spans = (out / "spans.jsonl").read_text().splitlines()
     assert any(json.loads(s)["name"] == C.SET_STATE.span for s in spans)
-    assert "dropped: 0" in r.stdout
+    assert "0 dropped (queue full)" in r.stdout
+    assert data["export"]["exporters"][f"file:{out / 'spans.jsonl'}"]["undelivered"] == 0
 
 
 def test_collector_defaults_to_timing_and_rejects_bad_arguments(tmp_path) -> None:

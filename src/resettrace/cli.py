@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from resettrace.config import ENV_EXPORTER, Config
+from resettrace.config import DEFAULT_EXPORTERS, ENV_EXPORTER, PATH_KINDS, Config
 
 log = logging.getLogger("resettrace")
 
@@ -59,10 +59,12 @@ def _collector(args: argparse.Namespace) -> int:
     tracing.shutdown()
     result["export"] = tracing.export_report() | {"flushed": result["export"]["flushed"]}
     print(render_report(result))
-    if args.out:
-        paths = write_outputs(result, Path(args.out))
-        paths += [Path(spec.partition(":")[2]) for spec in tracing.config.exporters
-                  if tracing.mode == "trace" and spec.startswith("file:")]
+    paths = write_outputs(result, Path(args.out)) if args.out else []
+    if tracing.mode == "trace":
+        specs = tracing.config.exporters or DEFAULT_EXPORTERS
+        paths += [Path(spec.partition(":")[2]) for spec in specs
+                  if spec.partition(":")[0] in PATH_KINDS]
+    if paths:
         print("\noutputs:\n" + "\n".join(f"  {p}" for p in paths))
     return 0
 

@@ -10,7 +10,8 @@ Variables read (all optional):
     Comma-separated span sinks for ``trace`` mode: ``otlp`` (OTLP to a collector),
     ``file:PATH`` (JSON lines, one span per line), ``perfetto:PATH`` (Chrome trace
     JSON for Perfetto / chrome://tracing), ``otlp-json:PATH`` (OTLP-JSON, loadable
-    in Jaeger's UI) or ``memory`` (tests). Default ``file:resettrace-spans.jsonl``.
+    in Jaeger's UI) or ``memory`` (tests). Default ``file:resettrace-spans.jsonl``
+    (none when spans go to a tracer provider passed in code).
 ``RESETTRACE_SAMPLE_EVERY``
     Export 1 trace in K (default 1: every trace).
 ``RESETTRACE_SAMPLE``
@@ -79,6 +80,7 @@ ENV_OTLP_TIMEOUT = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIM
 EXPORTER_KINDS = ("otlp", "file", "perfetto", "otlp-json", "memory")
 PATH_KINDS = ("file", "perfetto", "otlp-json")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+DEFAULT_EXPORTERS = ("file:resettrace-spans.jsonl",)
 DEFAULT_OTLP_ENDPOINT = {"grpc": "http://localhost:4317",
                          "http/protobuf": "http://localhost:4318/v1/traces"}
 
@@ -89,8 +91,9 @@ class Config:
 
     #: ``off``, ``timing`` or ``trace``.
     mode: str = "off"
-    #: Span sinks for ``trace`` mode, e.g. ``("otlp", "file:spans.jsonl")``.
-    exporters: tuple[str, ...] = ("file:resettrace-spans.jsonl",)
+    #: Span sinks for ``trace`` mode, e.g. ``("otlp", "file:spans.jsonl")``; empty:
+    #: :data:`DEFAULT_EXPORTERS`, unless a tracer provider is passed to the session.
+    exporters: tuple[str, ...] = ()
     #: Export 1 trace in ``sample_every``.
     sample_every: int = 1
     #: Export only the slowest reset_done trace of each window of this many traces.

@@ -152,9 +152,20 @@ def render_report(result: Mapping[str, Any]) -> str:
         parts.append(format_table(title, ["key", "count", "mean", "p50", "p90", "%"], rows))
     exp = result.get("export") or {}
     if cfg["mode"] == "trace":
-        parts.append(f"spans built: {exp.get('spans_built', 0)}, dropped: "
-                     f"{exp.get('spans_dropped', 0)}, pending: {exp.get('spans_pending', 0)}")
+        parts.append(render_export(exp))
     return "\n\n".join(parts)
+
+
+def render_export(exp: Mapping[str, Any]) -> str:
+    """One line per exporter: delivered and not delivered spans."""
+    lines = [f"spans: {exp.get('spans_sent', 0) + exp.get('spans_built', 0)} exported or sent, "
+             f"{exp.get('spans_dropped', 0)} dropped (queue full), "
+             f"{exp.get('spans_sampled_out', 0)} sampled out, "
+             f"{exp.get('spans_pending', 0)} pending"]
+    for name, e in (exp.get("exporters") or {}).items():
+        lines.append(f"  {name}: {e['delivered']} delivered, {e['undelivered']} not delivered"
+                     + (f" ({e['failed']} failed to send)" if e.get("failed") else ""))
+    return "\n".join(lines)
 
 
 def progress_printer(stream: TextIO = sys.stderr) -> Callable[[str], None]:

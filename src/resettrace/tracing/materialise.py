@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -32,6 +32,7 @@ from resettrace.tracing.recorder import (
     R_PHASE,
     R_START,
     Record,
+    error_name,
 )
 
 if TYPE_CHECKING:
@@ -39,7 +40,39 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SpanMaterializer"]
+__all__ = ["SpanMaterializer", "build_spans"]
+
+
+def build_spans(tracer: Any, records: Sequence[Record], attrs: Mapping[str, Any], offset: int,
+                error_names: Callable[[int], str],
+                root_attrs: Mapping[str, Any] | None = None) -> None:
+    """Start and end one SDK span per record, with exact times and parent links.
+
+    ``offset`` turns record clocks into Unix epoch ns; ``root_attrs`` go on the
+    trace's root span only.
+    """
+    spans: list[Any] = []
+    counts: list[int] = []
+    root_ctx = otel_context.Context()
+    for r in records:
+        parent = r[R_PARENT]
+        count = r[R_COUNT]
+        if count < 0 and parent >= 0:
+            count = counts[parent]
+        counts.append(count)
+        ctx = root_ctx if parent < 0 else trace.set_span_in_context(spans[parent], root_ctx)
+        span_attrs = dict(attrs)
+        if count >= 0:
+            span_attrs[ATTR_RESET_COUNT] = count
+        if parent < 0 and root_attrs:
+            span_attrs.update(root_attrs)
+        span = tracer.start_span(PHASES[r[R_PHASE]].span, context=ctx,
+                                 start_time=r[R_START] + offset, attributes=span_attrs)
+        if r[R_ERROR]:
+            span.set_status(Status(StatusCode.ERROR, error_names(r[R_ERROR])))
+        spans.append(span)
+    for r, span in zip(reversed(records), reversed(spans), strict=True):
+        span.end(end_time=r[R_END] + offset)  # children end before their parents
 
 
 class SpanMaterializer:
@@ -94,28 +127,8 @@ class SpanMaterializer:
                 self._cv.notify_all()
 
     def _materialise(self, records: Sequence[Record], attrs: dict[str, Any], offset: int) -> None:
-        tracer = self._tracer
-        spans: list[Any] = []
-        counts: list[int | None] = []
-        root_ctx = otel_context.Context()
-        for r in records:
-            parent = r[R_PARENT]
-            count = r[R_COUNT]
-            if count is None and parent >= 0:
-                count = counts[parent]
-            counts.append(count)
-            ctx = root_ctx if parent < 0 else trace.set_span_in_context(spans[parent], root_ctx)
-            span_attrs = dict(attrs)
-            if count is not None:
-                span_attrs[ATTR_RESET_COUNT] = count
-            span = tracer.start_span(PHASES[r[R_PHASE]].span, context=ctx,
-                                     start_time=r[R_START] + offset, attributes=span_attrs)
-            if r[R_ERROR] is not None:
-                span.set_status(Status(StatusCode.ERROR, r[R_ERROR]))
-            spans.append(span)
-        for r, span in zip(reversed(records), reversed(spans), strict=True):
-            span.end(end_time=r[R_END] + offset)  # children end before their parents
-        self.materialised_spans += len(spans)
+        build_spans(self._tracer, records, attrs, offset, error_name)
+        self.materialised_spans += len(records)
 
     # -- lifecycle --------------------------------------------------------------------------
     @property

@@ -219,7 +219,7 @@ class TimingSpanProcessor(SpanProcessor):
                     self._add(key, value)
             elif phase.gap_key is not None:
                 self._add(phase.gap_key, (d - child_ns[i]) * 1e-6)
-            if phase is RESET_DONE and r[R_COUNT] is not None:
+            if phase is RESET_DONE and r[R_COUNT] >= 0:
                 self._add(RESET_DONE_COUNT, float(r[R_COUNT]))
 
     def add_sample(self, key: str, value: float) -> None:

@@ -10,8 +10,11 @@ turns it into real OpenTelemetry spans on its own thread.
 With tracing off every component holds :data:`NOOP_RECORDER`, whose ``scope()``
 returns one shared do-nothing scope and whose ``timing()`` is ``None``.
 
-A record is a list ``[phase_index, parent_position, start_ns, end_ns, count, error]``;
-``parent_position`` is the record's parent's position in the trace, or -1.
+A record is a list of six ints ``[phase_index, parent_position, start_ns, end_ns,
+count, error]``: ``parent_position`` is the parent's position in the trace or -1,
+``count`` the envs reset (-1: not given), ``error`` 0 or the code of the exception
+type that left the scope (:func:`error_name`). All ints, so a trace packs into one
+``array('q')`` without a Python loop.
 """
 
 from __future__ import annotations
@@ -29,6 +32,25 @@ __all__ = [
 
 Record = list  # [phase_index, parent_position, start_ns, end_ns, count, error]
 R_PHASE, R_PARENT, R_START, R_END, R_COUNT, R_ERROR = range(6)
+RECORD_FIELDS = 6
+NO_COUNT = -1
+
+#: exception type names by error code (code 0: no error); append-only
+_ERROR_NAMES: list[str] = [""]
+_ERROR_CODES: dict[str, int] = {}
+
+
+def error_code(name: str) -> int:
+    """The code of an exception type name (assigned on first use)."""
+    code = _ERROR_CODES.get(name)
+    if code is None:
+        code = _ERROR_CODES[name] = len(_ERROR_NAMES)
+        _ERROR_NAMES.append(name)
+    return code
+
+
+def error_name(code: int) -> str:
+    return _ERROR_NAMES[code] if 0 < code < len(_ERROR_NAMES) else f"error {code}"
 
 _perf_ns = time.perf_counter_ns
 
@@ -61,7 +83,7 @@ class NoopRecorder:
     enabled = False
     attributes: Mapping[str, Any] = {}
 
-    def scope(self, phase: Phase, count: int | None = None) -> _NoopScope:
+    def scope(self, phase: Phase, count: int = NO_COUNT) -> _NoopScope:
         return _NOOP_SCOPE
 
 
@@ -80,7 +102,7 @@ class _Scope:
     def __init__(self, rec: Recorder, index: int) -> None:
         self._rec = rec
         self._index = index
-        self._count: int | None = None
+        self._count = NO_COUNT
         self._record: Record = []
         self._pos = -1
         self._stack = rec._stack
@@ -90,7 +112,7 @@ class _Scope:
         stack = self._stack
         records = self._records
         self._pos = pos = len(records)
-        self._record = r = [self._index, stack[-1] if stack else -1, 0, 0, self._count, None]
+        self._record = r = [self._index, stack[-1] if stack else -1, 0, 0, self._count, 0]
         stack.append(pos)
         records.append(r)
         r[2] = _perf_ns()  # R_START, last: bookkeeping is not timed
@@ -99,7 +121,7 @@ class _Scope:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._record[3] = _perf_ns()  # R_END
         if exc_type is not None:
-            self._record[R_ERROR] = exc_type.__name__
+            self._record[R_ERROR] = error_code(exc_type.__name__)
         stack = self._stack
         stack.pop()
         if not stack:
@@ -169,7 +191,7 @@ class Recorder:
         #: wall-clock ns minus perf_counter ns, to place records in real time
         self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
 
-    def scope(self, phase: Phase, count: int | None = None) -> _Scope:
+    def scope(self, phase: Phase, count: int = NO_COUNT) -> _Scope:
         """The scope of ``phase``; ``count`` is the envs it resets (an attribute)."""
         s = self._scopes[phase.index]
         s._count = count

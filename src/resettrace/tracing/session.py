@@ -3,33 +3,50 @@
 ``Tracing(config)`` with mode ``off`` imports nothing from OpenTelemetry and hands
 out :data:`~resettrace.tracing.recorder.NOOP_RECORDER`. ``timing`` adds a
 :class:`~resettrace.tracing.processor.TimingSpanProcessor` fed by the recorders.
-``trace`` also builds OpenTelemetry spans off the training thread and exports them:
-through the caller's ``tracer_provider`` when one is given (resettrace then never
-shuts it down), else through a private provider that this session owns, whose
-exporters come from ``config.exporters``. No process-global provider is installed.
+``trace`` also exports spans, behind a :class:`~resettrace.tracing.sampling.TraceSampler`:
+
+- file and OTLP exporters (``otlp``, ``file:``, ``perfetto:``, ``otlp-json:``) run in
+  a child process (:mod:`resettrace.tracing.export_process`): the training process
+  only packs each trace into a pipe;
+- ``memory`` and a caller's ``tracer_provider`` get SDK spans built on a background
+  thread of this process (:mod:`resettrace.tracing.materialise`). resettrace never
+  shuts a provider down that it did not create, and installs no global provider.
+
+Sessions that export spans are flushed (within ``shutdown_timeout_s``) at normal
+interpreter exit, when a ``multiprocessing`` worker leaves, and on SIGTERM when no
+other handler is installed (``handle_sigterm``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import signal
 import socket
+import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK
-from resettrace.config import Config
+from resettrace.config import DEFAULT_EXPORTERS, Config
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
+    from resettrace.tracing.export_process import ProcessExporter
     from resettrace.tracing.materialise import SpanMaterializer
     from resettrace.tracing.processor import KeyStats, TimingSpanProcessor
+    from resettrace.tracing.sampling import TraceSampler
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Tracing"]
+__all__ = ["Tracing", "ATTR_WORKER_RANK"]
+
+ATTR_WORKER_RANK = "resettrace.worker.rank"
+IN_PROCESS_EXPORTERS = ("memory",)
 
 
 class Tracing:
@@ -39,6 +56,8 @@ class Tracing:
         self.config = config if config is not None else Config.from_env()
         self.processor: TimingSpanProcessor | None = None
         self.materializer: SpanMaterializer | None = None
+        self.process: ProcessExporter | None = None
+        self.sampler: TraceSampler | None = None
         self.exporters: list[SpanExporter] = []
         self._provider: Any = None
         self._owns_provider = False
@@ -49,28 +68,54 @@ class Tracing:
 
         self.processor = TimingSpanProcessor(max_samples=self.config.max_samples)
         if self.config.exports_spans:
+            self._start_export(tracer_provider)
+
+    def _start_export(self, tracer_provider: Any) -> None:
+        from resettrace.tracing.sampling import TraceSampler
+
+        cfg = self.config
+        sinks: list[Any] = []
+        specs = cfg.exporters or (() if tracer_provider is not None else DEFAULT_EXPORTERS)
+        local = [s for s in specs if s in IN_PROCESS_EXPORTERS]
+        remote = [s for s in specs if s not in IN_PROCESS_EXPORTERS]
+        if tracer_provider is None and local:
+            tracer_provider = self._make_provider(local)
+            self._owns_provider = True
+        if tracer_provider is not None:
             from resettrace.tracing.materialise import SpanMaterializer
 
-            if tracer_provider is None:
-                tracer_provider = self._make_provider()
-                self._owns_provider = True
             self._provider = tracer_provider
-            self.materializer = SpanMaterializer(tracer_provider,
-                                                 queue_size=self.config.queue_size)
+            self.materializer = SpanMaterializer(tracer_provider, queue_size=cfg.queue_size)
+            sinks.append(self.materializer)
+        if remote:
+            from resettrace.tracing.export_process import ProcessExporter
 
-    def _make_provider(self) -> Any:
+            settings = {"config": _jsonable(cfg), "exporters": remote,
+                        "resource": self.resource_attributes()}
+            self.process = ProcessExporter(settings)
+            sinks.append(self.process)
+        self.sampler = TraceSampler(sinks, every=cfg.sample_every,
+                                    slowest_window=cfg.sample_slowest_window)
+        _register_exit_hooks(self)
+
+    def resource_attributes(self) -> dict[str, Any]:
+        """``service.name``, host, process id, worker rank and the config's extras."""
+        attrs: dict[str, Any] = {"service.name": self.config.service_name,
+                                 "host.name": socket.gethostname(), "process.pid": os.getpid(),
+                                 ATTR_WORKER_RANK: self.config.worker_rank}
+        attrs.update(self.config.resource_attributes)
+        return attrs
+
+    def _make_provider(self, specs: list[str]) -> Any:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
         from resettrace.tracing.exporters import make_exporter
 
-        attrs: dict[str, Any] = {"service.name": self.config.service_name,
-                                 "host.name": socket.gethostname(), "process.pid": os.getpid()}
-        attrs.update(self.config.resource_attributes)
-        provider = TracerProvider(resource=Resource.create(attrs))
-        for spec in self.config.exporters:
-            exporter = make_exporter(spec)
+        provider = TracerProvider(resource=Resource.create(self.resource_attributes()))
+        for spec in specs:
+            exporter = make_exporter(spec, self.config)
             self.exporters.append(exporter)
             # spans are already built on the materialiser thread: export them there too
             provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -97,8 +142,8 @@ class Tracing:
         if env_count is not None:
             attrs[ATTR_ENV_COUNT] = int(env_count)
         sinks: list[Any] = [self.processor]
-        if self.materializer is not None:
-            sinks.append(self.materializer)
+        if self.sampler is not None:
+            sinks.append(self.sampler)
         return Recorder(sinks, attributes=attrs)
 
     # -- results ------------------------------------------------------------------------------
@@ -110,18 +155,32 @@ class Tracing:
 
     @property
     def dropped_spans(self) -> int:
-        return 0 if self.materializer is None else self.materializer.dropped_spans
+        dropped = 0 if self.materializer is None else self.materializer.dropped_spans
+        return dropped + (0 if self.process is None else self.process.dropped_spans)
 
     @property
     def exported_spans(self) -> int:
         return 0 if self.materializer is None else self.materializer.materialised_spans
 
     def export_report(self) -> dict[str, Any]:
-        """What happened to the spans: built, dropped, still queued."""
-        m = self.materializer
-        return {"mode": self.mode, "spans_built": 0 if m is None else m.materialised_spans,
-                "spans_dropped": 0 if m is None else m.dropped_spans,
-                "spans_pending": 0 if m is None else m.pending_spans}
+        """What happened to the spans: built here, sent to the export process, dropped,
+        sampled out, and per exporter delivered / not delivered."""
+        m, p = self.materializer, self.process
+        report: dict[str, Any] = {
+            "mode": self.mode,
+            "spans_built": 0 if m is None else m.materialised_spans,
+            "spans_dropped": self.dropped_spans,
+            "spans_sampled_out": 0 if self.sampler is None else self.sampler.sampled_out_spans,
+            "spans_pending": 0 if m is None else m.pending_spans,
+        }
+        if p is not None:
+            proc = p.report()
+            report["spans_sent"] = proc["spans_sent"]
+            report["spans_pending"] += proc["spans_pending"]
+            report["exporters"] = proc["exporters"]
+            report["spans_not_delivered"] = max(
+                [e["undelivered"] for e in proc["exporters"].values()], default=0)
+        return report
 
     # -- lifecycle ------------------------------------------------------------------------------
     def force_flush(self, timeout_s: float | None = None) -> bool:
@@ -129,11 +188,15 @@ class Tracing:
         timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         ok = True
+        if self.processor is not None:
+            self.processor.force_flush()
         if self.materializer is not None:
             ok = self.materializer.flush(timeout)
         if self._provider is not None and hasattr(self._provider, "force_flush"):
             left_ms = max(1, int((deadline - time.monotonic()) * 1000))
             ok = bool(self._provider.force_flush(left_ms)) and ok
+        if self.process is not None:
+            ok = self.process.flush(max(0.01, deadline - time.monotonic())) and ok
         return ok
 
     def shutdown(self, timeout_s: float | None = None) -> None:
@@ -141,11 +204,75 @@ class Tracing:
         if self._closed:
             return
         timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
         self._closed = True
+        if self.sampler is not None:
+            self.sampler.close()
+        if self.processor is not None:
+            self.processor.shutdown()
         if self.materializer is not None:
             self.materializer.close(timeout)
-            if self.materializer.dropped_spans:
-                log.warning("resettrace: %d spans were not exported",
-                            self.materializer.dropped_spans)
+        if self.process is not None:
+            self.process.close(max(0.05, deadline - time.monotonic()))
         if self._owns_provider and self._provider is not None:
             self._provider.shutdown()
+        if self.config.exports_spans:
+            report = self.export_report()
+            lost = report.get("spans_not_delivered", 0) or report["spans_dropped"]
+            if lost:
+                log.warning("resettrace: %d spans were not delivered (%s)", lost,
+                            {k: v for k, v in report.items() if k != "mode"})
+
+
+def _jsonable(config: Config) -> dict[str, Any]:
+    d = dataclasses.asdict(config)
+    d["exporters"] = list(config.exporters)
+    d["resource_attributes"] = dict(config.resource_attributes)
+    return d
+
+
+# -- process exit ---------------------------------------------------------------------------
+_EXPORTING: weakref.WeakSet[Tracing] = weakref.WeakSet()
+_hooks_lock = threading.Lock()
+_atexit_pid: int | None = None
+_finalize_pid: int | None = None
+_sigterm_installed = False
+
+
+def shutdown_all() -> None:
+    """Flush and stop every span-exporting session of this process (bounded)."""
+    for session in list(_EXPORTING):
+        try:
+            session.shutdown()
+        except Exception:  # exiting: report, never raise
+            log.exception("resettrace: shutdown failed")
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    shutdown_all()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _register_exit_hooks(session: Tracing) -> None:
+    global _atexit_pid, _finalize_pid, _sigterm_installed
+    import atexit
+    import multiprocessing
+
+    _EXPORTING.add(session)
+    pid = os.getpid()
+    with _hooks_lock:
+        if _atexit_pid is None:
+            atexit.register(shutdown_all)
+            _atexit_pid = pid
+        if multiprocessing.parent_process() is not None and _finalize_pid != pid:
+            # multiprocessing workers leave through os._exit: atexit never runs there
+            from multiprocessing import util
+
+            util.Finalize(None, shutdown_all, exitpriority=100)
+            _finalize_pid = pid
+        if (session.config.handle_sigterm and not _sigterm_installed
+                and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            _sigterm_installed = True

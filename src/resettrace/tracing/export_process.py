@@ -1,0 +1,504 @@
+"""Span export in a child process: the training process only packs ints into a pipe.
+
+Building an SDK span costs tens of microseconds and OTLP encoding about as much,
+all under the GIL. :class:`ProcessExporter` (the recorder sink, in the training
+process) instead packs each finished trace into one ``array('q')`` and writes it
+to a non-blocking pipe; a child process (``python -m
+resettrace.tracing.export_process``) rebuilds the spans with their exact
+timestamps and parent links and hands them to the configured exporters (OTLP,
+span files) in batches.
+
+Nothing here blocks the training thread: bytes the pipe cannot take wait in a
+bounded buffer, and a trace that does not fit is dropped and counted. When the
+collector is slow or down the child stops reading, the pipe fills, and traces are
+dropped and counted the same way. The child reports what each exporter delivered
+on its stdout; :meth:`ProcessExporter.report` turns that into delivered /
+undelivered counts. The child runs in its own session (Ctrl-C and SIGTERM to the
+training job's process group do not reach it) and leaves when its stdin closes:
+a training process that dies cannot leave it behind.
+
+Wire format, child's stdin: frames of ``<I`` payload length, one type byte, payload.
+``C`` JSON settings; ``R`` recorder registration (``<Iq`` id, epoch offset + JSON
+attributes); ``E`` error name (``<I`` code + UTF-8); ``T`` trace (``<IIq`` recorder
+id, record count, spans dropped so far + ``6 * count`` int64); ``F`` flush
+(``<I`` sequence number); ``Q`` quit. Child's stdout: one JSON status per line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from array import array
+from collections import deque
+from itertools import chain
+from typing import Any
+
+from resettrace.catalog import ATTR_EXPORT_DROPPED
+from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, error_name
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ProcessExporter", "main"]
+
+_FRAME = struct.Struct("<IB")
+_REGISTER = struct.Struct("<Iq")
+_ERROR = struct.Struct("<I")
+_TRACE = struct.Struct("<IIq")
+_FLUSH = struct.Struct("<I")
+_PIPE_BYTES = 1 << 20  # ask the kernel for a 1 MiB pipe
+_F_SETPIPE_SZ = 1031
+#: spans per export call in the child, and the longest a span waits for its batch
+_BATCH_SPANS = 512
+_BATCH_DELAY_S = 0.2
+#: the training process writes to the pipe once this much is queued, or this long after
+#: its last write
+_WRITE_BYTES = 32 << 10
+_WRITE_DELAY_S = 0.05
+_now = time.monotonic
+#: struct per record count: header and every record field in one pack call
+_PACKERS: dict[int, struct.Struct] = {}
+
+_LIVE: weakref.WeakSet[ProcessExporter] = weakref.WeakSet()
+
+
+class ProcessExporter:
+    """Recorder sink that streams traces to an exporter child process.
+
+    ``exporters`` are ``RESETTRACE_EXPORTER`` items other than ``memory``;
+    ``settings`` is the JSON-able description the child builds them from.
+    """
+
+    def __init__(self, settings: dict[str, Any], *, buffer_bytes: int = 8 << 20) -> None:
+        self._settings = settings
+        self._cap = buffer_bytes
+        self._lock = threading.Lock()  # traces may end on several training threads
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._closed = False
+        self._dead = False
+        self._reset_counters()
+        _LIVE.add(self)
+        self._start()
+
+    def _reset_counters(self) -> None:
+        self._buf = bytearray()
+        self._frames: deque[tuple[int, int]] = deque()  # (frame bytes, spans) not yet written
+        self._head_written = 0  # bytes of the first frame already in the pipe
+        self._rids: dict[int, int] = {}
+        self._keep: list[Recorder] = []  # registered recorders stay alive: ids stay unique
+        self._errors_sent = 1
+        self._flush_seq = 0
+        self._status: dict[str, Any] = {}
+        self._out = b""
+        self._last_write = 0.0
+        self.sent_spans = 0
+        self.dropped_spans = 0
+
+    # -- child process ----------------------------------------------------------------------
+    def _start(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("RUST_LOG", "error")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "resettrace.tracing.export_process"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+            start_new_session=True)
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._in = self._proc.stdin.fileno()
+        self._out_fd = self._proc.stdout.fileno()
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self._in, _F_SETPIPE_SZ, _PIPE_BYTES)
+        os.set_blocking(self._in, False)
+        os.set_blocking(self._out_fd, False)
+        settings = dict(self._settings, parent_pid=os.getpid())
+        self._frame(b"C", json.dumps(settings).encode(), 0)
+        self._pump()
+
+    def _after_fork_in_child(self) -> None:
+        """A forked worker starts its own child process on its first trace."""
+        proc = self._proc
+        self._proc = None
+        if proc is not None:
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(stream.fileno())
+            proc.stdin = proc.stdout = None
+            proc.returncode = 0  # not this process's child: never wait for it
+        self._lock = threading.Lock()
+        self._dead = False
+        self._reset_counters()
+
+    # -- hot path -----------------------------------------------------------------------------
+    def on_trace(self, records: list[Record], recorder: Recorder) -> None:
+        with self._lock:
+            if self._proc is None and not self._closed:
+                self._start()
+            n = len(records)
+            if self._closed or self._dead:
+                self.dropped_spans += n
+                return
+            rid = self._rids.get(id(recorder))
+            if rid is None:
+                rid = self._register(recorder)
+            self._send_error_names()
+            packer = _PACKERS.get(n)
+            if packer is None:
+                packer = _PACKERS[n] = struct.Struct(f"<IIq{n * RECORD_FIELDS}q")
+            payload = packer.pack(rid, n, self.dropped_spans, *chain.from_iterable(records))
+            if not self._frame(b"T", payload, n):
+                self.dropped_spans += n
+                return
+            self.sent_spans += n
+            # one write (a syscall and a wake-up of the child) per batch of traces
+            if len(self._buf) >= _WRITE_BYTES or _now() - self._last_write >= _WRITE_DELAY_S:
+                self._pump()
+
+    def _register(self, recorder: Recorder) -> int:
+        rid = len(self._keep)
+        self._rids[id(recorder)] = rid
+        self._keep.append(recorder)
+        attrs = json.dumps(recorder.attributes).encode()
+        self._frame(b"R", _REGISTER.pack(rid, recorder.epoch_offset_ns) + attrs, 0, force=True)
+        return rid
+
+    def _send_error_names(self) -> None:
+        while self._errors_sent < len(_ERROR_NAMES):
+            code = self._errors_sent
+            self._frame(b"E", _ERROR.pack(code) + _ERROR_NAMES[code].encode(), 0, force=True)
+            self._errors_sent += 1
+
+    def _frame(self, kind: bytes, payload: bytes, spans: int, *, force: bool = False) -> bool:
+        """Queue one frame; False (nothing queued) when the buffer is full."""
+        size = _FRAME.size + len(payload)
+        if not force and len(self._buf) + size > self._cap:
+            return False
+        self._buf += _FRAME.pack(len(payload), kind[0])
+        self._buf += payload
+        self._frames.append((size, spans))
+        return True
+
+    def _pump(self) -> None:
+        """Write what the pipe takes now, never waiting."""
+        if not self._buf or self._dead:
+            return
+        try:
+            k = os.write(self._in, self._buf)
+        except BlockingIOError:
+            return
+        except OSError:  # the child is gone: nothing queued can reach it any more
+            self._dead = True
+            self.dropped_spans += sum(s for _, s in self._frames)
+            self.sent_spans -= sum(s for _, s in self._frames)
+            self._buf.clear()
+            self._frames.clear()
+            log.error("resettrace: the span export process died; spans are dropped from now on")
+            return
+        self._last_write = _now()
+        del self._buf[:k]
+        k += self._head_written
+        frames = self._frames
+        while frames and frames[0][0] <= k:
+            k -= frames.popleft()[0]
+        self._head_written = k
+
+    # -- status ---------------------------------------------------------------------------------
+    def _read_status(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            while True:
+                chunk = os.read(self._out_fd, 1 << 16)
+                if not chunk:
+                    break
+                self._out += chunk
+        except (BlockingIOError, OSError):
+            pass
+        *lines, self._out = self._out.split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                self._status = json.loads(line)
+
+    @property
+    def pending_spans(self) -> int:
+        return sum(s for _, s in self._frames)
+
+    def report(self) -> dict[str, Any]:
+        """Spans sent, dropped, and per exporter delivered / undelivered."""
+        with self._lock:
+            self._pump()
+            self._read_status()
+            recorded = self.sent_spans + self.dropped_spans
+            exported = self._status.get("exported", {})
+            failed = self._status.get("failed", {})
+            per = {name: {"delivered": int(exported.get(name, 0)),
+                          "failed": int(failed.get(name, 0)),
+                          "undelivered": recorded - int(exported.get(name, 0))}
+                   for name in self._settings.get("exporters", [])}
+            return {"spans_sent": self.sent_spans, "spans_dropped": self.dropped_spans,
+                    "spans_pending": self.pending_spans,
+                    "spans_received": int(self._status.get("received", 0)),
+                    "exporters": per}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _wait_writable(self, deadline: float) -> bool:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        with contextlib.suppress(OSError, ValueError):
+            select.select([], [self._in], [], min(left, 0.05))
+        return True
+
+    def flush(self, timeout_s: float) -> bool:
+        """Hand every queued trace to the child and wait until it exported them."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            if self._proc is None or self._dead or self._closed:
+                return not self._frames
+            self._flush_seq += 1
+            seq = self._flush_seq
+            self._frame(b"F", _FLUSH.pack(seq), 0, force=True)
+            while self._buf and not self._dead and self._wait_writable(deadline):
+                self._pump()
+            while int(self._status.get("flush", 0)) < seq and time.monotonic() < deadline:
+                self._read_status()
+                if self._proc.poll() is not None:
+                    break
+                with contextlib.suppress(OSError, ValueError):
+                    select.select([self._out_fd], [], [], min(0.05, max(
+                        0.0, deadline - time.monotonic())))
+            return int(self._status.get("flush", 0)) >= seq
+
+    def close(self, timeout_s: float) -> None:
+        """Deliver what is queued within ``timeout_s``, then stop the child (killed if late)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            proc = self._proc
+            if proc is None:
+                return
+            if not self._dead:
+                self._frame(b"Q", b"", 0, force=True)
+                while self._buf and not self._dead and self._wait_writable(deadline):
+                    self._pump()
+                unsent = sum(s for _, s in self._frames)
+                self.sent_spans -= unsent
+                self.dropped_spans += unsent
+            with contextlib.suppress(OSError):
+                os.close(self._in)  # EOF: the child exports what it has and leaves
+            while proc.poll() is None and time.monotonic() < deadline:
+                self._read_status()
+                with contextlib.suppress(OSError, ValueError):
+                    select.select([self._out_fd], [], [], 0.05)
+            if proc.poll() is None:
+                proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(0.5)
+            self._read_status()
+            with contextlib.suppress(OSError):
+                os.close(self._out_fd)
+            if proc.stdin is not None:
+                proc.stdin = None
+            if proc.stdout is not None:
+                proc.stdout = None
+
+
+def _after_fork_in_child() -> None:
+    for sink in list(_LIVE):
+        sink._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ------------------------------------------------------------------------------------------
+# child side
+# ------------------------------------------------------------------------------------------
+def _collector() -> Any:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class _Collect(SpanProcessor):
+        """Keeps ended spans for the next export batch."""
+
+        def __init__(self) -> None:
+            self.spans: list[Any] = []
+
+        def on_end(self, span: Any) -> None:
+            self.spans.append(span)
+
+    return _Collect()
+
+
+class _Child:
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.recorders: dict[int, tuple[dict[str, Any], int]] = {}
+        self.errors: dict[int, str] = {}
+        self.exporters: list[tuple[str, Any]] = []
+        self.exported: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.received = 0
+        self.flushed = 0
+        self.batch_since = 0.0
+        self.stop = False
+        self.tracer: Any = None
+        self.collect = _collector()
+
+    def setup(self, settings: dict[str, Any]) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from resettrace.catalog import INSTRUMENTATION_SCOPE
+        from resettrace.config import Config
+        from resettrace.tracing.exporters import make_exporter
+
+        config = Config(**dict(settings["config"], exporters=tuple(settings["exporters"])))
+        # the resource describes the training process, not this one
+        resource = Resource.create(dict(settings["resource"],
+                                        **{"process.pid": settings["parent_pid"]}))
+        provider = TracerProvider(resource=resource)
+        provider.add_span_processor(self.collect)
+        self.tracer = provider.get_tracer(INSTRUMENTATION_SCOPE)
+        for spec in settings["exporters"]:
+            try:
+                self.exporters.append((spec, make_exporter(spec, config)))
+            except Exception as e:  # a bad exporter must not stop the others
+                print(f"resettrace export process: cannot create {spec!r}: {e}",
+                      file=sys.stderr)
+            self.exported[spec] = 0
+            self.failed[spec] = 0
+
+    def handle(self, kind: int, payload: memoryview) -> None:
+        if kind == ord("T"):
+            rid, n, dropped = _TRACE.unpack_from(payload)
+            ints = array("q")
+            ints.frombytes(payload[_TRACE.size:])
+            records = [ints[i:i + RECORD_FIELDS].tolist()
+                       for i in range(0, n * RECORD_FIELDS, RECORD_FIELDS)]
+            attrs, offset = self.recorders[rid]
+            from resettrace.tracing.materialise import build_spans
+
+            build_spans(self.tracer, records, attrs, offset,
+                        lambda code: self.errors.get(code, error_name(code)),
+                        {ATTR_EXPORT_DROPPED: dropped})
+            self.received += n
+            if not self.batch_since:
+                self.batch_since = time.monotonic()
+        elif kind == ord("R"):
+            rid, offset = _REGISTER.unpack_from(payload)
+            self.recorders[rid] = (json.loads(bytes(payload[_REGISTER.size:])), offset)
+        elif kind == ord("E"):
+            (code,) = _ERROR.unpack_from(payload)
+            self.errors[code] = bytes(payload[_ERROR.size:]).decode()
+        elif kind == ord("F"):
+            self.export()
+            (self.flushed,) = _FLUSH.unpack_from(payload)
+            for _, exporter in self.exporters:
+                with contextlib.suppress(Exception):
+                    exporter.force_flush()
+            self.status()
+        elif kind == ord("Q"):
+            self.stop = True
+        elif kind == ord("C"):
+            self.setup(json.loads(bytes(payload)))
+
+    def export(self) -> None:
+        spans = self.collect.spans
+        if not spans:
+            return
+        self.collect.spans = []
+        self.batch_since = 0.0
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        for spec, exporter in self.exporters:
+            try:
+                ok = exporter.export(spans) == SpanExportResult.SUCCESS
+            except Exception as e:
+                print(f"resettrace export process: {spec!r} failed: {e}", file=sys.stderr)
+                ok = False
+            if ok:
+                self.exported[spec] += len(spans)
+            else:
+                self.failed[spec] += len(spans)
+        self.status()
+
+    def status(self, final: bool = False) -> None:
+        line = json.dumps({"received": self.received, "exported": self.exported,
+                           "failed": self.failed, "flush": self.flushed, "final": final})
+        with contextlib.suppress(OSError):
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    def parse(self) -> None:
+        buf = self.buf
+        pos = 0
+        view = memoryview(buf)
+        while len(buf) - pos >= _FRAME.size:
+            size, kind = _FRAME.unpack_from(buf, pos)
+            end = pos + _FRAME.size + size
+            if end > len(buf):
+                break
+            try:
+                self.handle(kind, view[pos + _FRAME.size:end])
+            except Exception as e:  # one bad frame must not end the export of the rest
+                print(f"resettrace export process: bad frame {chr(kind)!r}: {e!r}",
+                      file=sys.stderr)
+            pos = end
+        view.release()
+        del buf[:pos]
+
+    def run(self) -> None:
+        fd = sys.stdin.fileno()
+        eof = False
+        while not (eof or self.stop):
+            wait = _BATCH_DELAY_S
+            if self.batch_since:
+                wait = max(0.0, self.batch_since + _BATCH_DELAY_S - time.monotonic())
+            try:
+                ready, _, _ = select.select([fd], [], [], wait)
+            except InterruptedError:
+                ready = []
+            if ready:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    eof = True
+                self.buf += chunk
+                self.parse()
+            if len(self.collect.spans) >= _BATCH_SPANS or (
+                    self.batch_since and time.monotonic() - self.batch_since >= _BATCH_DELAY_S):
+                self.export()
+        self.export()
+        for _, exporter in self.exporters:
+            with contextlib.suppress(Exception):
+                exporter.shutdown()
+        self.status(final=True)
+
+
+def main() -> None:
+    """Entry point of the export child process."""
+    with contextlib.suppress(OSError):
+        os.nice(10)  # export is best effort: training threads come first for the CPU
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    child = _Child()
+
+    def _stop(*_: object) -> None:
+        child.stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    child.run()
+
+
+if __name__ == "__main__":
+    main()
