@@ -1,0 +1,382 @@
+"""Span exporters that write files for trace viewers: Chrome trace JSON and OTLP-JSON.
+
+Both exporters share one contract (:class:`_BufferedFileExporter`):
+
+* The file (and its parent folders) is created, truncated, on the first ``export()``; that
+  first call writes at once, so an unwritable path is reported by the first export.
+* Later spans wait in memory and are written when ``max_pending`` spans are waiting, when
+  ``write_interval_s`` has passed since the last write (checked at the next ``export()``:
+  there is no timer thread), on ``force_flush()`` and on ``shutdown()``. Memory is bounded
+  by ``max_pending`` spans plus what one ``export()`` call hands in.
+* Every write rewrites the file's tail from the end of the last good write (seek, write,
+  truncate, flush), so the file is complete and valid after every write, flush and
+  shutdown, and a failed write (disk full) cannot leave garbage before the next good one.
+  Only a process killed in the middle of a write can leave a torn tail.
+* An ``OSError`` is logged (the first at ERROR, then DEBUG) and ``export()`` /
+  ``force_flush()`` return ``FAILURE`` / ``False``; the spans of that write are dropped and
+  counted in ``dropped_spans``. ``exported_spans`` counts spans written to the file.
+  Nothing here raises ``OSError`` to the caller.
+
+Note that the SDK's ``SimpleSpanProcessor.force_flush`` does not call the exporter's
+``force_flush``: behind it, the file lags at most ``max_pending`` spans or
+``write_interval_s`` while spans flow, and is completed by ``shutdown()``.
+
+:class:`ChromeTraceSpanExporter` (``perfetto:PATH``)
+    The Chrome trace event JSON object format, which Perfetto (ui.perfetto.dev) and
+    chrome://tracing load::
+
+        {"displayTimeUnit":"ms","otherData":{...,"time_origin_unix_ns":"..."},"traceEvents":[
+        {"ph":"M","name":"process_name","pid":P,"tid":0,"args":{"name":"resettrace SVC"}},
+        {"ph":"M","name":"thread_name","pid":P,"tid":N,"args":{"name":"trace N"}},
+        {"ph":"X","name":...,"cat":...,"ts":...,"dur":...,"pid":P,"tid":N,"args":{...}}
+        ]}
+
+    One complete (``"X"``) event per span. ``ts`` and ``dur`` are microseconds (floats);
+    ``ts`` counts from ``otherData.time_origin_unix_ns`` (Unix epoch ns, a string): the
+    ``time_origin_ns`` argument, else the earlier of the exporter's creation and the earliest
+    start in the first write. Relative, small numbers keep nanosecond precision in a double
+    (absolute epoch microseconds would be rounded to 0.25 us, enough to break the nesting of
+    a child that ends with its parent); a span that started before the origin gets a negative
+    ``ts``. ``cat`` is the span name up to its first dot (the phase group). ``pid`` is the
+    resource's ``process.pid`` (else this process). ``tid`` is a small counter given to each
+    trace in arrival order, so the nested spans of a trace stack on one track named
+    ``trace N``; the map is bounded (``max_tracks``, oldest forgotten first). ``args`` holds
+    the span attributes and ``trace_id``, ``span_id``, ``parent_id`` (hex, ``null`` for a
+    root) and ``status`` when set. The events are appended in place, between a fixed header
+    and the closing ``]}``, so a run of a million spans (about 300 MB) is written in
+    O(spans) time with bounded memory; loading that in the browser is Perfetto's limit, not
+    this exporter's.
+
+:class:`OtlpJsonSpanExporter` (``otlp-json:PATH``)
+    OTLP-JSON as JSON Lines, the layout of the OpenTelemetry file exporter specification
+    (``protocol/file-exporter``): each line is one ``ExportTraceServiceRequest``
+    (``{"resourceSpans":[...]}``) holding the spans of one write, encoded by the SDK's own
+    OTLP protobuf encoder and protobuf's JSON mapping, with the OTLP/JSON exceptions applied:
+    ``traceId``, ``spanId`` and ``parentSpanId`` (and link ids) are lowercase hex, not
+    base64; enums (``kind``, ``status.code``) are integers; 64-bit integers
+    (``startTimeUnixNano``, ``intValue``) are strings. Jaeger's UI "Upload JSON" accepts
+    this file: jaeger-ui's ``readJsonFile`` first parses the whole file as one JSON value
+    and, if that fails, parses it line by line and merges the ``resourceSpans`` of every
+    line into one request (jaeger-ui PR #2380, fixing issue #2225, 2024); ``.jsonl`` files
+    are offered in the file picker since jaeger-ui #2461. Older Jaeger UIs (1.5x) accept a
+    single document only; for them, merge the lines with
+    ``jq -cs '{resourceSpans: map(.resourceSpans[])}' FILE``. The collector's
+    ``otlpjsonfile`` receiver reads the file as is. A single document rewritten at every
+    flush was not chosen: it costs O(all spans) per write.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from opentelemetry.sdk.resources import PROCESS_PID, SERVICE_NAME
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import StatusCode
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ChromeTraceSpanExporter",
+    "OtlpJsonSpanExporter",
+    "otlp_json_ids_to_hex",
+    "DEFAULT_MAX_PENDING",
+    "DEFAULT_WRITE_INTERVAL_S",
+]
+
+#: Spans kept in memory before a write.
+DEFAULT_MAX_PENDING = 512
+#: Seconds after which the next ``export()`` writes whatever is pending.
+DEFAULT_WRITE_INTERVAL_S = 1.0
+#: Traces whose Chrome track number is remembered (oldest forgotten first).
+DEFAULT_MAX_TRACKS = 65536
+
+_PRODUCER = "resettrace"
+_UNKNOWN_SERVICE = "unknown_service"
+
+
+class _BufferedFileExporter(SpanExporter):
+    """Buffers spans and appends them to one file in robust, complete writes.
+
+    Subclasses implement :meth:`_encode` (the bytes appended for some spans, and the state
+    to commit once they are on disk) and may implement :meth:`_header` and :meth:`_suffix`.
+    All methods are thread-safe; ``export`` blocks only for the writes it triggers.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
+                 write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        if not write_interval_s >= 0:
+            raise ValueError(f"write_interval_s must be >= 0, got {write_interval_s}")
+        self.path = Path(path)
+        self.max_pending = max_pending
+        self.write_interval_s = write_interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._file: IO[bytes] | None = None
+        self._end = 0  # bytes of complete content; the suffix starts here
+        self._pending: list[ReadableSpan] = []
+        self._last_write = clock()
+        self._closed = False
+        self._failures = 0
+        self.exported_spans = 0
+        self.dropped_spans = 0
+
+    # -- format hooks ---------------------------------------------------------------------------
+    def _header(self, spans: Sequence[ReadableSpan]) -> bytes:
+        """Bytes at the start of the file; ``spans`` are those of the first write."""
+        return b""
+
+    def _suffix(self) -> bytes:
+        """Bytes that close the file after the last complete write."""
+        return b""
+
+    def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
+        """The bytes to append for ``spans`` and a commit callback run once they are written."""
+        raise NotImplementedError
+
+    # -- SpanExporter ---------------------------------------------------------------------------
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._closed:
+            return SpanExportResult.FAILURE
+        with self._lock:
+            self._pending.extend(spans)
+            due = (self._file is None or len(self._pending) >= self.max_pending
+                   or self._clock() - self._last_write >= self.write_interval_s)
+            if due and not self._write_pending():
+                return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        with self._lock:
+            if self._closed or not self._pending:
+                return True
+            return self._write_pending()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._pending:
+                self._write_pending()
+            self._closed = True
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError as e:
+                    log.error("resettrace: cannot close %s: %s", self.path, e)
+                self._file = None
+        if self.dropped_spans:
+            log.warning("resettrace: %d spans could not be written to %s", self.dropped_spans,
+                        self.path)
+
+    # -- writing (lock held) --------------------------------------------------------------------
+    def _write_pending(self) -> bool:
+        spans, self._pending = self._pending, []
+        self._last_write = self._clock()
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                f = self.path.open("wb")
+                try:
+                    self._end = 0
+                    self._append(f, self._header(spans))
+                except OSError:
+                    f.close()
+                    raise
+                self._file = f
+            if spans:
+                data, commit = self._encode(spans)
+                self._append(self._file, data)
+                commit()
+        except OSError as e:
+            self.dropped_spans += len(spans)
+            self._failures += 1
+            log.log(logging.ERROR if self._failures == 1 else logging.DEBUG,
+                    "resettrace: cannot write %d spans to %s: %s", len(spans), self.path, e)
+            return False
+        self.exported_spans += len(spans)
+        return True
+
+    def _append(self, f: IO[bytes], data: bytes) -> None:
+        # Rewrite from the end of the last good write: the file is complete after each call,
+        # and the bytes of an earlier failed write are overwritten or truncated away.
+        f.seek(self._end)
+        f.write(data + self._suffix())
+        f.truncate()
+        f.flush()
+        self._end += len(data)
+
+
+# --- Chrome trace JSON ---------------------------------------------------------------------------
+
+def _hex_trace(trace_id: int) -> str:
+    return format(trace_id, "032x")
+
+
+def _hex_span(span_id: int) -> str:
+    return format(span_id, "016x")
+
+
+def _json_value(value: Any) -> Any:
+    """An attribute value JSON can hold: non-finite floats become strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return [_json_value(v) for v in value]
+    return value
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str).encode()
+
+
+class ChromeTraceSpanExporter(_BufferedFileExporter):
+    """Writes spans as Chrome trace events, loadable in Perfetto (see the module docstring)."""
+
+    _SUFFIX = b"\n]}\n"
+
+    def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
+                 write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
+                 time_origin_ns: int | None = None, max_tracks: int = DEFAULT_MAX_TRACKS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(path, max_pending=max_pending, write_interval_s=write_interval_s,
+                         clock=clock)
+        if max_tracks < 1:
+            raise ValueError(f"max_tracks must be >= 1, got {max_tracks}")
+        self.max_tracks = max_tracks
+        self._created_ns = time.time_ns()
+        self._fixed_origin = time_origin_ns
+        self.time_origin_ns: int | None = None  # set by the first write
+        self._events = 0  # events in the file
+        self._tids: dict[tuple[int, int], int] = {}  # (pid, trace_id) -> tid, insertion order
+        self._next_tid = 1
+        self._named_pids: set[int] = set()
+
+    def _header(self, spans: Sequence[ReadableSpan]) -> bytes:
+        if self._fixed_origin is not None:
+            origin = self._fixed_origin
+        else:
+            origin = min([self._created_ns] + [s.start_time for s in spans
+                                               if s.start_time is not None])
+        self.time_origin_ns = origin
+        other = {"producer": _PRODUCER, "time_origin_unix_ns": str(origin),
+                 "ts_unit": "microseconds since time_origin_unix_ns"}
+        self._events = 0
+        head = _dumps({"displayTimeUnit": "ms", "otherData": other})
+        return head[:-1] + b',"traceEvents":['
+
+    def _suffix(self) -> bytes:
+        return self._SUFFIX
+
+    def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
+        assert self.time_origin_ns is not None
+        origin = self.time_origin_ns
+        new_tids: dict[tuple[int, int], int] = {}
+        new_pids: set[int] = set()
+        next_tid = self._next_tid
+        events: list[bytes] = []
+        for span in spans:
+            pid, service = _process_of(span)
+            if pid not in self._named_pids and pid not in new_pids:
+                new_pids.add(pid)
+                events.append(_dumps({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                                      "args": {"name": f"{_PRODUCER} {service}"}}))
+            ctx = span.get_span_context()
+            trace_id = ctx.trace_id if ctx is not None else 0
+            key = (pid, trace_id)
+            tid = self._tids.get(key) or new_tids.get(key)
+            if tid is None:
+                tid = new_tids[key] = next_tid
+                next_tid += 1
+                events.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                                      "args": {"name": f"trace {tid}"}}))
+            start = span.start_time or 0
+            end = span.end_time if span.end_time is not None else start
+            args = {k: _json_value(v) for k, v in (span.attributes or {}).items()}
+            args["trace_id"] = _hex_trace(trace_id)
+            args["span_id"] = _hex_span(ctx.span_id) if ctx is not None else None
+            args["parent_id"] = _hex_span(span.parent.span_id) if span.parent else None
+            if span.status.status_code is not StatusCode.UNSET:
+                args["status"] = span.status.status_code.name
+            events.append(_dumps({"ph": "X", "name": span.name,
+                                  "cat": span.name.partition(".")[0] or _PRODUCER,
+                                  "ts": (start - origin) / 1000, "dur": (end - start) / 1000,
+                                  "pid": pid, "tid": tid, "args": args}))
+        sep = b",\n" if self._events else b"\n"
+        data = sep + b",\n".join(events)
+
+        def commit() -> None:
+            self._events += len(events)
+            self._named_pids |= new_pids
+            self._tids.update(new_tids)
+            self._next_tid = next_tid
+            while len(self._tids) > self.max_tracks:
+                del self._tids[next(iter(self._tids))]
+
+        return data, commit
+
+
+def _process_of(span: ReadableSpan) -> tuple[int, str]:
+    """The span's process id (resource ``process.pid``, else ours) and service name."""
+    attrs = span.resource.attributes if span.resource is not None else {}
+    pid: Any = attrs.get(PROCESS_PID)
+    try:
+        pid = int(pid)
+    except (TypeError, ValueError):
+        pid = os.getpid()
+    return pid, str(attrs.get(SERVICE_NAME, _UNKNOWN_SERVICE))
+
+
+# --- OTLP-JSON -----------------------------------------------------------------------------------
+
+def _b64_to_hex(value: str) -> str:
+    return base64.b64decode(value).hex()
+
+
+def otlp_json_ids_to_hex(request: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite, in place, the base64 ids of a ``MessageToDict`` trace request as OTLP hex."""
+    for rs in request.get("resourceSpans", ()):
+        for ss in rs.get("scopeSpans", ()):
+            for span in ss.get("spans", ()):
+                for obj in (span, *span.get("links", ())):
+                    for key in ("traceId", "spanId", "parentSpanId"):
+                        if key in obj:
+                            obj[key] = _b64_to_hex(obj[key])
+    return request
+
+
+class OtlpJsonSpanExporter(_BufferedFileExporter):
+    """Writes spans as OTLP-JSON lines, loadable in Jaeger's UI (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
+                 write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(path, max_pending=max_pending, write_interval_s=write_interval_s,
+                         clock=clock)
+        # The OTLP encoder pulls in protobuf: loaded only when this exporter is used.
+        from google.protobuf.json_format import MessageToDict
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        self._to_dict = MessageToDict
+        self._encode_spans = encode_spans
+
+    def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
+        request = self._to_dict(self._encode_spans(spans), use_integers_for_enums=True)
+        line = _dumps(otlp_json_ids_to_hex(request)) + b"\n"
+        return line, _nothing
+
+
+def _nothing() -> None:
+    return None

@@ -1,0 +1,348 @@
+"""File exporters for trace viewers: Chrome trace JSON (Perfetto) and OTLP-JSON (Jaeger)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.json_format import ParseDict
+from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import PROCESS_PID, SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+
+from resettrace import catalog as C
+from resettrace.tracing.exporters import make_exporter
+from resettrace.tracing.file_formats import (
+    ChromeTraceSpanExporter,
+    OtlpJsonSpanExporter,
+    _BufferedFileExporter,
+)
+
+SERVICE = "ff-test"
+PID = 4242
+HEX32 = re.compile(r"^[0-9a-f]{32}$")
+HEX16 = re.compile(r"^[0-9a-f]{16}$")
+
+
+class FakeClock:
+    """time.monotonic stand-in for the exporters' write interval."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _provider(exporter: Any, resource: Resource | None = None) -> TracerProvider:
+    if resource is None:
+        resource = Resource.create({SERVICE_NAME: SERVICE, PROCESS_PID: PID})
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+def _trace(provider: TracerProvider, t0: int, resets: int = 3) -> tuple[Any, Any]:
+    """A set_state span with one forward-kinematics child, at explicit ns times after t0."""
+    tracer = provider.get_tracer(C.INSTRUMENTATION_SCOPE)
+    attrs = {C.ATTR_RESET_COUNT: resets, C.ATTR_BACKEND: "mujoco"}
+    parent = tracer.start_span(C.SET_STATE.span, start_time=t0 + 1_000,
+                               attributes={**attrs, "test.ratio": 0.25})
+    child = tracer.start_span(C.SET_STATE_FORWARD_KINEMATIC.span,
+                              context=trace.set_span_in_context(parent),
+                              start_time=t0 + 1_234_567, attributes=attrs)
+    child.end(end_time=t0 + 5_000_321)
+    parent.end(end_time=t0 + 9_876_543)
+    return parent, child
+
+
+def _future_t0() -> int:
+    # after the exporter's creation, as for spans of a live run
+    return time.time_ns() + 5_000_000_000
+
+
+def _events(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    return doc, [e for e in events if e["ph"] == "X"], [e for e in events if e["ph"] == "M"]
+
+
+def _otlp_spans(path: Path) -> list[dict[str, Any]]:
+    return [s for line in path.read_text().splitlines()
+            for rs in json.loads(line)["resourceSpans"]
+            for ss in rs["scopeSpans"] for s in ss["spans"]]
+
+
+def _hex_id(span: Any) -> str:
+    return format(span.get_span_context().span_id, "016x")
+
+
+# --- Chrome trace JSON -----------------------------------------------------------------------
+
+def test_chrome_trace_has_one_nested_complete_event_per_span(tmp_path) -> None:
+    path = tmp_path / "deep" / "trace.json"
+    exporter = ChromeTraceSpanExporter(path, max_pending=3, clock=FakeClock())
+    provider = _provider(exporter)
+    t0 = _future_t0()
+    traces = [_trace(provider, t0 + i * 20_000_000, resets=i + 1) for i in range(3)]
+    assert exporter.force_flush()
+    doc, xs, ms = _events(path)
+
+    assert doc["displayTimeUnit"] == "ms"
+    origin = int(doc["otherData"]["time_origin_unix_ns"])
+    assert origin == exporter.time_origin_ns and origin < t0
+    assert len(xs) == 6 and exporter.exported_spans == 6
+    by_id = {e["args"]["span_id"]: e for e in xs}
+    tids = set()
+    for i, (parent, child) in enumerate(traces):
+        p, c = by_id[_hex_id(parent)], by_id[_hex_id(child)]
+        for span, ev in ((parent, p), (child, c)):
+            assert ev["name"] == span.name and ev["cat"] == C.SET_STATE.span
+            assert ev["ts"] == (span.start_time - origin) / 1000
+            assert ev["dur"] == (span.end_time - span.start_time) / 1000
+            assert round(ev["ts"] * 1000) == span.start_time - origin  # ns kept
+            assert ev["pid"] == PID
+            assert ev["args"][C.ATTR_RESET_COUNT] == i + 1
+            assert ev["args"][C.ATTR_BACKEND] == "mujoco"
+            assert ev["args"]["trace_id"] == format(span.get_span_context().trace_id, "032x")
+        assert p["args"]["parent_id"] is None and c["args"]["parent_id"] == _hex_id(parent)
+        assert p["args"]["test.ratio"] == 0.25
+        # the child stacks inside its parent on the trace's own track
+        assert c["tid"] == p["tid"]
+        assert p["ts"] < c["ts"] and c["ts"] + c["dur"] < p["ts"] + p["dur"]
+        tids.add(p["tid"])
+    assert tids == {1, 2, 3}
+    names = {(m["name"], m["tid"]): m["args"]["name"] for m in ms if m["pid"] == PID}
+    assert names[("process_name", 0)] == f"resettrace {SERVICE}"
+    assert {names[("thread_name", t)] for t in tids} == {"trace 1", "trace 2", "trace 3"}
+    assert len(ms) == 4  # one process name, three thread names: none repeated
+    provider.shutdown()
+
+
+def test_chrome_trace_time_origin_can_be_pinned(tmp_path) -> None:
+    path = tmp_path / "trace.json"
+    t0 = 1_700_000_000_000_000_000
+    exporter = ChromeTraceSpanExporter(path, time_origin_ns=t0)
+    provider = _provider(exporter, Resource({}))
+    parent, _ = _trace(provider, t0)
+    provider.shutdown()
+    doc, xs, ms = _events(path)
+    assert doc["otherData"]["time_origin_unix_ns"] == str(t0)
+    p = next(e for e in xs if e["name"] == C.SET_STATE.span)
+    assert p["ts"] == 1.0 and p["dur"] == 9875.543
+    # no process.pid or service.name in the resource: this process, unknown service
+    assert {e["pid"] for e in xs + ms} == {os.getpid()}
+    assert any(m["args"]["name"] == "resettrace unknown_service" for m in ms)
+
+
+def test_chrome_trace_is_valid_json_after_a_flush_midway_and_after_shutdown(tmp_path) -> None:
+    path = tmp_path / "trace.json"
+    clock = FakeClock()
+    exporter = ChromeTraceSpanExporter(path, max_pending=100, write_interval_s=1.0,
+                                       clock=clock)
+    provider = _provider(exporter)
+    t0 = _future_t0()
+    _trace(provider, t0)
+    assert len(_events(path)[1]) == 1  # the first export is written at once
+    assert exporter.force_flush()
+    assert len(_events(path)[1]) == 2
+    _trace(provider, t0 + 50_000_000)
+    assert len(_events(path)[1]) == 2  # pending: not due yet, but the file stays valid
+    clock.now += 1.0
+    _trace(provider, t0 + 90_000_000)  # the interval passed: the child's export writes
+    assert len(_events(path)[1]) == 5  # ... and its parent waits for the next write
+    _trace(provider, t0 + 130_000_000)
+    provider.shutdown()
+    _, xs, _ = _events(path)
+    assert len(xs) == 8 and exporter.exported_spans == 8
+    assert len({e["args"]["span_id"] for e in xs}) == 8
+    late = provider.get_tracer(__name__).start_span(C.SET_STATE.span)
+    late.end()
+    assert exporter.export([late]) is SpanExportResult.FAILURE
+
+
+def test_chrome_trace_writes_when_max_pending_spans_wait(tmp_path) -> None:
+    path = tmp_path / "trace.json"
+    exporter = ChromeTraceSpanExporter(path, max_pending=4, write_interval_s=60.0,
+                                       clock=FakeClock())
+    provider = _provider(exporter)
+    t0 = _future_t0()
+    _trace(provider, t0)  # writes the first span; one pending
+    _trace(provider, t0 + 50_000_000)  # 3 pending
+    assert len(_events(path)[1]) == 1
+    _trace(provider, t0 + 90_000_000)  # the 4th pending span triggers a write
+    assert len(_events(path)[1]) == 5
+    provider.shutdown()
+
+
+class _FailingOnce:
+    """A file wrapper whose next write lands half its bytes on disk, then fails (disk full)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.armed = True
+
+    def write(self, data: bytes) -> int:
+        if self.armed:
+            self.armed = False
+            self._f.write(data[: len(data) // 2])
+            self._f.flush()
+            raise OSError(28, "No space left on device")
+        return int(self._f.write(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+@pytest.mark.parametrize("cls", [ChromeTraceSpanExporter, OtlpJsonSpanExporter])
+def test_a_failed_write_drops_its_spans_and_leaves_no_garbage(tmp_path, caplog, cls) -> None:
+    path = tmp_path / "out.json"
+    exporter = cls(path, max_pending=1)
+    provider = _provider(exporter)
+    t0 = _future_t0()
+    _trace(provider, t0)
+    exporter._file = _FailingOnce(exporter._file)  # a fault in the writes to come
+    with caplog.at_level(logging.ERROR):
+        parent, child = _trace(provider, t0 + 50_000_000)  # child fails, parent succeeds
+    assert any("No space left" in r.getMessage() for r in caplog.records)
+    provider.shutdown()
+    assert exporter.dropped_spans == 1 and exporter.exported_spans == 3
+    if cls is ChromeTraceSpanExporter:
+        ids = {e["args"]["span_id"] for e in _events(path)[1]}
+    else:
+        ids = {s["spanId"] for s in _otlp_spans(path)}
+    assert len(ids) == 3 and _hex_id(parent) in ids and _hex_id(child) not in ids
+
+
+# --- OTLP-JSON -------------------------------------------------------------------------------
+
+def test_otlp_json_lines_hold_hex_ids_string_times_and_typed_attributes(tmp_path) -> None:
+    path = tmp_path / "deep" / "trace.jsonl"
+    exporter = OtlpJsonSpanExporter(path, max_pending=2, clock=FakeClock())
+    provider = _provider(exporter)
+    t0 = _future_t0()
+    traces = [_trace(provider, t0 + i * 20_000_000, resets=i + 1) for i in range(3)]
+    assert exporter.force_flush()
+    lines = path.read_text().splitlines()
+    assert len(lines) > 1  # several writes: one ExportTraceServiceRequest per line
+    for line in lines:
+        request = json.loads(line)
+        assert set(request) == {"resourceSpans"}
+        for rs in request["resourceSpans"]:
+            res = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
+            assert res[SERVICE_NAME] == {"stringValue": SERVICE}
+            assert res[PROCESS_PID] == {"intValue": str(PID)}
+            assert [ss["scope"]["name"] for ss in rs["scopeSpans"]] == [C.INSTRUMENTATION_SCOPE]
+    spans = {s["spanId"]: s for s in _otlp_spans(path)}
+    assert len(spans) == 6 and exporter.exported_spans == 6
+    for i, (parent, child) in enumerate(traces):
+        p, c = spans[_hex_id(parent)], spans[_hex_id(child)]
+        for span, out in ((parent, p), (child, c)):
+            ctx = span.get_span_context()
+            assert HEX32.match(out["traceId"]) and HEX16.match(out["spanId"])
+            assert out["traceId"] == format(ctx.trace_id, "032x")
+            assert out["name"] == span.name
+            assert out["startTimeUnixNano"] == str(span.start_time)
+            assert out["endTimeUnixNano"] == str(span.end_time)
+            assert out["kind"] == 1  # SPAN_KIND_INTERNAL, an integer as OTLP/JSON requires
+            attrs = {a["key"]: a["value"] for a in out["attributes"]}
+            assert attrs[C.ATTR_RESET_COUNT] == {"intValue": str(i + 1)}
+            assert attrs[C.ATTR_BACKEND] == {"stringValue": "mujoco"}
+        assert "parentSpanId" not in p
+        assert HEX16.match(c["parentSpanId"]) and c["parentSpanId"] == p["spanId"]
+        assert {a["key"]: a["value"] for a in p["attributes"]}["test.ratio"] == {
+            "doubleValue": 0.25}
+    provider.shutdown()
+
+
+def _hex_to_b64(request: dict[str, Any]) -> dict[str, Any]:
+    for rs in request["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+    return request
+
+
+def test_otlp_json_round_trips_into_export_trace_service_request(tmp_path) -> None:
+    path = tmp_path / "trace.jsonl"
+    exporter = OtlpJsonSpanExporter(path, max_pending=3, clock=FakeClock())
+    provider = _provider(exporter)
+    t0 = _future_t0()
+    spans: list[Any] = [s for i in range(2) for s in _trace(provider, t0 + i * 20_000_000)]
+    provider.shutdown()
+    parsed = {}
+    for line in path.read_text().splitlines():
+        msg = ParseDict(_hex_to_b64(json.loads(line)), ExportTraceServiceRequest())
+        for rs in msg.resource_spans:
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    parsed[s.span_id] = s
+    assert len(parsed) == 4
+    for span in spans:
+        ctx = span.get_span_context()
+        pb = parsed[ctx.span_id.to_bytes(8, "big")]
+        assert pb.trace_id == ctx.trace_id.to_bytes(16, "big")
+        assert pb.start_time_unix_nano == span.start_time
+        assert pb.end_time_unix_nano == span.end_time
+        want_parent = span.parent.span_id.to_bytes(8, "big") if span.parent else b""
+        assert pb.parent_span_id == want_parent
+
+
+def test_otlp_json_is_valid_after_a_flush_midway_and_after_shutdown(tmp_path) -> None:
+    path = tmp_path / "trace.jsonl"
+    clock = FakeClock()
+    exporter = OtlpJsonSpanExporter(path, max_pending=100, write_interval_s=1.0, clock=clock)
+    provider = _provider(exporter)
+    t0 = _future_t0()
+    _trace(provider, t0)
+    assert exporter.force_flush()
+    assert len(_otlp_spans(path)) == 2
+    _trace(provider, t0 + 50_000_000)
+    assert len(_otlp_spans(path)) == 2  # still pending, every line still parses
+    clock.now += 1.5
+    _trace(provider, t0 + 90_000_000)  # the child's export writes, its parent waits
+    assert len(_otlp_spans(path)) == 5
+    _trace(provider, t0 + 130_000_000)
+    provider.shutdown()
+    assert len({s["spanId"] for s in _otlp_spans(path)}) == 8
+    assert path.read_text().endswith("}\n")
+
+
+# --- shared contract -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [ChromeTraceSpanExporter, OtlpJsonSpanExporter])
+def test_unwritable_path_returns_failure_without_raising(tmp_path, caplog, cls) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    exporter = cls(blocker / "sub" / "trace.json")
+    tracer = TracerProvider().get_tracer(__name__)
+    span = tracer.start_span(C.SET_STATE.span)
+    span.end()
+    with caplog.at_level(logging.ERROR):
+        assert exporter.export([span]) is SpanExportResult.FAILURE
+        assert exporter.export([span]) is SpanExportResult.FAILURE
+    assert [r.levelno for r in caplog.records].count(logging.ERROR) == 1  # not one per span
+    assert exporter.dropped_spans == 2 and exporter.exported_spans == 0
+    exporter.shutdown()
+    assert blocker.read_text() == "not a folder"
+
+
+def test_make_exporter_builds_the_file_format_exporters(tmp_path) -> None:
+    chrome = make_exporter(f"perfetto:{tmp_path / 'a.json'}")
+    otlp = make_exporter(f"otlp-json:{tmp_path / 'b.jsonl'}")
+    assert isinstance(chrome, ChromeTraceSpanExporter)
+    assert isinstance(otlp, OtlpJsonSpanExporter)
+    assert chrome.path == tmp_path / "a.json" and otlp.path == tmp_path / "b.jsonl"
+    with pytest.raises(ValueError, match="max_pending"):
+        _BufferedFileExporter(tmp_path / "c", max_pending=0)
