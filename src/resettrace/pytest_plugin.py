@@ -1,1 +1,138 @@
-"""pytest plugin (entry point ``pytest11``): per-test resettrace statistics."""
+"""pytest plugin (entry point ``pytest11``): per-test resettrace statistics.
+
+Installed with resettrace and loaded by pytest in every session of every project that
+installs resettrace, so importing this module loads nothing but pytest and the standard
+library: the tracing session, the OpenTelemetry SDK and the simulators load inside the
+fixture, in the tests that ask for it.
+
+Fixture ``resettrace``
+    For one test, a fresh ``Tracing(Config(mode="timing"))`` session is the default
+    (:func:`resettrace.use_tracing`), whatever ``RESETTRACE`` says; the test receives a
+    :class:`ResettraceCapture`. Backends and envs bind their recorder when they are
+    created, so create them inside the test (or pass ``tracing=capture.session``): one
+    built earlier, e.g. by a module-scoped fixture, records into the session that was the
+    default then. After the test the previous default is restored and the session shut
+    down.
+
+Option ``--resettrace-json PATH``
+    The stats of every test that used the fixture, keyed by node id, are written at the
+    end of the session to ``PATH`` as ``{"tests": {nodeid: {"stats": {key: {...}}}}}``,
+    each key's dict having the fields of ``timing.json``'s stats. Not merged across
+    pytest-xdist workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from resettrace.tracing.session import Tracing
+
+__all__ = ["ResettraceCapture"]
+
+JSON_OPTION = "--resettrace-json"
+#: node id -> the test's stats, for the JSON report
+_RESULTS = pytest.StashKey[dict[str, dict[str, dict[str, Any]]]]()
+#: resolved ``--resettrace-json`` path (relative paths: to the invocation directory)
+_JSON_PATH = pytest.StashKey[Path]()
+
+
+class ResettraceCapture:
+    """What the ``resettrace`` fixture yields: one test's tracing session and its stats."""
+
+    def __init__(self, session: Tracing) -> None:
+        #: the test's ``Tracing`` session (default for the test's duration)
+        self.session = session
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per timing key: ``count``, ``mean_ms``, ``p50_ms``, ``p90_ms``, ``p99_ms``,
+        ``max_ms``, ``total_ms``, ``share_of_parent`` (as in ``timing.json``)."""
+        return {key: s.as_dict() for key, s in self.session.stats().items()}
+
+    def stat(self, key: str) -> dict[str, Any]:
+        """The stats of one timing key; ``KeyError`` naming the keys seen if it has none."""
+        stats = self.stats()
+        try:
+            return stats[key]
+        except KeyError:
+            if stats:
+                seen = ", ".join(stats)
+            else:
+                seen = ("none (create envs/backends inside the test, "
+                        "or pass tracing=capture.session)")
+            raise KeyError(f"no resettrace stats for {key!r}; keys seen: {seen}") from None
+
+    def samples(self) -> dict[str, list[float]]:
+        """The kept samples per timing key, in arrival order."""
+        return self.session.samples()
+
+    def clear(self) -> None:
+        """Forget everything recorded so far (e.g. after a warm-up)."""
+        if self.session.processor is not None:
+            self.session.processor.clear()
+
+    def __repr__(self) -> str:
+        return f"ResettraceCapture(keys={list(self.session.stats())})"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("resettrace", "resettrace timing statistics")
+    group.addoption(JSON_OPTION, metavar="PATH", default=None,
+                    help="write the resettrace stats of every test that used the "
+                         "'resettrace' fixture to PATH (JSON, keyed by node id)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    value = config.getoption(JSON_OPTION)
+    if value:
+        # resolved now: tests may change the working directory
+        config.stash[_JSON_PATH] = Path(config.invocation_params.dir, value)
+        config.stash[_RESULTS] = {}
+
+
+@pytest.fixture
+def resettrace(request: pytest.FixtureRequest) -> Iterator[ResettraceCapture]:
+    """A fresh timing session as the default for this test; see the module docstring."""
+    from resettrace import use_tracing
+    from resettrace.config import Config
+    from resettrace.tracing.session import Tracing
+
+    session = Tracing(Config(mode="timing"))
+    capture = ResettraceCapture(session)
+    try:
+        with use_tracing(session):
+            yield capture
+        results = request.config.stash.get(_RESULTS, None)
+        if results is not None:
+            results[request.node.nodeid] = capture.stats()
+    finally:
+        session.shutdown()
+        if session.processor is not None:
+            # Tracing.shutdown leaves the timing processor's aggregation thread running
+            session.processor.shutdown()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    path = config.stash.get(_JSON_PATH, None)
+    if path is None:
+        return
+    from resettrace.bench.tables import write_json
+
+    results = config.stash[_RESULTS]
+    write_json(path, {"tests": {nodeid: {"stats": stats}
+                                for nodeid, stats in results.items()}})
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
+                            config: pytest.Config) -> None:
+    path = config.stash.get(_JSON_PATH, None)
+    if path is None:
+        return
+    n = len(config.stash[_RESULTS])
+    terminalreporter.write_line(
+        f"resettrace: stats of {n} test{'' if n == 1 else 's'} written to {path}")
