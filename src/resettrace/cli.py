@@ -23,11 +23,11 @@ log = logging.getLogger("resettrace")
 
 
 def _collector(args: argparse.Namespace) -> int:
+    from resettrace.bench import collector
     from resettrace.bench.collector import (
         CollectorConfig,
         progress_printer,
         render_report,
-        run_collector,
         write_outputs,
     )
     from resettrace.tracing.session import Tracing
@@ -51,13 +51,13 @@ def _collector(args: argparse.Namespace) -> int:
                                           "resettrace.backend.name": args.backend,
                                           "resettrace.env.count": args.num_envs}))
     try:
-        result = run_collector(cfg, tracing, progress=progress_printer())
+        result = collector.run_collector(cfg, tracing, progress=progress_printer())
     except (ValueError, FileNotFoundError) as e:
         tracing.shutdown()
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
     tracing.shutdown()
-    result["export"] = tracing.export_report() | {"flushed": result["export"]["flushed"]}
+    result["export"] = tracing.export_report()
     print(render_report(result))
     paths = write_outputs(result, Path(args.out)) if args.out else []
     if tracing.mode == "trace":

@@ -89,7 +89,8 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
         wall = time.perf_counter() - t0
     finally:
         env.close()
-    flushed = tracing.force_flush()
+    # statistics are complete now; span export finishes when the session shuts down
+    tracing.processor.force_flush()
     stats = {k: s.as_dict() for k, s in tracing.stats().items()}
     return {
         "config": {**asdict(cfg), "mode": tracing.mode},
@@ -99,7 +100,7 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
         "stats": {k: {f: s[f] for f in STAT_FIELDS} | {"share_of_parent": s["share_of_parent"]}
                   for k, s in stats.items()},
         "samples": tracing.samples(),
-        "export": tracing.export_report() | {"flushed": flushed},
+        "export": tracing.export_report(),
     }
 
 

@@ -75,13 +75,14 @@ _LIVE: weakref.WeakSet[ProcessExporter] = weakref.WeakSet()
 class ProcessExporter:
     """Recorder sink that streams traces to an exporter child process.
 
-    ``exporters`` are ``RESETTRACE_EXPORTER`` items other than ``memory``;
-    ``settings`` is the JSON-able description the child builds them from.
+    ``settings`` is the JSON-able description the child builds its exporters from
+    (``RESETTRACE_EXPORTER`` items other than ``memory``); at most ``max_traces``
+    traces wait in this process for the pipe, beyond that they are dropped.
     """
 
-    def __init__(self, settings: dict[str, Any], *, buffer_bytes: int = 8 << 20) -> None:
+    def __init__(self, settings: dict[str, Any], *, max_traces: int = 4096) -> None:
         self._settings = settings
-        self._cap = buffer_bytes
+        self._max_traces = max_traces
         self._lock = threading.Lock()  # traces may end on several training threads
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
@@ -152,6 +153,8 @@ class ProcessExporter:
             if rid is None:
                 rid = self._register(recorder)
             self._send_error_names()
+            if len(self._frames) >= self._max_traces:
+                self._pump()  # full: make room if the pipe takes some
             packer = _PACKERS.get(n)
             if packer is None:
                 packer = _PACKERS[n] = struct.Struct(f"<IIq{n * RECORD_FIELDS}q")
@@ -161,7 +164,8 @@ class ProcessExporter:
                 return
             self.sent_spans += n
             # one write (a syscall and a wake-up of the child) per batch of traces
-            if len(self._buf) >= _WRITE_BYTES or _now() - self._last_write >= _WRITE_DELAY_S:
+            if (len(self._buf) >= _WRITE_BYTES or len(self._frames) >= self._max_traces
+                    or _now() - self._last_write >= _WRITE_DELAY_S):
                 self._pump()
 
     def _register(self, recorder: Recorder) -> int:
@@ -179,9 +183,9 @@ class ProcessExporter:
             self._errors_sent += 1
 
     def _frame(self, kind: bytes, payload: bytes, spans: int, *, force: bool = False) -> bool:
-        """Queue one frame; False (nothing queued) when the buffer is full."""
+        """Queue one frame; False (nothing queued) when ``max_traces`` wait already."""
         size = _FRAME.size + len(payload)
-        if not force and len(self._buf) + size > self._cap:
+        if not force and len(self._frames) >= self._max_traces:
             return False
         self._buf += _FRAME.pack(len(payload), kind[0])
         self._buf += payload

@@ -92,7 +92,7 @@ class Tracing:
 
             settings = {"config": _jsonable(cfg), "exporters": remote,
                         "resource": self.resource_attributes()}
-            self.process = ProcessExporter(settings)
+            self.process = ProcessExporter(settings, max_traces=cfg.queue_size)
             sinks.append(self.process)
         self.sampler = TraceSampler(sinks, every=cfg.sample_every,
                                     slowest_window=cfg.sample_slowest_window)

@@ -1,0 +1,317 @@
+"""OTLP export against real receivers on 127.0.0.1: what arrives, and what happens when
+the collector is slow, down or unreachable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+import resettrace
+from helpers import stand_rows
+from otlp_receivers import (
+    BlackholeListener,
+    GrpcReceiver,
+    HttpReceiver,
+    ReceivedSpan,
+    refused_endpoint,
+)
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.tracing.recorder import Recorder
+from resettrace.tracing.session import ATTR_WORKER_RANK, Tracing
+
+RECEIVERS = {"grpc": GrpcReceiver, "http/protobuf": HttpReceiver}
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESETTRACE", "OTEL_"))}
+    env.update(extra)
+    return env
+
+
+def _traces(spans: list[ReceivedSpan]) -> dict[str, list[ReceivedSpan]]:
+    out: dict[str, list[ReceivedSpan]] = defaultdict(list)
+    for s in spans:
+        out[s.trace_id].append(s)
+    return out
+
+
+@pytest.mark.parametrize("protocol", sorted(RECEIVERS))
+def test_spans_arrive_with_links_attributes_and_exact_durations(protocol) -> None:
+    with RECEIVERS[protocol]() as rx:
+        cfg = Config(mode="trace", exporters=("otlp",), otlp_protocol=protocol,
+                     otlp_endpoint=rx.endpoint, worker_rank=3,
+                     resource_attributes={"resettrace.task.name": "g1_walk_flat"})
+        session = Tracing(cfg)
+        b = resettrace.make_backend("mujoco", num_envs=16, tracing=session, task="g1_walk_flat")
+        rng = np.random.default_rng(0)
+        timings = []
+        for k in (1, 4, 9):
+            q, v = stand_rows(b, k, rng)
+            ids = np.sort(rng.choice(16, k, replace=False))
+            timings.append((k, b.set_state(ids, q, v)["timing"]))
+        session.shutdown()
+        b.close()
+        report = session.export_report()
+        spans = rx.spans()
+    assert report["exporters"]["otlp"]["undelivered"] == 0
+    assert report["exporters"]["otlp"]["delivered"] == len(spans)
+    traces = sorted(_traces(spans).values(), key=lambda t: min(s.start_ns for s in t))
+    assert len(traces) == 3
+    for (k, timing), trace in zip(timings, traces, strict=True):
+        root = next(s for s in trace if s.parent_span_id is None)
+        assert root.name == C.SET_STATE.span
+        assert root.resource["service.name"] == "resettrace"
+        assert root.resource[ATTR_WORKER_RANK] == 3
+        assert root.resource["process.pid"] == os.getpid()
+        assert root.resource["resettrace.task.name"] == "g1_walk_flat"
+        assert root.scope_name == C.INSTRUMENTATION_SCOPE
+        assert root.attributes[C.ATTR_EXPORT_DROPPED] == 0
+        for s in trace:
+            assert s.name in C.BY_SPAN
+            assert s.attributes[C.ATTR_RESET_COUNT] == k
+            assert s.attributes[C.ATTR_ENV_COUNT] == 16
+            assert s.attributes[C.ATTR_BACKEND] == "mujoco"
+            if s is not root:
+                assert s.parent_span_id == root.span_id
+                # exact timestamps: each phase span lasts what the timing dict says (1 us)
+                assert abs(s.duration_ns / 1e6 - timing[C.BY_SPAN[s.name].key]) < 1e-3
+        measured = sum(v for key, v in timing.items() if key != "set_state_internal_gap_ms")
+        gap = root.duration_ns / 1e6 - sum(s.duration_ns for s in trace if s is not root) / 1e6
+        assert abs(gap - timing["set_state_internal_gap_ms"]) < 1e-3
+        assert measured > 0
+
+
+def test_env_step_trace_nests_to_the_set_state_phases() -> None:
+    with GrpcReceiver() as rx:
+        session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint))
+        env = resettrace.make_env("g1_walk_flat", num_envs=16, tracing=session)
+        q = np.array(env.backend.get_qpos_rows(np.array([5])))
+        q[:, 2] = 0.2  # below the termination height: env 5 resets in the next step
+        env.backend.set_state([5], q, np.zeros((1, env.backend.nv)))
+        env.step(np.zeros((16, env.action_dim)))
+        session.shutdown()
+        env.close()
+        spans = rx.wait_for(20)
+    step_trace = next(t for t in _traces(spans).values()
+                      if any(s.name == C.ENV_STEP.span for s in t))
+    by_id = {s.span_id: s for s in step_trace}
+    chain = [C.SET_STATE_FORWARD_KINEMATIC.span, C.SET_STATE.span, C.DR_RESET.span,
+             C.RESET_DONE_RESET_CALL.span, C.RESET_DONE.span, C.ENV_STEP.span]
+    span = next(s for s in step_trace if s.name == chain[0])
+    for name in chain[1:]:
+        span = by_id[span.parent_span_id]
+        assert span.name == name
+    assert span.parent_span_id is None
+    assert by_id[next(s.span_id for s in step_trace if s.name == C.RESET_DONE.span)] \
+        .attributes[C.ATTR_RESET_COUNT] == 1
+
+
+def _burst(rec: Recorder, n: int) -> None:
+    for _ in range(n):
+        with rec.scope(C.RESET_DONE, 2):
+            for phase in (C.RESET_DONE_TERMINAL_OBS, C.RESET_DONE_OBS_SCATTER):
+                with rec.scope(phase):
+                    pass
+
+
+def test_burst_beyond_the_queue_drops_and_counts() -> None:
+    """A collector slower than the training loop: traces are dropped, counted, reported
+    on the spans that still arrive, and every span is accounted for."""
+    with GrpcReceiver(delay_s=0.2) as rx:
+        session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
+                                 queue_size=16))
+        rec = session.recorder(backend="mujoco")
+        assert isinstance(rec, Recorder)
+        _burst(rec, 20_000)  # far more than the pipe and the queue hold
+        assert session.dropped_spans > 0
+        rx.wait_for(1, timeout=30)
+        _burst(rec, 10)  # after the drops: these say how many were dropped before them
+        assert session.force_flush(timeout_s=60)
+        produced = 3 * 20_010
+        assert session.stats()[C.RESET_DONE.key].count == 20_010  # timing saw every trace
+        session.shutdown()
+        report = session.export_report()
+        received = rx.spans()
+    otlp = report["exporters"]["otlp"]
+    assert report["spans_sent"] + report["spans_dropped"] == produced
+    assert otlp["delivered"] + otlp["undelivered"] == produced
+    assert otlp["undelivered"] == report["spans_dropped"] > 0
+    assert len(received) == otlp["delivered"] == report["spans_sent"]
+    dropped_seen = [s.attributes[C.ATTR_EXPORT_DROPPED] for s in received
+                    if s.parent_span_id is None]
+    # traces sent after drops began carry the count of spans dropped before them
+    assert 0 < max(dropped_seen) <= report["spans_dropped"]
+    assert dropped_seen[0] == 0
+
+
+def test_sampling_every_k_and_slowest_window() -> None:
+    with GrpcReceiver() as rx:
+        session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
+                                 sample_every=4))
+        rec = session.recorder()
+        _burst(rec, 20)
+        session.shutdown()
+        assert len(_traces(rx.wait_for(15))) == 5
+        assert session.export_report()["spans_sampled_out"] == 45
+        assert session.stats()[C.RESET_DONE.key].count == 20
+    with GrpcReceiver() as rx:
+        session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
+                                 sample_slowest_window=10))
+        rec = session.recorder()
+        for i in range(25):
+            with rec.scope(C.RESET_DONE, 1):
+                time.sleep(0.004 if i in (3, 17, 21) else 0.0)
+        session.shutdown()
+        spans = rx.wait_for(3)
+        assert len(spans) == 3  # windows [0, 10), [10, 20) and the partial [20, 25)
+        assert all(s.duration_ns >= 4e6 for s in spans)
+
+
+EXIT_SCRIPT = """
+import sys, time
+import resettrace.bench.collector as collector
+run = collector.run_collector
+
+def timed_run(*args, **kwargs):  # marks the end of the run, before the exporters' shutdown
+    result = run(*args, **kwargs)
+    print("END", time.monotonic(), file=sys.stderr, flush=True)
+    return result
+
+collector.run_collector = timed_run
+sys.argv = ["resettrace", "bench", "collector", "--num-envs", "16", "--warmup", "0",
+            "--steps", "40", "--nthread", "1", "--out", sys.argv[1]]
+from resettrace.cli import main
+sys.exit(main())
+"""
+
+
+def _run_collector_against(endpoint: str, tmp_path, protocol: str = "grpc",
+                           netns: bool = False) -> tuple[dict, float, str]:
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-c", EXIT_SCRIPT, str(out)]
+    if netns:  # a network namespace of our own: name resolution fails without traffic
+        cmd = ["unshare", "--net", "--"] + cmd
+    env = _clean_env(RESETTRACE="trace", RESETTRACE_EXPORTER="otlp",
+                     OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+                     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    stdout, stderr = proc.communicate(timeout=120)
+    exited = time.monotonic()
+    assert proc.returncode == 0, stderr
+    end = float(next(line.split()[1] for line in stderr.splitlines() if line.startswith("END")))
+    data = json.loads((out / "timing.json").read_text())
+    return data, exited - end, stdout
+
+
+def _run_end(stdout: str) -> None:
+    assert "not delivered" in stdout and "env/s" in stdout
+
+
+@pytest.mark.parametrize("case", ["refused", "blackhole", "unresolvable"])
+def test_endpoint_down_run_completes_and_exits_promptly(case, tmp_path) -> None:
+    """The run finishes, the process is gone soon after, and the summary and JSON say
+    how many spans did not arrive."""
+    if case == "refused":
+        data, exit_s, stdout = _run_collector_against(refused_endpoint(), tmp_path)
+    elif case == "blackhole":
+        with BlackholeListener() as hole:
+            data, exit_s, stdout = _run_collector_against(hole.endpoint, tmp_path)
+    else:
+        data, exit_s, stdout = _run_collector_against("http://collector.invalid:4317",
+                                                      tmp_path, netns=True)
+    _run_end(stdout)
+    otlp = data["export"]["exporters"]["otlp"]
+    assert otlp["delivered"] == 0
+    assert otlp["undelivered"] == data["export"]["spans_sent"] + data["export"]["spans_dropped"]
+    assert otlp["undelivered"] > 0
+    assert data["stats"][C.ENV_STEP.key]["count"] == 40  # training went on
+    # the interpreter's own teardown comes after the shutdown: allow it a little
+    assert exit_s < 3.0, f"process took {exit_s:.2f} s to exit after the run"
+
+
+WORKER_SCRIPT = """
+import multiprocessing as mp, sys
+import numpy as np
+
+def work(rank, endpoint):
+    import resettrace
+    resettrace.configure(mode="trace", exporters=("otlp",), otlp_endpoint=endpoint,
+                         worker_rank=rank)
+    b = resettrace.make_backend("mujoco", num_envs=8, nthread=1)
+    q = np.tile(b.keyframe_qpos, (2, 1))
+    for _ in range(5):
+        b.set_state([rank, 7 - rank], q, np.zeros((2, b.nv)))
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    ps = [ctx.Process(target=work, args=(r, sys.argv[2])) for r in (0, 1)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(60)
+    sys.exit(max(p.exitcode for p in ps))
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_worker_processes_tag_their_rank_and_lose_nothing(start_method, tmp_path) -> None:
+    script = tmp_path / "workers.py"
+    script.write_text(textwrap.dedent(WORKER_SCRIPT))
+    with GrpcReceiver() as rx:
+        r = subprocess.run([sys.executable, str(script), start_method, rx.endpoint],
+                           env=_clean_env(), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        spans = rx.spans()
+    by_rank: dict[int, list[ReceivedSpan]] = defaultdict(list)
+    for s in spans:
+        by_rank[s.resource[ATTR_WORKER_RANK]].append(s)
+    assert sorted(by_rank) == [0, 1]
+    for rank, got in by_rank.items():
+        roots = [s for s in got if s.parent_span_id is None]
+        assert len(roots) == 5, (rank, len(roots))  # every set_state of the worker arrived
+        assert len({s.resource["process.pid"] for s in got}) == 1
+        assert all(len(t) >= 8 for t in _traces(got).values())  # whole traces
+    assert by_rank[0][0].resource["process.pid"] != by_rank[1][0].resource["process.pid"]
+
+
+SIGTERM_SCRIPT = """
+import sys
+import numpy as np
+import resettrace
+resettrace.configure(mode="trace", exporters=("otlp",), otlp_endpoint=sys.argv[1])
+b = resettrace.make_backend("mujoco", num_envs=8, nthread=1)
+q = np.tile(b.keyframe_qpos, (1, 1))
+i = 0
+while True:
+    b.set_state([i % 8], q, np.zeros((1, b.nv)))
+    i += 1
+    print(i, flush=True)
+"""
+
+
+def test_sigterm_flushes_before_exit() -> None:
+    with GrpcReceiver() as rx:
+        proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, rx.endpoint],
+                                env=_clean_env(), stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if int(line) >= 50:
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+        done = int(([line] + rest.split())[-1])
+        assert proc.returncode == -signal.SIGTERM  # the default outcome, after the flush
+        roots = [s for s in rx.spans() if s.parent_span_id is None]
+    # every call that completed before the signal was delivered (one may be in flight)
+    assert done - 1 <= len(roots) <= done
