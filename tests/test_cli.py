@@ -68,11 +68,13 @@ def test_overhead_json(tmp_path) -> None:
               "--warmup", "1", "--nthread", "1", "--json", str(path)])
     assert r.returncode == 0, r.stderr
     data = json.loads(path.read_text())
-    assert set(data["modes"]) == {"off", "timing", "trace"}
+    assert set(data["modes"]) == {"off", "timing", "trace", "otlp"}
     for mode in data["modes"].values():
         assert mode["reset_done_p50_ms"] > 0 and mode["calls"] == 6
-    assert set(data["ratios"]) == {"timing_vs_off", "trace_vs_off"}
+    assert set(data["ratios"]) == {"timing_vs_off", "trace_vs_off", "otlp_vs_off"}
     assert 0 < data["noop_share"] < 0.5
     assert data["scopes_per_reset"] >= 15
-    assert data["trace_export"]["spans_dropped"] == 0
+    otlp = data["export"]["otlp"]
+    assert otlp["exporters"]["otlp"]["undelivered"] == 0
+    assert otlp["received_by_receiver"] == otlp["exporters"]["otlp"]["delivered"] > 0
     assert "timing_vs_off" in r.stdout

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otlp_receivers import (
+from resettrace.bench.receivers import (
     BlackholeListener,
     GrpcReceiver,
     HttpReceiver,

@@ -1,8 +1,9 @@
 """``resettrace bench overhead``: what tracing costs on the reset hot path.
 
 One env serves every tracing mode (``off``, ``timing``, ``trace`` with a span
-file): its recorder is swapped before each call, so the modes share one memory
-layout. Each round visits the modes in a fresh random order and runs ``calls``
+file, ``otlp``: every reset exported over OTLP/gRPC to a real receiver on
+127.0.0.1): its recorder is swapped before each call, so the modes share one
+memory layout. Each round visits the modes in a fresh random order and runs ``calls``
 iterations of the training pattern in each: one physics substep (untimed; it
 releases the GIL, as training does), then ``reset_done`` of a random ``ratio``
 share of envs, timed from outside with ``perf_counter_ns``. Medians per mode and
@@ -26,13 +27,15 @@ from typing import Any
 import numpy as np
 
 from resettrace import catalog as C
+from resettrace.bench.collector import render_export
+from resettrace.bench.receivers import ReceiverProcess
 from resettrace.bench.tables import format_table
 from resettrace.config import Config
 from resettrace.tracing.recorder import NOOP_RECORDER
 
 __all__ = ["OverheadConfig", "run_overhead", "render_overhead", "noop_scope_cost_ns"]
 
-MODES = ("off", "timing", "trace")
+MODES = ("off", "timing", "trace", "otlp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,12 +83,16 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
     say = progress or (lambda _m: None)
     k = max(1, round(cfg.ratio * cfg.num_envs))
     options: dict[str, Any] = {} if cfg.nthread is None else {"nthread": cfg.nthread}
-    with tempfile.TemporaryDirectory(prefix="resettrace-overhead-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="resettrace-overhead-") as tmp, \
+            ReceiverProcess() as receiver:
         sessions = {
             "off": Tracing(Config(mode="off")),
             "timing": Tracing(Config(mode="timing")),
             "trace": Tracing(Config(mode="trace",
                                     exporters=(f"file:{Path(tmp) / 'spans.jsonl'}",))),
+            # every reset exported over OTLP/gRPC to a real receiver process on 127.0.0.1
+            "otlp": Tracing(Config(mode="trace", exporters=("otlp",),
+                                   otlp_endpoint=receiver.endpoint)),
         }
         # one env for every mode, its recorder swapped per call: no instance-placement bias
         env = resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
@@ -121,7 +128,8 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
         env.close()
         for m in MODES:
             sessions[m].shutdown()
-        report = sessions["trace"].export_report()
+        export = {m: sessions[m].export_report() for m in ("trace", "otlp")}
+        export["otlp"]["received_by_receiver"] = receiver.stop()
     p50 = {m: statistics.median(times[m]) / 1e6 for m in MODES}
     noop_ns = noop_scope_cost_ns()
     return {
@@ -130,11 +138,12 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
                       "reset_done_p90_ms": float(np.percentile(times[m], 90)) / 1e6,
                       "calls": len(times[m])} for m in MODES},
         "ratios": {"timing_vs_off": p50["timing"] / p50["off"],
-                   "trace_vs_off": p50["trace"] / p50["off"]},
+                   "trace_vs_off": p50["trace"] / p50["off"],
+                   "otlp_vs_off": p50["otlp"] / p50["off"]},
         "noop_scope_ns": noop_ns,
         "scopes_per_reset": scopes,
         "noop_share": noop_ns * scopes / (p50["off"] * 1e6),
-        "trace_export": report,
+        "export": export,
     }
 
 
@@ -151,12 +160,14 @@ def render_overhead(result: dict[str, Any]) -> str:
     rows = [[m, v["reset_done_p50_ms"], v["reset_done_p90_ms"],
              v["reset_done_p50_ms"] / off, v["calls"]] for m, v in result["modes"].items()]
     table = format_table(
-        f"reset_done with tracing off / timing / trace: {cfg['num_envs']} envs, "
+        f"reset_done with tracing off / timing / trace / otlp: {cfg['num_envs']} envs, "
         f"k={cfg['k']} ({100 * cfg['ratio']:.0f}%) per call, {cfg['backend']}",
         ["mode", "p50 ms", "p90 ms", "vs off", "calls"], rows)
     r = result["ratios"]
-    return (f"{table}\n\ntiming_vs_off {r['timing_vs_off']:.3f}   "
-            f"trace_vs_off {r['trace_vs_off']:.3f}   "
-            f"noop scope {result['noop_scope_ns']:.0f} ns x {result['scopes_per_reset']} scopes "
-            f"= {100 * result['noop_share']:.3f}% of reset_done (off)\n"
-            f"trace export: {result['trace_export']}")
+    lines = [table, "", f"timing_vs_off {r['timing_vs_off']:.3f}   "
+             f"trace_vs_off {r['trace_vs_off']:.3f}   otlp_vs_off {r['otlp_vs_off']:.3f}",
+             f"noop scope {result['noop_scope_ns']:.0f} ns x {result['scopes_per_reset']} "
+             f"scopes = {100 * result['noop_share']:.3f}% of reset_done (off)"]
+    for mode, exp in result["export"].items():
+        lines.append(f"{mode} export: {render_export(exp)}")
+    return "\n".join(lines)

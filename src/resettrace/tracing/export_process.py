@@ -66,8 +66,9 @@ _BATCH_DELAY_S = 0.2
 _WRITE_BYTES = 32 << 10
 _WRITE_DELAY_S = 0.05
 _now = time.monotonic
-#: struct per record count: header and every record field in one pack call
+#: struct per record count: frame header, trace header and every record field in one call
 _PACKERS: dict[int, struct.Struct] = {}
+_KIND_TRACE = ord("T")
 
 _LIVE: weakref.WeakSet[ProcessExporter] = weakref.WeakSet()
 
@@ -142,29 +143,35 @@ class ProcessExporter:
 
     # -- hot path -----------------------------------------------------------------------------
     def on_trace(self, records: list[Record], recorder: Recorder) -> None:
+        n = len(records)
         with self._lock:
-            if self._proc is None and not self._closed:
-                self._start()
-            n = len(records)
-            if self._closed or self._dead:
-                self.dropped_spans += n
-                return
+            if self._proc is None or self._dead or self._closed:
+                if self._proc is None and not self._closed:
+                    self._start()  # first trace after a fork: this process's own child
+                else:
+                    self.dropped_spans += n
+                    return
             rid = self._rids.get(id(recorder))
             if rid is None:
                 rid = self._register(recorder)
-            self._send_error_names()
-            if len(self._frames) >= self._max_traces:
+            if self._errors_sent < len(_ERROR_NAMES):
+                self._send_error_names()
+            frames = self._frames
+            if len(frames) >= self._max_traces:
                 self._pump()  # full: make room if the pipe takes some
+                if len(frames) >= self._max_traces:
+                    self.dropped_spans += n
+                    return
             packer = _PACKERS.get(n)
             if packer is None:
-                packer = _PACKERS[n] = struct.Struct(f"<IIq{n * RECORD_FIELDS}q")
-            payload = packer.pack(rid, n, self.dropped_spans, *chain.from_iterable(records))
-            if not self._frame(b"T", payload, n):
-                self.dropped_spans += n
-                return
+                packer = _PACKERS[n] = struct.Struct(f"<IBIIq{n * RECORD_FIELDS}q")
+            buf = self._buf
+            buf += packer.pack(packer.size - _FRAME.size, _KIND_TRACE, rid, n,
+                               self.dropped_spans, *chain.from_iterable(records))
+            frames.append((packer.size, n))
             self.sent_spans += n
             # one write (a syscall and a wake-up of the child) per batch of traces
-            if (len(self._buf) >= _WRITE_BYTES or len(self._frames) >= self._max_traces
+            if (len(buf) >= _WRITE_BYTES or len(frames) >= self._max_traces
                     or _now() - self._last_write >= _WRITE_DELAY_S):
                 self._pump()
 
@@ -490,10 +497,18 @@ class _Child:
         self.status(final=True)
 
 
+def _lowest_priority() -> None:
+    """Export is best effort: run only on CPU time that training leaves idle."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(OSError):
+            os.nice(19)
+
+
 def main() -> None:
     """Entry point of the export child process."""
-    with contextlib.suppress(OSError):
-        os.nice(10)  # export is best effort: training threads come first for the CPU
+    _lowest_priority()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     child = _Child()
 

@@ -13,8 +13,10 @@ the subtree of a reset, the number of envs it reset.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,6 +77,17 @@ def build_spans(tracer: Any, records: Sequence[Record], attrs: Mapping[str, Any]
         span.end(end_time=r[R_END] + offset)  # children end before their parents
 
 
+_LIVE: weakref.WeakSet[SpanMaterializer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for materializer in list(_LIVE):
+        materializer._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class SpanMaterializer:
     """Builds SDK spans from recorder traces on a background thread."""
 
@@ -87,9 +100,22 @@ class SpanMaterializer:
         self._closed = False
         self.dropped_spans = 0
         self.materialised_spans = 0
+        self._start_thread()
+        _LIVE.add(self)
+
+    def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._run, name="resettrace-materialise",
                                         daemon=True)
         self._thread.start()
+
+    def _after_fork_in_child(self) -> None:
+        """The parent's queue and thread stay behind: start empty, with a new thread."""
+        self._queue.clear()
+        self._cv = threading.Condition()
+        self._busy = False
+        self.dropped_spans = self.materialised_spans = 0
+        if not self._closed:
+            self._start_thread()
 
     # -- hot path ---------------------------------------------------------------------------
     def on_trace(self, records: Sequence[Record], recorder: Recorder) -> None:

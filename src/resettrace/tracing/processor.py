@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -63,6 +65,16 @@ _SET_STATE_SPAN = SET_STATE.span
 _DRAIN_BATCH = 32
 #: traces aggregated between two GIL hand-backs of the aggregation thread
 _DRAIN_CHUNK = 8
+
+_LIVE: weakref.WeakSet[TimingSpanProcessor] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for processor in list(_LIVE):
+        processor._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -153,6 +165,13 @@ class TimingSpanProcessor(SpanProcessor):
         self._wake = threading.Event()
         self._worker: threading.Thread | None = None
         self._stopped = False
+        _LIVE.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """Threads do not survive a fork: start a fresh aggregation thread when needed."""
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._worker = None
 
     # -- aggregation ------------------------------------------------------------------------
     def _add(self, key: str, value: float) -> None:

@@ -14,7 +14,8 @@ out :data:`~resettrace.tracing.recorder.NOOP_RECORDER`. ``timing`` adds a
 
 Sessions that export spans are flushed (within ``shutdown_timeout_s``) at normal
 interpreter exit, when a ``multiprocessing`` worker leaves, and on SIGTERM when no
-other handler is installed (``handle_sigterm``).
+other handler is installed (``handle_sigterm``): SIGTERM then ends the process with
+``SystemExit(143)``, so ``finally`` blocks and exit hooks run; a second SIGTERM kills.
 """
 
 from __future__ import annotations
@@ -249,9 +250,11 @@ def shutdown_all() -> None:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    shutdown_all()
+    # Leave through SystemExit rather than flushing here: the signal may land while the
+    # training thread holds an exporter lock. The stack unwinds (releasing it), then the
+    # exit hooks flush. A second SIGTERM kills at once.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+    raise SystemExit(128 + signum)
 
 
 def _register_exit_hooks(session: Tracing) -> None:

@@ -1,4 +1,4 @@
-"""Real, in-process OTLP trace receivers for the tests (no mocks).
+"""Real, in-process OTLP trace receivers: for the overhead benchmark and the tests.
 
 Everything binds to ``127.0.0.1`` on an ephemeral port chosen by the OS:
 
@@ -15,7 +15,8 @@ Both receivers decode every span into a plain, frozen :class:`ReceivedSpan`::
         ...
         (span,) = rx.wait_for(1)
 
-This module needs no pytest fixtures; import it as ``from otlp_receivers import ...``.
+``from resettrace.bench.receivers import GrpcReceiver`` (grpcio and the OTLP protos
+come with ``opentelemetry-exporter-otlp``).
 """
 
 from __future__ import annotations
@@ -460,3 +461,56 @@ def refused_endpoint(path: str = "") -> str:
         s.bind((HOST, 0))
         port = s.getsockname()[1]
     return f"http://{HOST}:{port}{path}"
+
+
+class ReceiverProcess:
+    """A :class:`GrpcReceiver` in a child process, so that its decoding does not compete
+    for this process's GIL (the overhead benchmark's collector stand-in).
+
+    ``endpoint`` is known once started; :meth:`stop` returns the number of spans received.
+    """
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        self._proc = subprocess.Popen([sys.executable, "-m", "resettrace.bench.receivers"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline().strip()
+        if not line.startswith("http://"):
+            self._proc.kill()
+            raise RuntimeError(f"the receiver process did not start: {line!r}")
+        self.endpoint = line
+
+    def stop(self) -> int:
+        """Close the receiver; the number of spans it received."""
+        out, _ = self._proc.communicate(timeout=30)
+        return int(out.strip().splitlines()[-1])
+
+    def __enter__(self) -> ReceiverProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def _serve_until_stdin_closes() -> None:
+    import os
+    import sys
+
+    try:  # a collector on another machine takes no CPU from the training process
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+
+    with GrpcReceiver() as rx:
+        print(rx.endpoint, flush=True)
+        sys.stdin.read()
+        print(len(rx.spans()), flush=True)
+
+
+if __name__ == "__main__":
+    _serve_until_stdin_closes()
