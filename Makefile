@@ -4,6 +4,8 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 BIN := $(VENV)/bin
 DEMO_OUT ?= out/demo
+# `RESETTRACE_EXPORTER=otlp make demo` streams the demo's spans to a collector instead
+RESETTRACE_EXPORTER ?= file:$(DEMO_OUT)/spans.jsonl
 
 .PHONY: demo test lint bench-overhead clean
 
@@ -14,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	RESETTRACE=trace RESETTRACE_EXPORTER=file:$(DEMO_OUT)/spans.jsonl \
+	RESETTRACE=trace RESETTRACE_EXPORTER=$(RESETTRACE_EXPORTER) \
 	$(BIN)/resettrace bench collector --task g1_walk_flat --backend mujoco \
 		--num-envs 1024 --warmup 20 --steps 800 --out $(DEMO_OUT)
 

@@ -33,6 +33,16 @@ def test_arguments_win_over_environment() -> None:
 
 @pytest.mark.parametrize("name,value", [
     ("RESETTRACE", "verbose"),
+    ("RESETTRACE_SAMPLE", "fastest:3"),
+    ("RESETTRACE_SAMPLE", "slowest:0"),
+    ("RESETTRACE_SAMPLE_EVERY", "0"),
+    ("RESETTRACE_WORKER_RANK", "-1"),
+    ("RESETTRACE_HANDLE_SIGTERM", "maybe"),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4317"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://:4317"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://host:port"),
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", "ten"),
     ("RESETTRACE_MAX_SAMPLES", "many"),
     ("RESETTRACE_MAX_SAMPLES", "0"),
     ("RESETTRACE_QUEUE_SIZE", "-3"),
@@ -75,3 +85,38 @@ def test_configure_replaces_the_default_session() -> None:
     second = resettrace.configure(mode="off")
     assert resettrace.get_tracing() is second and resettrace.stats() == {}
     assert first.recorder().enabled is False  # a shut-down session records nothing more
+
+
+def test_otlp_settings_from_the_environment() -> None:
+    c = Config.from_env({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+                         "OTEL_EXPORTER_OTLP_TIMEOUT": "5", "RESETTRACE_WORKER_RANK": "7",
+                         "RESETTRACE_SAMPLE": "slowest:50", "RESETTRACE_EXPORTER": "otlp"})
+    # the generic endpoint variable is a base URL: the traces path is appended
+    assert c.endpoint == "http://collector:4318/v1/traces"
+    assert (c.otlp_timeout_s, c.worker_rank, c.sample_slowest_window) == (5.0, 7, 50)
+    specific = Config.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://a:1/x",
+                                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:2",
+                                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+    assert specific.endpoint == "http://a:1/x"
+    assert Config.from_env({}).endpoint == "http://localhost:4317"
+    assert Config.from_env({"RANK": "3"}).worker_rank == 3
+
+
+def test_contradictory_sampling_is_an_error() -> None:
+    with pytest.raises(ValueError, match="contradictory sampling"):
+        Config.from_env({"RESETTRACE_SAMPLE_EVERY": "10", "RESETTRACE_SAMPLE": "slowest:5"})
+
+
+def test_cli_reports_contradictory_settings_without_a_traceback() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RESETTRACE="trace", RESETTRACE_SAMPLE_EVERY="10",
+               RESETTRACE_SAMPLE="slowest:5")
+    r = subprocess.run([sys.executable, "-m", "resettrace.cli", "bench", "collector",
+                        "--num-envs", "4", "--steps", "1"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert "contradictory sampling" in r.stderr and "Traceback" not in r.stderr

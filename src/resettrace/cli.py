@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK
 from resettrace.config import DEFAULT_EXPORTERS, ENV_EXPORTER, PATH_KINDS, Config
 
 log = logging.getLogger("resettrace")
@@ -41,15 +42,18 @@ def _collector(args: argparse.Namespace) -> int:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
     overrides: dict[str, Any] = {}
-    env_cfg = Config.from_env()
-    if env_cfg.mode == "off":
-        overrides["mode"] = "timing"  # the breakdown needs timings
-    if env_cfg.mode == "trace" and not os.environ.get(ENV_EXPORTER) and args.out:
-        overrides["exporters"] = (f"file:{Path(args.out) / 'spans.jsonl'}",)
-    tracing = Tracing(Config.from_env(
-        **overrides, resource_attributes={"resettrace.task.name": args.task,
-                                          "resettrace.backend.name": args.backend,
-                                          "resettrace.env.count": args.num_envs}))
+    try:
+        env_cfg = Config.from_env()
+        if env_cfg.mode == "off":
+            overrides["mode"] = "timing"  # the breakdown needs timings
+        if env_cfg.mode == "trace" and not os.environ.get(ENV_EXPORTER) and args.out:
+            overrides["exporters"] = (f"file:{Path(args.out) / 'spans.jsonl'}",)
+        tracing = Tracing(Config.from_env(
+            **overrides, resource_attributes={ATTR_TASK: args.task, ATTR_BACKEND: args.backend,
+                                              ATTR_ENV_COUNT: args.num_envs}))
+    except ValueError as e:  # contradictory settings
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
     try:
         result = collector.run_collector(cfg, tracing, progress=progress_printer())
     except (ValueError, FileNotFoundError) as e:
