@@ -54,7 +54,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -195,9 +195,6 @@ class Config:
                         ENV_SDK_DISABLED)
             values["mode"] = "timing"
         return cls(**values)
-
-    def with_(self, **changes: Any) -> Config:
-        return replace(self, **changes)
 
 
 def exporter_problem(spec: str) -> str | None:

@@ -241,11 +241,6 @@ class TimingSpanProcessor(SpanProcessor):
             if phase is RESET_DONE and r[R_COUNT] >= 0:
                 self._add(RESET_DONE_COUNT, float(r[R_COUNT]))
 
-    def add_sample(self, key: str, value: float) -> None:
-        """Aggregate one value under ``key`` (for timings measured outside spans)."""
-        with self._lock:
-            self._add(key, value)
-
     # -- SpanProcessor ------------------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         return None
@@ -291,11 +286,6 @@ class TimingSpanProcessor(SpanProcessor):
         self._wake.set()
 
     # -- results ----------------------------------------------------------------------------
-    def keys(self) -> list[str]:
-        self._drain()
-        with self._lock:
-            return list(self._series)
-
     def stats(self, keys: Iterable[str] | None = None) -> dict[str, KeyStats]:
         """Statistics per key seen so far (in catalog order, then the rest)."""
         self._drain()

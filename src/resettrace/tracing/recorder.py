@@ -204,9 +204,6 @@ class Recorder:
         for sink in self._sinks:
             sink.on_trace(records, self)
 
-    @property
-    def depth(self) -> int:
-        return len(self._stack)
 
 
 def use_clock(clock_ns: Callable[[], int] | None) -> None:

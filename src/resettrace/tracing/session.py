@@ -159,10 +159,6 @@ class Tracing:
         dropped = 0 if self.materializer is None else self.materializer.dropped_spans
         return dropped + (0 if self.process is None else self.process.dropped_spans)
 
-    @property
-    def exported_spans(self) -> int:
-        return 0 if self.materializer is None else self.materializer.materialised_spans
-
     def export_report(self) -> dict[str, Any]:
         """What happened to the spans: built here, sent to the export process, dropped,
         sampled out, and per exporter delivered / not delivered."""
