@@ -20,6 +20,7 @@ from resettrace.config import Config
 
 if TYPE_CHECKING:
     from resettrace.envs.np_env import NpEnv
+    from resettrace.randomization import RandomizationConfig
     from resettrace.tracing.processor import KeyStats
     from resettrace.tracing.session import Tracing
 
@@ -95,18 +96,41 @@ def make_backend(name: str, *, num_envs: int, model: Any = None, tracing: Tracin
 
 def make_env(task: str, *, backend: str = "mujoco", num_envs: int, model: Any = None,
              seed: int = 0, tracing: Tracing | None = None,
-             task_options: dict[str, Any] | None = None, **backend_options: Any) -> NpEnv:
-    """``num_envs`` envs of ``task`` (``"g1_walk_flat"``) on ``backend``."""
+             task_options: dict[str, Any] | None = None,
+             randomization: RandomizationConfig | bool | None = None,
+             **backend_options: Any) -> NpEnv:
+    """``num_envs`` envs of ``task`` (``"g1_walk_flat"``) on ``backend``.
+
+    ``randomization``: ``True`` (default ranges) or a ``RandomizationConfig``: each
+    reset draws new per-env friction, mass, PD gains and contact geom sizes.
+    """
+    import numpy as np
+
     from resettrace.backends import backend_class
     from resettrace.envs.np_env import NpEnv
+    from resettrace.randomization import RandomizationConfig, RandomizationPayload
     from resettrace.tasks import task_class
 
     task_obj = task_class(task)(**(task_options or {}))
     cls = backend_class(backend)  # unknown names fail before anything is built
+    payload = None
+    if randomization:
+        rcfg = randomization if isinstance(randomization, RandomizationConfig) \
+            else RandomizationConfig()
+        payload = RandomizationPayload(rcfg, num_envs, np.random.default_rng([seed, 1]))
     session = tracing if tracing is not None else get_tracing()
     recorder = session.recorder(backend=backend, task=task, env_count=num_envs)
     sim = cls(num_envs=num_envs, model=model, recorder=recorder, **backend_options)
-    return NpEnv(task_obj, sim, seed=seed, recorder=recorder)
+    env = NpEnv(task_obj, sim, seed=seed, recorder=recorder, payload=payload)
+    if payload is not None:  # the first episodes already run on their own models (untraced)
+        from resettrace.tracing.recorder import NOOP_RECORDER
+
+        every = np.arange(num_envs)
+        sim.recorder = NOOP_RECORDER
+        sim.set_state(every, sim.get_qpos_rows(None).copy(), sim.get_qvel_rows(None).copy(),
+                      payload.rows(every))
+        sim.recorder = recorder
+    return env
 
 
 @atexit.register

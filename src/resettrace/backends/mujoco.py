@@ -7,15 +7,19 @@ mask               validate and sort the ids into an int32 index (no bool mask)
 qpos_convert       validate qpos/qvel, normalise the base quaternion into scratch rows
 data_reset         write the state row of a freshly reset env to the k rows and clear
                    their warning counters: ``Batch.reset(ids, stage=NONE)``, 6-8x faster
+reset_rand         per-env friction, mass (then ``set_const``), kp/kd of the k rows
+geom_overrides     per-env contact geom sizes (and bounding radii) of the k rows
 set_dof_pos/vel    write qpos / qvel rows
 actuator_ctrl      position targets hold the new joint pose
 forward_kinematic  ``forward(ids, stage=POS)``: kinematics of the k rows only
 refresh_pose_cache body poses of the k rows into the contract's xyz + wxyz cache
 =================  ====================================================================
 
-``data_slice`` (no slice handle: rows are indexed directly), ``clear_forces``
-(applied forces are state rows, zeroed by the data reset), ``geom_overrides``,
-``reset_rand``, ``invalidate_velocity``, ``pool_reset`` and ``state_scatter`` (the
+``reset_rand`` and ``geom_overrides`` run only with a randomization payload
+(:class:`~resettrace.randomization.RandomizationRows`); the batch then keeps
+per-env copies of those model fields. ``data_slice`` (no slice handle: rows are
+indexed directly), ``clear_forces`` (applied forces are state rows, zeroed by the
+data reset), ``invalidate_velocity``, ``pool_reset`` and ``state_scatter`` (the
 rows are written in place) do not apply and are reported as 0.0.
 """
 
@@ -33,6 +37,7 @@ from mujoco import batch as mj_batch
 from resettrace import catalog as C
 from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
 from resettrace.contract import BackendInfo, SetStateResult
+from resettrace.randomization import QUANTITIES, RandomizationRows
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 log = logging.getLogger(__name__)
@@ -124,6 +129,9 @@ class MujocoBackend:
         self._pose_fresh = np.zeros(self.num_envs, dtype=bool)
         self._body_index: dict[tuple[str, ...], np.ndarray] = {}
         self._scratch_q = np.empty((0, self.nq))
+        self._contact_geoms = np.flatnonzero((m.geom_contype | m.geom_conaffinity) != 0)
+        floor = m.geom_bodyid[self._contact_geoms] != 0
+        self._contact_geoms = self._contact_geoms[floor]  # the robot's, not the world's
         # start every env at the keyframe, actuators holding it
         q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
         self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
@@ -144,8 +152,9 @@ class MujocoBackend:
 
     def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
                   randomization: Any = None) -> SetStateResult | None:
-        if randomization is not None:
-            raise ValueError("the mujoco backend takes no randomization payload yet")
+        if randomization is not None and not isinstance(randomization, RandomizationRows):
+            raise ValueError("randomization must be a resettrace.randomization."
+                             f"RandomizationRows, got {type(randomization).__name__}")
         rec = self.recorder
         with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
             with rec.scope(C.SET_STATE_MASK):
@@ -161,8 +170,12 @@ class MujocoBackend:
                     q[...] = q_in[order]
                     v = v[order]
                 normalise_quat_into(q[:, 3:7], q[:, 3:7], "qpos")
+                if randomization is not None:
+                    randomization.validate(k)
+                    if order is not None:
+                        randomization = _reorder(randomization, order)
             if k:
-                self._write_rows(ids, q, v)
+                self._write_rows(ids, q, v, randomization)
         return {"timing": t} if (t := outer.timing()) is not None else None
 
     def _scratch(self, k: int) -> np.ndarray:
@@ -170,11 +183,14 @@ class MujocoBackend:
             self._scratch_q = np.empty((max(k, 2 * self._scratch_q.shape[0]), self.nq))
         return self._scratch_q[:k]
 
-    def _write_rows(self, ids: np.ndarray, q: np.ndarray, v: np.ndarray) -> None:
+    def _write_rows(self, ids: np.ndarray, q: np.ndarray, v: np.ndarray,
+                    rand: RandomizationRows | None) -> None:
         rec = self.recorder
         with rec.scope(C.SET_STATE_DATA_RESET):
             self._state[ids] = self._template
             self._warning[ids] = 0  # warning counters live outside the state rows
+        if rand is not None and not rand.empty:
+            self._randomize(ids, rand)
         with rec.scope(C.SET_STATE_SET_DOF_POS):
             self._qpos[ids] = q
         with rec.scope(C.SET_STATE_SET_DOF_VEL):
@@ -185,6 +201,43 @@ class MujocoBackend:
             self.batch.forward(ids, stage=_STAGE_POS)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
             self._refresh_pose(ids)
+
+    def _expanded(self, name: str) -> np.ndarray:
+        """The per-env copy of a model field (made on first use: it costs memory)."""
+        return self.batch.expand(name)
+
+    def _randomize(self, ids: np.ndarray, rand: RandomizationRows) -> None:
+        """Per-env model fields of the reset rows; scales apply to the model's own values."""
+        rec = self.recorder
+        m, contact = self.model, self._contact_geoms
+        with rec.scope(C.SET_STATE_RESET_RAND):
+            friction = rand.get("friction")
+            if friction is not None:
+                gf = self._expanded("geom_friction")
+                gf[ids[:, None], contact, 0] = friction[:, None]
+            mass = rand.get("mass_scale")
+            if mass is not None:
+                self._expanded("body_mass")[ids] = m.body_mass * mass[:, None]
+                self._expanded("body_inertia")[ids] = m.body_inertia * mass[:, None, None]
+                self.batch.set_const(ids)  # derived masses follow
+            kp, kd = rand.get("kp_scale"), rand.get("kd_scale")
+            if kp is not None or kd is not None:
+                gain = self._expanded("actuator_gainprm")
+                bias = self._expanded("actuator_biasprm")
+                if kp is not None:
+                    gain[ids, :, 0] = m.actuator_gainprm[:, 0] * kp[:, None]
+                    bias[ids, :, 1] = m.actuator_biasprm[:, 1] * kp[:, None]
+                if kd is not None:
+                    bias[ids, :, 2] = m.actuator_biasprm[:, 2] * kd[:, None]
+        size = rand.get("geom_size_scale")
+        if size is not None:
+            with rec.scope(C.SET_STATE_GEOM_OVERRIDES):
+                scale = size[:, None]
+                self._expanded("geom_size")[ids[:, None], contact] = \
+                    m.geom_size[contact] * scale[:, :, None]
+                # the broad phase reads the bounding radius: keep it in step with the size
+                self._expanded("geom_rbound")[ids[:, None], contact] = \
+                    m.geom_rbound[contact] * scale
 
     def _refresh_pose(self, ids: np.ndarray) -> None:
         self._pose[ids, :, :3] = self._xpos[ids]
@@ -220,3 +273,9 @@ class MujocoBackend:
 
     def close(self) -> None:
         self.batch = None
+
+
+def _reorder(rand: RandomizationRows, order: np.ndarray) -> RandomizationRows:
+    """The rows in id order, as the ids were sorted."""
+    return RandomizationRows(**{n: None if (v := rand.get(n)) is None else v[order]
+                                for n in QUANTITIES})

@@ -1,19 +1,19 @@
 """Domain-randomization manager: the reset call of ``reset_done``.
 
-``reset(env_ids)`` plans the reset rows' initial state (the task's sampler),
-selects their rows of the randomization payload, calls ``backend.set_state`` and
-builds their reset observation, each under its catalog phase. The ``set_state``
+``reset(env_ids)`` plans the reset rows' initial state (the task's sampler, and
+new randomization values when a payload is set), selects their rows of the
+randomization payload, calls ``backend.set_state`` and builds their reset
+observation, each under its catalog phase. The ``set_state``
 span itself is emitted by the backend.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from resettrace import catalog as C
 from resettrace.contract import SetStateResult, SimBackend
+from resettrace.randomization import RandomizationPayload, RandomizationRows
 from resettrace.tasks.base import Task
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
@@ -25,7 +25,7 @@ class DomainRandomizationManager:
 
     def __init__(self, task: Task, backend: SimBackend, *, rng: np.random.Generator,
                  recorder: Recorder | NoopRecorder = NOOP_RECORDER,
-                 payload: Any = None) -> None:
+                 payload: RandomizationPayload | None = None) -> None:
         self.task = task
         self.backend = backend
         self.rng = rng
@@ -34,7 +34,7 @@ class DomainRandomizationManager:
         #: the backend's timing dict of the last reset (None with tracing off)
         self.last_set_state: SetStateResult | None = None
 
-    def _payload_rows(self, env_ids: np.ndarray) -> Any:
+    def _payload_rows(self, env_ids: np.ndarray) -> RandomizationRows | None:
         if self.payload is None:
             return None
         return self.payload.rows(env_ids)
@@ -45,6 +45,8 @@ class DomainRandomizationManager:
         with rec.scope(C.DR_RESET, len(env_ids)):
             with rec.scope(C.DR_RESET_PLAN):
                 qpos, qvel = self.task.plan_reset(env_ids, self.rng)
+                if self.payload is not None:
+                    self.payload.resample(env_ids, self.rng)
             with rec.scope(C.DR_RESET_PAYLOAD_FILTER):
                 rand = self._payload_rows(env_ids)
             self.last_set_state = self.backend.set_state(env_ids, qpos, qvel, rand)
