@@ -127,6 +127,17 @@ SET_STATE_STATE_SCATTER = _phase("set_state.state_scatter", "set_state_state_sca
                                  SET_STATE,
                                  description="per-row bookkeeping outside the state rows")
 
+# --- task sub-phases (motion tracking) ---------------------------------------------------------
+DR_RESET_MOTION_SAMPLE = _phase("dr_reset.plan.motion_sample", "dr_reset_motion_sample_ms",
+                                DR_RESET_PLAN,
+                                description="sample the reset rows' motion-clip start frames")
+DR_RESET_MOTION_LOOKUP = _phase("dr_reset.plan.motion_lookup", "dr_reset_motion_lookup_ms",
+                                DR_RESET_PLAN,
+                                description="clip frames to initial qpos/qvel plus noise")
+DR_RESET_BODY_POSE = _phase("dr_reset.build_observation.body_pose", "dr_reset_body_pose_ms",
+                            DR_RESET_BUILD_OBSERVATION,
+                            description="tracked body poses of the reset rows")
+
 PHASES: tuple[Phase, ...] = tuple(_PHASES)
 BY_SPAN: dict[str, Phase] = {p.span: p for p in PHASES}
 BY_KEY: dict[str, Phase] = {p.key: p for p in PHASES}
@@ -155,9 +166,11 @@ RESET_DONE_COUNT = "reset_done_count"
 RESET_DONE_KEYS: tuple[str, ...] = (RESET_DONE_COUNT, RESET_DONE_TERMINAL_OBS.key,
                                     RESET_DONE_RESET_CALL.key, RESET_DONE_OBS_SCATTER.key,
                                     RESET_DONE_INFO_SCATTER.key, "reset_done_internal_gap_ms")
+#: the last three are sub-phases of plan / build_observation (their % overlaps their parent's)
 DR_RESET_KEYS: tuple[str, ...] = (DR_RESET.key, DR_RESET_PLAN.key, DR_RESET_PAYLOAD_FILTER.key,
                                   SET_STATE.key, DR_RESET_BUILD_OBSERVATION.key,
-                                  "dr_reset_internal_gap_ms")
+                                  "dr_reset_internal_gap_ms", DR_RESET_MOTION_SAMPLE.key,
+                                  DR_RESET_MOTION_LOOKUP.key, DR_RESET_BODY_POSE.key)
 ENV_STEP_KEYS: tuple[str, ...] = (ENV_STEP.key, APPLY_ACTION.key, PHYSICS.key, UPDATE_STATE.key,
                                   RESET_DONE.key, "env_step_other_ms")
 ALL_KEYS: tuple[str, ...] = tuple(p.key for p in PHASES) + GAP_KEYS + (RESET_DONE_COUNT,)

@@ -9,7 +9,7 @@ episode bookkeeping back into the batch. Every stage is a catalog phase.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -32,6 +32,8 @@ class NpEnv:
         self.num_envs = backend.num_envs
         self.rng = np.random.default_rng(seed)
         self.recorder = recorder
+        # tasks that time their own sub-phases (motion tracking) record into the env's recorder
+        cast(Any, task).recorder = recorder
         task.bind(backend, self.rng)
         n = self.num_envs
         self.obs = np.zeros((n, task.obs_dim), dtype=np.float32)
@@ -55,6 +57,7 @@ class NpEnv:
     def use_recorder(self, recorder: Recorder | NoopRecorder) -> None:
         """Record this env, its manager and its backend with ``recorder`` from now on."""
         self.recorder = self.dr.recorder = recorder
+        cast(Any, self.task).recorder = recorder
         self.backend.recorder = recorder
 
     @property

@@ -9,6 +9,7 @@ __all__ = ["TASKS", "task_class"]
 
 TASKS: dict[str, str] = {
     "g1_walk_flat": "resettrace.tasks.g1_walk_flat:G1WalkFlat",
+    "g1_motion_tracking": "resettrace.tasks.g1_motion_tracking:G1MotionTracking",
 }
 
 
