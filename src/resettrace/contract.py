@@ -89,6 +89,8 @@ class SimBackend(Protocol):
 
 
 if TYPE_CHECKING:  # a type checker proves every backend still satisfies the contract
+    from resettrace.backends.motrix import MotrixBackend
     from resettrace.backends.mujoco import MujocoBackend
 
     _mujoco: type[SimBackend] = MujocoBackend
+    _motrix: type[SimBackend] = MotrixBackend

@@ -1,0 +1,408 @@
+"""MotrixSim backend: ``num_envs`` worlds of one ``motrixsim.SceneData`` batch.
+
+``set_state`` for k of N rows (every step timed under its catalog phase):
+
+=================  ====================================================================
+mask               validate and sort the ids (no bool mask: slicing by one is O(N)),
+                   build the ``DisjointIndices`` of the k rows
+qpos_convert       validate qpos/qvel, normalise the base quaternion, contract **wxyz** to
+                   engine **xyzw**, into reused float32 scratch rows
+data_slice         ``data[DisjointIndices(ids)]``: a handle on the k rows, O(k)
+data_reset         ``sub.reset(model)``: DoF state and controls back to the model defaults
+set_dof_vel/pos    ``sub.set_dof_vel(v)``, ``sub.set_dof_pos(q, model)``
+actuator_ctrl      ``sub.actuator_ctrls = ctrl`` (full ``(k, nu)``): position targets hold
+                   the new joint pose, clipped to the control range
+forward_kinematic  ``model.forward_kinematic(sub)``: kinematics of the k rows only
+refresh_pose_cache ``model.get_link_poses(sub, out=scratch)``: link poses of the k rows
+                   only, xyz + xyzw to the contract's xyz + wxyz cache in one gather
+=================  ====================================================================
+
+``clear_forces`` (external forces are consumed by the step that applies them: nothing is
+left to clear), ``geom_overrides``, ``reset_rand``, ``invalidate_velocity`` (no velocity
+cache is exposed: the next step recomputes everything), ``pool_reset`` and
+``state_scatter`` do not apply and are reported as 0.0.
+
+MotrixSim has no bounds checks: an out-of-range index or an over-long mask can crash the
+process, and a bad quaternion or control shape panics. Every input is validated before
+any engine call, and a panic that still escapes an engine call (``PanicException``, a
+``BaseException``) is turned into a ``RuntimeError`` naming the call; rows written before
+the panic keep their writes.
+
+The engine computes in float32: states read back round to float32, poses agree with
+MuJoCo's to about 1e-6.
+
+MotrixSim's thread pool is process-wide and can be sized only before the first step of
+the process: the first backend's ``nthread`` sizes it, later ones log a warning when they
+ask for another size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from resettrace import catalog as C
+from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
+from resettrace.backends.mujoco import DEFAULT_MODEL, KEYFRAME, describe_model
+from resettrace.contract import BackendInfo, SetStateResult
+from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+
+os.environ.setdefault("RUST_LOG", "error")  # before the import: silences loader warnings
+import motrixsim as ms  # noqa: E402
+from motrixsim import query as ms_query  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MotrixBackend", "init_threads"]
+
+_F32 = np.float32
+#: quaternion slots of the floating base: contract wxyz <- engine xyzw
+_CONTRACT_FROM_ENGINE = (6, 3, 4, 5)  # contract w, x, y, z <- engine columns
+_POSE_FROM_ENGINE = np.array([0, 1, 2, 6, 3, 4, 5])  # xyz + xyzw -> xyz + wxyz
+
+_pool_threads: int | None = None  # threads asked of the process-wide pool, once
+_pool_started = False
+
+
+def init_threads(nthread: int | None) -> None:
+    """Size MotrixSim's process-wide thread pool once; later calls only log a mismatch.
+
+    ``None`` or 0: the engine default (one worker per logical CPU).
+    """
+    global _pool_threads, _pool_started
+    want = None if nthread is None or int(nthread) == 0 else int(nthread)
+    if want is not None and want < 0:
+        raise ValueError(f"nthread must be >= 0, got {nthread}")
+    if _pool_started:
+        if want is not None and want != _pool_threads:
+            log.warning("motrixsim's thread pool is process-wide and already runs with %s "
+                        "threads: nthread=%d is ignored",
+                        _pool_threads or "the default number of", want)
+        return
+    try:
+        ms.init_thread_pool(num_threads=want)
+        _pool_threads = want
+    except RuntimeError as e:  # something else in this process stepped motrixsim first
+        log.warning("motrixsim's thread pool was started elsewhere in this process "
+                    "(nthread=%s ignored): %s", want, e)
+    _pool_started = True
+
+
+class _Guard:
+    """Turns an engine panic (``pyo3_runtime.PanicException``, a ``BaseException``) into a
+    ``RuntimeError`` naming the call; ordinary exceptions, ``KeyboardInterrupt`` and
+    ``SystemExit`` pass untouched. One shared instance per engine call: no allocation."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: str) -> None:
+        self.call = call
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None or issubclass(exc_type, (Exception, KeyboardInterrupt,
+                                                     SystemExit, GeneratorExit)):
+            return None
+        raise RuntimeError(f"motrixsim {self.call} panicked: {exc}") from exc
+
+
+_G_LOAD = _Guard("load_model")
+_G_DATA = _Guard("SceneData")
+_G_INDICES = _Guard("DisjointIndices")
+_G_SLICE = _Guard("SceneData[DisjointIndices]")
+_G_RESET = _Guard("SceneData.reset")
+_G_DOF_VEL = _Guard("SceneData.set_dof_vel")
+_G_DOF_POS = _Guard("SceneData.set_dof_pos")
+_G_CTRL = _Guard("SceneData.actuator_ctrls")
+_G_FK = _Guard("SceneModel.forward_kinematic")
+_G_QUERY = _Guard("QueryProgram.execute")
+_G_POSES = _Guard("SceneModel.get_link_poses")
+_G_STEP = _Guard("SceneModel.step")
+_G_READ = _Guard("SceneData.dof_pos/dof_vel")
+
+
+def _model_path(model: Any) -> Path:
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise TypeError("the motrix backend loads a model from an MJCF path (or None for the "
+                        f"bundled G1), got {type(model).__name__}")
+    path = Path(DEFAULT_MODEL if model is None else model)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    return path
+
+
+def _check_same_layout(engine: Any, mj: mujoco.MjModel, info: BackendInfo) -> None:
+    """MotrixSim's joint, actuator and link order must be MuJoCo's for the same file."""
+    pairs = (
+        ("joint", list(engine.joint_names), list(info.joint_names)),
+        ("actuator", list(engine.actuator_names), list(info.actuator_names)),
+        ("link", list(engine.link_names), list(info.body_names[1:])),  # MuJoCo body 0: world
+    )
+    for what, got, want in pairs:  # an unnamed entity (None) matches MuJoCo's fallback name
+        first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False))
+                      if a is not None and a != b), min(len(got), len(want)))
+        if first < max(len(got), len(want)):
+            raise ValueError(
+                f"motrixsim and MuJoCo order the model's {what}s differently: {len(got)} vs "
+                f"{len(want)} {what}s, first difference at index {first} "
+                f"({got[first] if first < len(got) else None!r} vs "
+                f"{want[first] if first < len(want) else None!r})")
+    if (int(engine.num_dof_pos), int(engine.num_dof_vel)) != (int(mj.nq), int(mj.nv)):
+        raise ValueError(f"motrixsim has {engine.num_dof_pos} dof positions and "
+                         f"{engine.num_dof_vel} velocities, MuJoCo nq={mj.nq}, nv={mj.nv}")
+    qadr = [int(a) for a in engine.joint_dof_pos_indices]
+    if qadr != [int(a) for a in mj.jnt_qposadr[1:]]:
+        raise ValueError("motrixsim's joint dof positions are not laid out as MuJoCo's qpos")
+    if len(engine.floating_bases) != 1:
+        raise ValueError(f"the model must have exactly one floating base, motrixsim sees "
+                         f"{len(engine.floating_bases)}")
+
+
+class MotrixBackend:
+    """``num_envs`` simulations of one MJCF model in a batched ``motrixsim.SceneData``."""
+
+    name = "motrix"
+
+    def __init__(self, *, num_envs: int, model: Any = None, nthread: int | None = None,
+                 recorder: Recorder | NoopRecorder | None = None) -> None:
+        if int(num_envs) < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.num_envs = int(num_envs)
+        path = _model_path(model)
+        mj = mujoco.MjModel.from_xml_path(str(path))
+        info = describe_model(mj, self.name)
+        init_threads(nthread)  # before the first load: the pool is sized once per process
+        with _G_LOAD:
+            self.model: Any = ms.load_model(str(path))
+        _check_same_layout(self.model, mj, info)
+        self.info = BackendInfo(
+            name=info.name, joint_names=info.joint_names, body_names=info.body_names,
+            actuator_names=info.actuator_names, joint_range=info.joint_range,
+            ctrl_range=info.ctrl_range, actuator_joint=info.actuator_joint,
+            physics_dt=float(self.model.options.timestep))  # the engine's float32 step
+        self.nq, self.nv, self.nu = int(mj.nq), int(mj.nv), int(mj.nu)
+        self.nbody = int(mj.nbody)
+        self.recorder: Recorder | NoopRecorder = NOOP_RECORDER  # the initial reset is not traced
+        with _G_DATA:
+            self.data: Any = ms.SceneData(self.model, batch=[self.num_envs])
+        key = mujoco.mj_name2id(mj, mujoco.mjtObj.mjOBJ_KEY, KEYFRAME)
+        if key < 0 and mj.nkey:
+            key = 0
+        self._keyframe = np.array(mj.key_qpos[key] if key >= 0 else mj.qpos0, dtype=np.float64)
+        self._act_qadr = 7 + self.info.actuator_joint
+        self._ctrl_lo = self.info.ctrl_range[:, 0].copy()
+        self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
+        # the engine column of each contract qpos column
+        self._to_contract = np.arange(self.nq)
+        self._to_contract[3:7] = _CONTRACT_FROM_ENGINE
+        # reads qpos/qvel of chosen rows only (duplicates allowed)
+        with _G_QUERY:
+            self._state_query: Any = self.model.compile_query(
+                {"qpos": ms_query.DofPosition(), "qvel": ms_query.DofVelocity()}
+            ).allocate(self.data)
+        self._row_qpos = self._state_query["qpos"]  # (N, nq) engine layout, zero-copy views
+        self._row_qvel = self._state_query["qvel"]
+        self._pose = np.zeros((self.num_envs, self.nbody, 7))
+        self._pose[:, 0, 3] = 1.0  # the world body: identity, never refreshed
+        self._scratch_pose = np.empty((0, self.nbody - 1, 7), _F32)
+        self._pose_fresh = np.zeros(self.num_envs, dtype=bool)
+        self._body_index: dict[tuple[str, ...], np.ndarray] = {}
+        self._qpos_all = np.zeros((self.num_envs, self.nq))
+        self._qvel_all = np.zeros((self.num_envs, self.nv))
+        self._ctrl_all = np.zeros((self.num_envs, self.nu), _F32)
+        self._scratch_k = -1
+        self._grow_scratch(0)
+        # start every env at the keyframe, actuators holding it
+        q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
+        self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
+        self.recorder = NOOP_RECORDER if recorder is None else recorder
+
+    # -- contract ----------------------------------------------------------------------------
+    @property
+    def keyframe_qpos(self) -> np.ndarray:
+        return self._keyframe.copy()
+
+    def step(self, ctrl: np.ndarray, nsteps: int = 1) -> None:
+        ctrl = np.asarray(ctrl)
+        if ctrl.shape != (self.num_envs, self.nu):
+            raise ValueError(f"ctrl must have shape ({self.num_envs}, {self.nu}), "
+                             f"got {ctrl.shape}")
+        if not (np.issubdtype(ctrl.dtype, np.floating) or np.issubdtype(ctrl.dtype, np.integer)):
+            raise ValueError(f"ctrl must be numeric, got dtype {ctrl.dtype}")
+        n = int(nsteps)
+        if n != nsteps or n < 0:
+            raise ValueError(f"nsteps must be a non-negative integer, got {nsteps}")
+        buf = self._ctrl_all
+        buf[...] = ctrl  # float32, as the engine holds it
+        if not np.isfinite(buf).all():  # a NaN target panics inside the step
+            bad = np.argwhere(~np.isfinite(buf))[0]
+            raise ValueError(f"ctrl has a non-finite (or float32-overflowing) value at row "
+                             f"{bad[0]}, column {bad[1]}")
+        with _G_CTRL:
+            self.data.actuator_ctrls = buf
+        if n:
+            with _G_STEP:
+                if n == 1:
+                    self.model.step(self.data)
+                else:
+                    self.model.step_n(self.data, n)
+        self._pose_fresh[:] = False
+
+    def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
+                  randomization: Any = None) -> SetStateResult | None:
+        if randomization is not None:
+            raise ValueError("the motrix backend takes no randomization payload yet")
+        rec = self.recorder
+        with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
+            with rec.scope(C.SET_STATE_MASK):
+                ids, order = check_ids(env_ids, self.num_envs)
+                k = ids.size
+                if k:
+                    with _G_INDICES:
+                        index = ms.DisjointIndices(ids)
+            with rec.scope(C.SET_STATE_QPOS_CONVERT):
+                q, v = self._convert(qpos, qvel, k, order)
+            if k:
+                self._write_rows(ids, index, q, v)
+        return {"timing": t} if (t := outer.timing()) is not None else None
+
+    def _convert(self, qpos: Any, qvel: Any, k: int, order: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Validated float32 engine rows (qpos with an xyzw base quaternion, qvel) in id
+        order, in reused scratch buffers."""
+        q_in = check_rows("qpos", qpos, k, self.nq)
+        v_in = check_rows("qvel", qvel, k, self.nv)
+        if order is not None:
+            q_in, v_in = q_in[order], v_in[order]
+        self._grow_scratch(k)
+        quat = self._scratch_quat[:k]
+        normalise_quat_into(quat, q_in[:, 3:7], "qpos")
+        q, v = self._scratch_q[:k], self._scratch_v[:k]
+        q[:, :3] = q_in[:, :3]
+        q[:, 3:6] = quat[:, 1:]  # wxyz -> xyzw
+        q[:, 6] = quat[:, 0]
+        q[:, 7:] = q_in[:, 7:]
+        v[...] = v_in
+        # finite float64 can still overflow float32: the engine would get inf
+        for name, a in (("qpos", q), ("qvel", v)):
+            if not np.isfinite(a).all():
+                bad = np.argwhere(~np.isfinite(a))[0]
+                raise ValueError(f"{name} has a value too large for float32 at row {bad[0]}")
+        return q, v
+
+    def _grow_scratch(self, k: int) -> None:
+        if k <= self._scratch_k:
+            return
+        size = max(k, 2 * self._scratch_k, 1)
+        self._scratch_k = size
+        self._scratch_quat = np.empty((size, 4))
+        self._scratch_q = np.empty((size, self.nq), _F32)
+        self._scratch_v = np.empty((size, self.nv), _F32)
+        self._scratch_c = np.empty((size, self.nu), _F32)
+
+    def _write_rows(self, ids: np.ndarray, index: Any, q: np.ndarray, v: np.ndarray) -> None:
+        rec, model = self.recorder, self.model
+        with rec.scope(C.SET_STATE_DATA_SLICE), _G_SLICE:
+            sub = self.data[index]
+        with rec.scope(C.SET_STATE_DATA_RESET), _G_RESET:
+            sub.reset(model)
+        with rec.scope(C.SET_STATE_SET_DOF_VEL), _G_DOF_VEL:
+            sub.set_dof_vel(v)
+        with rec.scope(C.SET_STATE_SET_DOF_POS), _G_DOF_POS:
+            sub.set_dof_pos(q, model)
+        with rec.scope(C.SET_STATE_ACTUATOR_CTRL), _G_CTRL:
+            ctrl = self._scratch_c[:len(ids)]
+            np.clip(q[:, self._act_qadr], self._ctrl_lo, self._ctrl_hi, out=ctrl)
+            sub.actuator_ctrls = ctrl
+        with rec.scope(C.SET_STATE_FORWARD_KINEMATIC), _G_FK:
+            model.forward_kinematic(sub)
+        with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
+            self._refresh_pose(ids, sub)
+
+    def _refresh_pose(self, rows: np.ndarray, sub: Any) -> None:
+        """Link poses of the sorted unique ``rows`` (``sub``: their handle) into the cache.
+
+        ``get_link_poses`` on the handle reads those rows only; one gather turns its
+        xyz + xyzw into the contract's xyz + wxyz."""
+        k = rows.size
+        if self._scratch_pose.shape[0] < k:
+            self._scratch_pose = np.empty((max(k, 2 * self._scratch_pose.shape[0]),
+                                           self.nbody - 1, 7), _F32)
+        links = self._scratch_pose[:k]
+        with _G_POSES:
+            self.model.get_link_poses(sub, out=links)
+        self._pose[rows, 1:] = links[..., _POSE_FROM_ENGINE]
+        self._pose_fresh[rows] = True
+
+    def _rows(self, env_ids: Any) -> np.ndarray:
+        """Ids as in-range non-negative intp (numpy indexing rules; IndexError otherwise),
+        so that nothing out of range reaches the engine."""
+        rows = np.asarray(env_ids, np.intp)
+        if rows.ndim != 1:
+            raise ValueError(f"env_ids must be one-dimensional, got shape {rows.shape}")
+        if rows.size and (rows.min() < -self.num_envs or rows.max() >= self.num_envs):
+            raise IndexError(f"env_ids must be in [-{self.num_envs}, {self.num_envs}), got "
+                             f"{rows.min() if rows.min() < 0 else rows.max()}")
+        return np.where(rows < 0, rows + self.num_envs, rows)
+
+    def get_qpos_rows(self, env_ids: Any = None) -> np.ndarray:
+        """Contract layout (wxyz), float64. All rows: one reused buffer refreshed by every
+        call (do not write it); else a new array of the rows."""
+        if env_ids is None:
+            with _G_READ:
+                engine = self.data.dof_pos  # a fresh float32 copy of every row
+            self._qpos_all[...] = engine[:, self._to_contract]
+            return self._qpos_all
+        rows = self._rows(env_ids)
+        if not rows.size:
+            return np.zeros((0, self.nq))
+        with _G_QUERY:
+            self._state_query.execute(self.data, env_ids=rows.astype(np.int64))
+        return self._row_qpos[rows][:, self._to_contract].astype(np.float64)
+
+    def get_qvel_rows(self, env_ids: Any = None) -> np.ndarray:
+        if env_ids is None:
+            with _G_READ:
+                self._qvel_all[...] = self.data.dof_vel
+            return self._qvel_all
+        rows = self._rows(env_ids)
+        if not rows.size:
+            return np.zeros((0, self.nv))
+        with _G_QUERY:
+            self._state_query.execute(self.data, env_ids=rows.astype(np.int64))
+        return self._row_qvel[rows].astype(np.float64)
+
+    def get_body_pose_rows(self, env_ids: Any, body_names: tuple[str, ...] | list[str]
+                           ) -> np.ndarray:
+        cols = self._body_cols(tuple(body_names))
+        rows = np.arange(self.num_envs) if env_ids is None else self._rows(env_ids)
+        if not self._pose_fresh[rows].all():  # after a physics step: the engine's last poses
+            wanted = np.zeros(self.num_envs, dtype=bool)
+            wanted[rows] = True
+            stale = np.flatnonzero(wanted & ~self._pose_fresh).astype(np.int32)  # sorted, unique
+            with _G_SLICE:
+                sub = self.data[ms.DisjointIndices(stale)]
+            self._refresh_pose(stale, sub)
+        return self._pose[rows[:, None], cols]
+
+    def _body_cols(self, names: tuple[str, ...]) -> np.ndarray:
+        cols = self._body_index.get(names)
+        if cols is None:
+            lookup = {n: i for i, n in enumerate(self.info.body_names)}
+            missing = [n for n in names if n not in lookup]
+            if missing:
+                raise ValueError(f"unknown body name(s) {missing}; known: "
+                                 f"{', '.join(self.info.body_names)}")
+            cols = self._body_index[names] = np.array([lookup[n] for n in names], np.intp)
+        return cols
+
+    def close(self) -> None:
+        self.data = None
+        self._state_query = None
