@@ -51,6 +51,54 @@ def test_mujoco_applies_every_quantity_to_the_reset_rows_only(timing_session) ->
     b.close()
 
 
+def test_motrix_applies_every_quantity_to_the_reset_rows_only(timing_session) -> None:
+    b = resettrace.make_backend("motrix", num_envs=8, tracing=timing_session, nthread=1)
+    rng = np.random.default_rng(1)
+    ids = np.array([6, 1, 4])
+    rows = _rows(3, rng)
+    q, v = stand_rows(b, 3)
+    timing = b.set_state(ids, q, v, rows)["timing"]
+    assert timing["set_state_reset_rand_ms"] > 0 and timing["set_state_geom_overrides_ms"] > 0
+    base = b._overrides()
+    data, untouched = b.data, [0, 2, 3, 5, 7]
+    for geom, f0, s0 in base["geoms"]:
+        friction, size = geom.get_friction_override(data), geom.get_size_override(data)
+        np.testing.assert_allclose(friction[ids, 0], rows.friction, rtol=1e-6)
+        np.testing.assert_allclose(size[ids], s0[None, :] * rows.geom_size_scale[:, None],
+                                   rtol=1e-6)
+        np.testing.assert_allclose(friction[untouched], np.tile(f0, (5, 1)), rtol=1e-6)
+        np.testing.assert_allclose(size[untouched], np.tile(s0, (5, 1)), rtol=1e-6)
+    for link, m0, _ in base["links"]:
+        mass = link.get_mass_override(data)
+        np.testing.assert_allclose(mass[ids], m0 * rows.mass_scale, rtol=1e-6)
+        np.testing.assert_allclose(mass[untouched], m0, rtol=1e-6)
+    for act, kp0, kd0 in base["actuators"]:
+        np.testing.assert_allclose(act.get_kp_override(data)[ids], kp0 * rows.kp_scale,
+                                   rtol=1e-6)
+        np.testing.assert_allclose(act.get_kp_override(data)[untouched], kp0, rtol=1e-6)
+        np.testing.assert_allclose(act.get_kd_override(data)[ids], kd0 * rows.kd_scale,
+                                   rtol=1e-6)
+    b.step(np.tile(b.keyframe_qpos[7:], (8, 1)), 3)  # the engine steps on the overrides
+    assert np.isfinite(b.get_qpos_rows(None)).all()
+    b.close()
+
+
+@pytest.mark.parametrize("backend", ["mujoco", "motrix"])
+def test_randomized_env_runs_on_both_backends(backend, timing_session) -> None:
+    env = resettrace.make_env("g1_walk_flat", backend=backend, num_envs=8, seed=4,
+                              tracing=timing_session, randomization=True, nthread=1)
+    mask = np.zeros(8, bool)
+    mask[[2, 5]] = True
+    env.reset_done(mask)
+    for _ in range(3):
+        obs, _, _, _ = env.step(np.zeros((8, env.action_dim)))
+    assert np.isfinite(obs).all()
+    st = timing_session.stats()
+    assert st["set_state_reset_rand_ms"].max_ms > 0
+    assert st["set_state_geom_overrides_ms"].max_ms > 0
+    env.close()
+
+
 @pytest.mark.parametrize("bad,match", [
     (RandomizationRows(friction=np.ones(2)), "friction must have shape \\(3,\\)"),
     (RandomizationRows(mass_scale=np.array([1.0, np.nan, 1.0])), "finite and > 0"),

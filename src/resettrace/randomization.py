@@ -25,7 +25,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-__all__ = ["RandomizationConfig", "RandomizationPayload", "RandomizationRows", "QUANTITIES"]
+__all__ = ["RandomizationConfig", "RandomizationPayload", "RandomizationRows", "QUANTITIES",
+           "reorder_rows"]
 
 QUANTITIES = ("friction", "mass_scale", "kp_scale", "kd_scale", "geom_size_scale")
 Range = tuple[float, float] | None
@@ -105,3 +106,9 @@ class RandomizationPayload:
 
     def rows(self, env_ids: np.ndarray) -> RandomizationRows:
         return RandomizationRows(**{name: arr[env_ids] for name, arr in self.values.items()})
+
+
+def reorder_rows(rows: RandomizationRows, order: np.ndarray) -> RandomizationRows:
+    """The rows permuted by ``order`` (a backend sorts its ids; the rows follow)."""
+    return RandomizationRows(**{n: None if (v := rows.get(n)) is None else v[order]
+                                for n in QUANTITIES})

@@ -9,6 +9,9 @@ qpos_convert       validate qpos/qvel, normalise the base quaternion, contract *
                    engine **xyzw**, into reused float32 scratch rows
 data_slice         ``data[DisjointIndices(ids)]``: a handle on the k rows, O(k)
 data_reset         ``sub.reset(model)``: DoF state and controls back to the model defaults
+reset_rand         per-env overrides of the k rows: contact-geom friction, link mass and
+                   inertia, actuator kp and damping (``set_*_override(sub, values)``)
+geom_overrides     per-env contact-geom sizes of the k rows (``set_size_override``)
 set_dof_vel/pos    ``sub.set_dof_vel(v)``, ``sub.set_dof_pos(q, model)``
 actuator_ctrl      ``sub.actuator_ctrls = ctrl`` (full ``(k, nu)``): position targets hold
                    the new joint pose, clipped to the control range
@@ -17,10 +20,11 @@ refresh_pose_cache ``model.get_link_poses(sub, out=scratch)``: link poses of the
                    only, xyz + xyzw to the contract's xyz + wxyz cache in one gather
 =================  ====================================================================
 
-``clear_forces`` (external forces are consumed by the step that applies them: nothing is
-left to clear), ``geom_overrides``, ``reset_rand``, ``invalidate_velocity`` (no velocity
-cache is exposed: the next step recomputes everything), ``pool_reset`` and
-``state_scatter`` do not apply and are reported as 0.0.
+``reset_rand`` and ``geom_overrides`` run only with a randomization payload
+(:class:`~resettrace.randomization.RandomizationRows`). ``clear_forces`` (external forces
+are consumed by the step that applies them: nothing is left to clear),
+``invalidate_velocity`` (no velocity cache is exposed: the next step recomputes
+everything), ``pool_reset`` and ``state_scatter`` do not apply and are reported as 0.0.
 
 MotrixSim has no bounds checks: an out-of-range index or an over-long mask can crash the
 process, and a bad quaternion or control shape panics. Every input is validated before
@@ -50,6 +54,7 @@ from resettrace import catalog as C
 from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
 from resettrace.backends.mujoco import DEFAULT_MODEL, KEYFRAME, describe_model
 from resettrace.contract import BackendInfo, SetStateResult
+from resettrace.randomization import RandomizationRows, reorder_rows
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 os.environ.setdefault("RUST_LOG", "error")  # before the import: silences loader warnings
@@ -126,6 +131,7 @@ _G_QUERY = _Guard("QueryProgram.execute")
 _G_POSES = _Guard("SceneModel.get_link_poses")
 _G_STEP = _Guard("SceneModel.step")
 _G_READ = _Guard("SceneData.dof_pos/dof_vel")
+_G_RAND = _Guard("per-env overrides")
 
 
 def _model_path(model: Any) -> Path:
@@ -189,6 +195,8 @@ class MotrixBackend:
             physics_dt=float(self.model.options.timestep))  # the engine's float32 step
         self.nq, self.nv, self.nu = int(mj.nq), int(mj.nv), int(mj.nu)
         self.nbody = int(mj.nbody)
+        self._mj = mj
+        self._override_base: dict[str, Any] | None = None
         self.recorder: Recorder | NoopRecorder = NOOP_RECORDER  # the initial reset is not traced
         with _G_DATA:
             self.data: Any = ms.SceneData(self.model, batch=[self.num_envs])
@@ -257,8 +265,9 @@ class MotrixBackend:
 
     def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
                   randomization: Any = None) -> SetStateResult | None:
-        if randomization is not None:
-            raise ValueError("the motrix backend takes no randomization payload yet")
+        if randomization is not None and not isinstance(randomization, RandomizationRows):
+            raise ValueError("randomization must be a resettrace.randomization."
+                             f"RandomizationRows, got {type(randomization).__name__}")
         rec = self.recorder
         with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
             with rec.scope(C.SET_STATE_MASK):
@@ -269,8 +278,12 @@ class MotrixBackend:
                         index = ms.DisjointIndices(ids)
             with rec.scope(C.SET_STATE_QPOS_CONVERT):
                 q, v = self._convert(qpos, qvel, k, order)
+                if randomization is not None:
+                    randomization.validate(k)
+                    if order is not None:
+                        randomization = reorder_rows(randomization, order)
             if k:
-                self._write_rows(ids, index, q, v)
+                self._write_rows(ids, index, q, v, randomization)
         return {"timing": t} if (t := outer.timing()) is not None else None
 
     def _convert(self, qpos: Any, qvel: Any, k: int, order: np.ndarray | None
@@ -307,12 +320,15 @@ class MotrixBackend:
         self._scratch_v = np.empty((size, self.nv), _F32)
         self._scratch_c = np.empty((size, self.nu), _F32)
 
-    def _write_rows(self, ids: np.ndarray, index: Any, q: np.ndarray, v: np.ndarray) -> None:
+    def _write_rows(self, ids: np.ndarray, index: Any, q: np.ndarray, v: np.ndarray,
+                    rand: RandomizationRows | None) -> None:
         rec, model = self.recorder, self.model
         with rec.scope(C.SET_STATE_DATA_SLICE), _G_SLICE:
             sub = self.data[index]
         with rec.scope(C.SET_STATE_DATA_RESET), _G_RESET:
             sub.reset(model)
+        if rand is not None and not rand.empty:
+            self._randomize(sub, rand)
         with rec.scope(C.SET_STATE_SET_DOF_VEL), _G_DOF_VEL:
             sub.set_dof_vel(v)
         with rec.scope(C.SET_STATE_SET_DOF_POS), _G_DOF_POS:
@@ -325,6 +341,54 @@ class MotrixBackend:
             model.forward_kinematic(sub)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
             self._refresh_pose(ids, sub)
+
+    def _overrides(self) -> dict[str, Any]:
+        """The engine's per-env override handles and their model values (made on first use)."""
+        if self._override_base is None:
+            data, mj = self.data, self._mj
+            contact = np.flatnonzero(((mj.geom_contype | mj.geom_conaffinity) != 0)
+                                     & (mj.geom_bodyid != 0))
+            geoms = [self.model.get_geom(int(i)) for i in contact]
+            links = list(self.model.links)
+            acts = list(self.model.actuators)
+            with _G_RAND:
+                self._override_base = {
+                    "geoms": [(g, np.array(g.get_friction_override(data)[0], np.float64),
+                               np.array(g.get_size_override(data)[0], np.float64))
+                              for g in geoms],
+                    "links": [(lk, float(lk.get_mass_override(data)[0]),
+                               np.array(lk.get_inertia_override(data)[0], np.float64))
+                              for lk in links],
+                    "actuators": [(a, float(a.kp), float(a.kd)) for a in acts],
+                }
+        return self._override_base
+
+    def _randomize(self, sub: Any, rand: RandomizationRows) -> None:
+        """Per-env overrides of the reset rows; scales apply to the model's own values."""
+        rec, base = self.recorder, self._overrides()
+        with rec.scope(C.SET_STATE_RESET_RAND), _G_RAND:
+            friction = rand.get("friction")
+            if friction is not None:
+                for geom, f0, _ in base["geoms"]:
+                    f = np.tile(f0, (len(friction), 1))
+                    f[:, 0] = friction
+                    geom.set_friction_override(sub, f)
+            mass = rand.get("mass_scale")
+            if mass is not None:
+                for link, m0, inertia0 in base["links"]:
+                    link.set_mass_override(sub, m0 * mass)
+                    link.set_inertia_override(sub, inertia0[None, :] * mass[:, None])
+            kp, kd = rand.get("kp_scale"), rand.get("kd_scale")
+            for act, kp0, kd0 in base["actuators"]:
+                if kp is not None:
+                    act.set_kp_override(sub, kp0 * kp)
+                if kd is not None:
+                    act.set_damping_override(sub, kd0 * kd)
+        size = rand.get("geom_size_scale")
+        if size is not None:
+            with rec.scope(C.SET_STATE_GEOM_OVERRIDES), _G_RAND:
+                for geom, _, s0 in base["geoms"]:
+                    geom.set_size_override(sub, s0[None, :] * size[:, None])
 
     def _refresh_pose(self, rows: np.ndarray, sub: Any) -> None:
         """Link poses of the sorted unique ``rows`` (``sub``: their handle) into the cache.

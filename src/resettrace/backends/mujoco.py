@@ -37,7 +37,7 @@ from mujoco import batch as mj_batch
 from resettrace import catalog as C
 from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
 from resettrace.contract import BackendInfo, SetStateResult
-from resettrace.randomization import QUANTITIES, RandomizationRows
+from resettrace.randomization import RandomizationRows, reorder_rows
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ class MujocoBackend:
                 if randomization is not None:
                     randomization.validate(k)
                     if order is not None:
-                        randomization = _reorder(randomization, order)
+                        randomization = reorder_rows(randomization, order)
             if k:
                 self._write_rows(ids, q, v, randomization)
         return {"timing": t} if (t := outer.timing()) is not None else None
@@ -273,9 +273,3 @@ class MujocoBackend:
 
     def close(self) -> None:
         self.batch = None
-
-
-def _reorder(rand: RandomizationRows, order: np.ndarray) -> RandomizationRows:
-    """The rows in id order, as the ids were sorted."""
-    return RandomizationRows(**{n: None if (v := rand.get(n)) is None else v[order]
-                                for n in QUANTITIES})
