@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from resettrace.registry import resolve
 
 __all__ = ["BACKENDS", "backend_class", "make_backend"]
 
@@ -16,13 +17,7 @@ BACKENDS: dict[str, str] = {
 
 def backend_class(name: str) -> Any:
     """The backend class registered as ``name``; unknown names list the known ones."""
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}") \
-            from None
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return resolve(BACKENDS, "backend", name)
 
 
 def make_backend(name: str, *, num_envs: int, model: Any = None, **options: Any) -> Any:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from resettrace.registry import resolve
 
 __all__ = ["TASKS", "task_class"]
 
@@ -15,9 +16,4 @@ TASKS: dict[str, str] = {
 
 def task_class(name: str) -> Any:
     """The task class registered as ``name``; unknown names list the known ones."""
-    try:
-        target = TASKS[name]
-    except KeyError:
-        raise ValueError(f"unknown task {name!r}; known: {', '.join(sorted(TASKS))}") from None
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return resolve(TASKS, "task", name)
