@@ -78,3 +78,33 @@ def test_overhead_json(tmp_path) -> None:
     assert otlp["exporters"]["otlp"]["undelivered"] == 0
     assert otlp["received_by_receiver"] == otlp["exporters"]["otlp"]["delivered"] > 0
     assert "timing_vs_off" in r.stdout
+
+
+def test_collector_numba_ab_table_and_json(tmp_path) -> None:
+    out = tmp_path / "ab"
+    r = _run(["bench", "collector", "--num-envs", "16", "--warmup", "1", "--steps", "4",
+              "--nthread", "1", "--numba-ab", "--out", str(out)], {"RESETTRACE": "trace"})
+    assert r.returncode == 0, r.stderr
+    assert "mode timing" in r.stdout and "runs in mode 'timing'" in r.stderr
+    assert "numba A/B: update_state numpy vs numba, 16 envs, 4 steps" in r.stdout
+    for row in ("env/s", "env step ms p50", "env step ms mean", "update_state ms p50",
+                "update_state ms mean"):
+        assert row in r.stdout, row
+    assert "done masks differ on 0 of 4 steps" in r.stdout
+    assert "env step breakdown" in r.stdout  # the numpy variant's tables come first
+    ab = json.loads((out / "timing.json").read_text())["numba_ab"]
+    for name in ("numpy", "numba"):
+        v = ab[name]
+        assert v["env_per_s"] > 0
+        assert set(v["env_step_ms"]) == set(v["update_state_ms"]) == {"p50", "mean"}
+        assert 0 < v["update_state_ms"]["p50"] < v["env_step_ms"]["p50"]
+    assert set(ab["speedup"]) == {"env_per_s", "env_step_p50", "env_step_mean",
+                                  "update_state_p50", "update_state_mean"}
+    assert ab["speedup"]["update_state_p50"] == pytest.approx(
+        ab["numpy"]["update_state_ms"]["p50"] / ab["numba"]["update_state_ms"]["p50"])
+    assert ab["done_mismatch_steps"] == 0 and ab["obs_max_abs_diff"] < 1e-5
+    assert ab["steps"] == 4 and ab["num_envs"] == 16
+    plain = _run(["bench", "collector", "--num-envs", "16", "--warmup", "0", "--steps", "2",
+                  "--nthread", "1"])
+    assert plain.returncode == 0, plain.stderr
+    assert "numba A/B" not in plain.stdout

@@ -22,6 +22,7 @@ from resettrace.backends import BACKENDS
 from resettrace.backends import motrix as motrix_mod
 from resettrace.backends.motrix import MotrixBackend
 from resettrace.contract import SimBackend
+from resettrace.randomization import RandomizationRows
 from resettrace.tracing.session import Tracing
 
 N = 64
@@ -77,12 +78,17 @@ def test_off_mode_returns_none(off_backend) -> None:
     assert off_backend.set_state([1, 5], q, v) is None
 
 
-def test_randomization_is_refused_before_any_engine_call(off_backend) -> None:
+@pytest.mark.parametrize("bad,match", [
+    ({"friction": 1.0}, "RandomizationRows"),
+    (RandomizationRows(friction=np.ones(3)), "friction must have shape \\(2,\\)"),
+    (RandomizationRows(kd_scale=np.array([1.0, -1.0])), "finite and > 0"),
+])
+def test_bad_randomization_is_refused_before_any_engine_call(off_backend, bad, match) -> None:
     b = off_backend
     q, v = stand_rows(b, 2)
     before = _snapshot(b)
-    with pytest.raises(ValueError, match="no randomization payload"):
-        b.set_state([1, 2], q, v, randomization={"friction": 1.0})
+    with pytest.raises(ValueError, match=match):
+        b.set_state([1, 2], q, v, randomization=bad)
     _assert_same(before, _snapshot(b))
 
 

@@ -37,7 +37,8 @@ def _collector(args: argparse.Namespace) -> int:
         cfg = CollectorConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
                               warmup=args.warmup, steps=args.steps, out=args.out,
                               model=args.model, seed=args.seed, action_noise=args.action_noise,
-                              nthread=args.nthread)
+                              nthread=args.nthread, numba_ab=args.numba_ab,
+                              randomize=args.randomize)
     except ValueError as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
@@ -46,7 +47,11 @@ def _collector(args: argparse.Namespace) -> int:
         env_cfg = Config.from_env()
         if env_cfg.mode == "off":
             overrides["mode"] = "timing"  # the breakdown needs timings
-        if env_cfg.mode == "trace" and not os.environ.get(ENV_EXPORTER) and args.out:
+        if args.numba_ab and env_cfg.mode == "trace":
+            log.warning("--numba-ab runs in mode 'timing': exporting spans would load the "
+                        "numpy and numba variants differently")
+            overrides["mode"] = "timing"
+        elif env_cfg.mode == "trace" and not os.environ.get(ENV_EXPORTER) and args.out:
             overrides["exporters"] = (f"file:{Path(args.out) / 'spans.jsonl'}",)
         tracing = Tracing(Config.from_env(
             **overrides, resource_attributes={ATTR_TASK: args.task, ATTR_BACKEND: args.backend,
@@ -115,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--action-noise", type=float, default=1.0,
                    help="std of the random actions (sets how often envs fall)")
+    c.add_argument("--randomize", action="store_true",
+                   help="per-env friction, mass, kp/kd and geom sizes, drawn at every reset")
+    c.add_argument("--numba-ab", action="store_true",
+                   help="step a numpy and a numba update_state env side by side (same seed and"
+                        " actions, interleaved) and print their A/B table")
     c.set_defaults(func=_collector)
 
     o = bench.add_parser("overhead", help="reset_done with tracing off / timing / trace")

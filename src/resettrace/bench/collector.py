@@ -4,11 +4,21 @@ Steps ``num_envs`` envs of a task with noisy actions (realistic terminations, a
 few % of envs per step), discards ``warmup`` steps, then times ``steps`` steps
 with every phase recorded. Prints env/s and the breakdown tables; writes
 ``timing.json``, ``timing.csv`` and, when spans are exported, ``spans.jsonl``.
+
+With ``numba_ab`` (``--numba-ab``) it steps two envs built alike (same seed, same task
+options but ``use_numba``) with the same actions, one step each in turn, the order swapped
+every step so that neither variant always runs on the caches the other left; each env has
+its own timing session. The breakdown tables are then the numpy variant's, followed by the
+A/B table (env/s, env step and update_state p50/mean, numba's speedup) and
+``result["numba_ab"]``. The kernel is compiled when the numba env is built, before any
+timed step, and tracing is ``timing`` only: exporting spans would load the variants
+differently.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -23,7 +33,8 @@ from resettrace.bench.tables import STAT_FIELDS, format_table, write_csv, write_
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CollectorConfig", "run_collector", "render_report"]
+__all__ = ["CollectorConfig", "run_collector", "run_numba_ab", "render_report",
+           "render_numba_ab"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +53,10 @@ class CollectorConfig:
     action_noise: float = 1.0
     #: engine threads (None: all CPUs)
     nthread: int | None = None
+    #: run the numpy and the numba update_state side by side (see the module docstring)
+    numba_ab: bool = False
+    #: per-env domain randomization (friction, mass, kp/kd, geom sizes) drawn at each reset
+    randomize: bool = False
 
     def __post_init__(self) -> None:
         if self.num_envs < 1:
@@ -59,11 +74,14 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
 
     if tracing.processor is None:
         raise ValueError("the collector benchmark needs tracing mode 'timing' or 'trace'")
+    if cfg.numba_ab:
+        return run_numba_ab(cfg, tracing, progress)
     options: dict[str, Any] = {}
     if cfg.nthread is not None:
         options["nthread"] = cfg.nthread
     env = resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
-                              model=cfg.model, seed=cfg.seed, tracing=tracing, **options)
+                              model=cfg.model, seed=cfg.seed, tracing=tracing,
+                              randomization=cfg.randomize, **options)
     rng = np.random.default_rng(cfg.seed + 1)
     shape = (cfg.num_envs, env.action_dim)
     actions = np.empty(shape)
@@ -104,6 +122,144 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
     }
 
 
+VARIANTS = ("numpy", "numba")
+
+
+def run_numba_ab(cfg: CollectorConfig, tracing: Any,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The collector with numpy (under ``tracing``) and numba (under a second session of the
+    same config) update_state interleaved; the result of :func:`run_collector` for the numpy
+    variant plus ``"numba_ab"``."""
+    import resettrace
+    from resettrace.tracing.session import Tracing
+
+    if tracing.processor is None or tracing.config.exports_spans:
+        raise ValueError("--numba-ab needs tracing mode 'timing' (span export would load the "
+                         "two variants differently)")
+    options: dict[str, Any] = {}
+    if cfg.nthread is not None:
+        options["nthread"] = cfg.nthread
+    sessions = {"numpy": tracing, "numba": Tracing(tracing.config)}
+    envs: dict[str, Any] = {}
+    say = progress or (lambda _msg: None)
+    try:
+        for name in VARIANTS:
+            try:
+                envs[name] = resettrace.make_env(
+                    cfg.task, backend=cfg.backend, num_envs=cfg.num_envs, model=cfg.model,
+                    seed=cfg.seed, tracing=sessions[name], randomization=cfg.randomize,
+                    task_options={"use_numba": name == "numba"}, **options)
+            except TypeError as e:  # the task's config has no use_numba field
+                raise ValueError(f"task {cfg.task!r} has no numba variant ({e})") from None
+        rng = np.random.default_rng(cfg.seed + 1)
+        shape = (cfg.num_envs, envs["numpy"].action_dim)
+        actions = np.empty(shape)
+        for i in range(cfg.warmup):
+            rng.standard_normal(out=actions)
+            actions *= cfg.action_noise
+            for name in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
+                envs[name].step(actions)
+        for session in sessions.values():
+            session.processor.clear()  # statistics of the timed steps only
+        wall = dict.fromkeys(VARIANTS, 0.0)
+        resets = dict.fromkeys(VARIANTS, 0)
+        done_mismatch_steps = 0
+        obs_max_abs_diff = 0.0
+        last_report = t0 = time.perf_counter()
+        for i in range(cfg.steps):
+            rng.standard_normal(out=actions)
+            actions *= cfg.action_noise
+            for name in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
+                start = time.perf_counter()
+                _, _, done, _ = envs[name].step(actions)
+                wall[name] += time.perf_counter() - start
+                resets[name] += int(done.sum())
+            # same seed, same actions: the variants must stay in lockstep (checked untimed)
+            a, b = envs["numpy"], envs["numba"]
+            done_mismatch_steps += int(not np.array_equal(a.done, b.done))
+            obs_max_abs_diff = max(obs_max_abs_diff, float(np.max(np.abs(a.obs - b.obs))))
+            now = time.perf_counter()
+            if now - last_report >= 2.0 or i + 1 == cfg.steps:
+                last_report = now
+                rates = ", ".join(f"{n} {(i + 1) * cfg.num_envs / wall[n]:,.0f}"
+                                  for n in VARIANTS)
+                say(f"step {i + 1}/{cfg.steps} ({100 * (i + 1) / cfg.steps:.0f}%), env/s: "
+                    f"{rates}")
+        total_wall = time.perf_counter() - t0
+    finally:
+        for env in envs.values():
+            env.close()
+    for session in sessions.values():
+        session.processor.force_flush()
+    per_variant: dict[str, dict[str, Any]] = {}
+    for name in VARIANTS:
+        st = sessions[name].stats()
+        per_variant[name] = {
+            "env_per_s": cfg.num_envs * cfg.steps / wall[name],
+            "wall_s": wall[name],
+            "reset_fraction": resets[name] / (cfg.steps * cfg.num_envs),
+            "env_step_ms": _p50_mean(st.get(C.ENV_STEP.key)),
+            "update_state_ms": _p50_mean(st.get(C.UPDATE_STATE.key)),
+        }
+    sessions["numba"].shutdown()
+    a, b = per_variant["numpy"], per_variant["numba"]
+    speedup = {"env_per_s": _ratio(b["env_per_s"], a["env_per_s"])}
+    for key in ("env_step_ms", "update_state_ms"):
+        for stat in ("p50", "mean"):
+            speedup[f"{key.removesuffix('_ms')}_{stat}"] = _ratio(a[key][stat], b[key][stat])
+    stats = {k: s.as_dict() for k, s in tracing.stats().items()}
+    return {
+        "config": {**asdict(cfg), "mode": tracing.mode},
+        "env_per_s": a["env_per_s"],
+        "wall_s": total_wall,
+        "reset_fraction": a["reset_fraction"],
+        "stats": {k: {f: s[f] for f in STAT_FIELDS} | {"share_of_parent": s["share_of_parent"]}
+                  for k, s in stats.items()},
+        "samples": tracing.samples(),
+        "export": tracing.export_report(),
+        "numba_ab": {
+            "num_envs": cfg.num_envs,
+            "steps": cfg.steps,
+            "order": "same actions; one step per variant in turn, order swapped every step",
+            **per_variant,
+            "speedup": speedup,
+            "done_mismatch_steps": done_mismatch_steps,
+            "obs_max_abs_diff": obs_max_abs_diff,
+        },
+    }
+
+
+def _p50_mean(stats: Any) -> dict[str, float]:
+    if stats is None:
+        return {"p50": 0.0, "mean": 0.0}
+    return {"p50": float(stats.p50_ms), "mean": float(stats.mean_ms)}
+
+
+def _ratio(num: float, den: float) -> float | None:
+    """``num / den``; ``None`` (JSON null) when undefined."""
+    return num / den if den > 0 and math.isfinite(num / den) else None
+
+
+def render_numba_ab(ab: Mapping[str, Any]) -> str:
+    """The A/B table: numpy vs numba update_state, numba's speedup (>1: numba faster)."""
+    a, b, speed = ab["numpy"], ab["numba"], ab["speedup"]
+
+    def x(v: float | None) -> float:
+        return float("nan") if v is None else v
+
+    rows = [["env/s", a["env_per_s"], b["env_per_s"], x(speed["env_per_s"])]]
+    for key, label in (("env_step", "env step ms"), ("update_state", "update_state ms")):
+        for stat in ("p50", "mean"):
+            rows.append([f"{label} {stat}", a[f"{key}_ms"][stat], b[f"{key}_ms"][stat],
+                         x(speed[f"{key}_{stat}"])])
+    title = (f"numba A/B: update_state numpy vs numba, {ab['num_envs']} envs, {ab['steps']} "
+             "steps interleaved")
+    table = format_table(title, ["metric", "numpy", "numba", "speedup"], rows)
+    check = (f"outputs: done masks differ on {ab['done_mismatch_steps']} of {ab['steps']} "
+             f"steps, obs max |numba - numpy| {ab['obs_max_abs_diff']:.3g}")
+    return f"{table}\n{check}"
+
+
 def write_outputs(result: Mapping[str, Any], out: Path) -> list[Path]:
     json_path, csv_path = out / "timing.json", out / "timing.csv"
     write_json(json_path, result)
@@ -117,7 +273,7 @@ def _stat(stats: Mapping[str, Any], key: str, field: str = "total_ms") -> float:
 
 
 def render_report(result: Mapping[str, Any]) -> str:
-    """The env/s line and the four breakdown tables."""
+    """The env/s line and the four breakdown tables (then the A/B table, if run)."""
     stats = result["stats"]
     cfg = result["config"]
     steps = max(1, int(_stat(stats, C.ENV_STEP.key, "count")))
@@ -154,6 +310,8 @@ def render_report(result: Mapping[str, Any]) -> str:
     exp = result.get("export") or {}
     if cfg["mode"] == "trace":
         parts.append(render_export(exp))
+    if "numba_ab" in result:
+        parts.append(render_numba_ab(result["numba_ab"]))
     return "\n\n".join(parts)
 
 

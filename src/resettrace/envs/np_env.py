@@ -9,7 +9,7 @@ episode bookkeeping back into the batch. Every stage is a catalog phase.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +33,7 @@ class NpEnv:
         self.rng = np.random.default_rng(seed)
         self.recorder = recorder
         # tasks that time their own sub-phases (motion tracking) record into the env's recorder
-        cast(Any, task).recorder = recorder
+        task.recorder = recorder
         task.bind(backend, self.rng)
         n = self.num_envs
         self.obs = np.zeros((n, task.obs_dim), dtype=np.float32)
@@ -57,7 +57,7 @@ class NpEnv:
     def use_recorder(self, recorder: Recorder | NoopRecorder) -> None:
         """Record this env, its manager and its backend with ``recorder`` from now on."""
         self.recorder = self.dr.recorder = recorder
-        cast(Any, self.task).recorder = recorder
+        self.task.recorder = recorder
         self.backend.recorder = recorder
 
     @property

@@ -6,10 +6,19 @@ pose, joint velocities, last action, command (vx, vy, yaw rate), gait phase
 (sin, cos). Termination: base tilted past ``max_tilt_cos`` or below
 ``min_base_height``; truncation after ``max_episode_steps``. Reset: the stand
 keyframe with xy and yaw noise and base velocity noise.
+
+``update_state`` has two implementations that compute the same observation, reward and
+termination: numpy (the default) and a fused numba kernel
+(:func:`resettrace.envs.kernels.walk_flat_update`), chosen per env with
+``use_numba=True`` (``make_env("g1_walk_flat", ..., task_options={"use_numba": True})``).
+With numba on, ``bind`` validates the state views once and compiles the kernel there, so
+no compile lands in a timed step; numba is imported only then. The reset rows'
+observation (``observe`` on k rows) stays numpy in both variants.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +26,7 @@ import numpy as np
 
 from resettrace.contract import SimBackend
 from resettrace.tasks.quat import quat_mul, quat_rotate_inverse, yaw_quat
+from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 __all__ = ["G1WalkFlat", "WalkFlatConfig"]
 
@@ -44,6 +54,9 @@ class WalkFlatConfig:
     #: spread episode starts so that time-outs do not all land on one step
     randomize_initial_episode_step: bool = True
     tracking_sigma: float = 0.25
+    #: compute update_state with the fused numba kernel instead of numpy (same results;
+    #: numba is imported and the kernel compiled, or loaded from its cache, in ``bind``)
+    use_numba: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -57,6 +70,7 @@ class G1WalkFlat:
     """The walk-flat task on any backend that satisfies the contract."""
 
     name = "g1_walk_flat"
+    recorder: Recorder | NoopRecorder = NOOP_RECORDER
 
     def __init__(self, config: WalkFlatConfig | None = None, **overrides: Any) -> None:
         self.config = config if config is not None else WalkFlatConfig(**overrides)
@@ -64,6 +78,9 @@ class G1WalkFlat:
         self.max_episode_steps = self.config.max_episode_steps
         self.randomize_initial_episode_step = self.config.randomize_initial_episode_step
         self.backend: SimBackend | None = None
+        self._kernel: Callable[..., None] | None = None
+        #: the arrays last checked for the kernel; a call with other ones checks them again
+        self._checked: tuple[np.ndarray, ...] = ()
 
     def bind(self, backend: SimBackend, rng: np.random.Generator) -> None:
         self.backend = backend
@@ -81,6 +98,57 @@ class G1WalkFlat:
         self.phase_offset = np.zeros(n)
         self._dt = self.config.control_dt
         self._sample_episode(np.arange(n), rng)
+        self._tilt_gz = np.float32(-self.config.max_tilt_cos)  # compared in float32, see below
+        self._kernel = None
+        self._checked = ()
+        if self.config.use_numba:
+            self._bind_kernel()
+
+    def _bind_kernel(self) -> None:
+        """Check the kernel's inputs and compile it (or load it from numba's on-disk cache)
+        now, on scratch outputs laid out like NpEnv's buffers, which do not exist yet; the
+        first timed step then runs compiled code."""
+        from resettrace.envs.kernels import walk_flat_update
+
+        assert self.backend is not None
+        n = self.backend.num_envs
+        for name, a, shape in (("default_joint", self.default_joint, (self.num_joints,)),
+                               ("command", self.command, (n, 3)),
+                               ("phase_offset", self.phase_offset, (n,))):
+            _check_array(name, a, shape, np.float64)
+        self._kernel = walk_flat_update
+        self._run_kernel(np.zeros(n, np.int64), np.zeros((n, self.action_dim)),
+                         np.empty((n, self.obs_dim), np.float32), np.empty(n),
+                         np.empty(n, np.bool_))
+
+    def _run_kernel(self, episode_step: np.ndarray, last_action: np.ndarray,
+                    obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray) -> None:
+        assert self._kernel is not None and self.backend is not None
+        qpos = self.backend.get_qpos_rows(None)  # the live engine views: the same arrays
+        qvel = self.backend.get_qvel_rows(None)  # every call, so checked once
+        arrays = (qpos, qvel, episode_step, last_action, obs, reward, terminated)
+        checked = self._checked
+        if len(checked) != len(arrays) or any(a is not b for a, b in zip(arrays, checked,
+                                                                         strict=True)):
+            self._check_kernel_arrays(arrays)
+            self._checked = arrays
+        c = self.config
+        self._kernel(qpos, qvel, last_action, self.command, self.phase_offset, episode_step,
+                     self.default_joint, self._dt, c.gait_frequency_hz, self._tilt_gz,
+                     c.min_base_height, c.tracking_sigma, obs, reward, terminated)
+
+    def _check_kernel_arrays(self, arrays: tuple[np.ndarray, ...]) -> None:
+        """Dtypes, shapes and layouts the compiled kernel was built for (a mismatch would
+        recompile it in a timed step or index out of bounds)."""
+        n, nj, na = len(self.command), self.num_joints, self.action_dim
+        qpos, qvel, episode_step, last_action, obs, reward, terminated = arrays
+        _check_array("qpos", qpos, (n, 7 + nj), np.float64, rows_only=True)
+        _check_array("qvel", qvel, (n, 6 + nj), np.float64, rows_only=True)
+        _check_array("episode_step", episode_step, (n,), np.int64)
+        _check_array("last_action", last_action, (n, na), np.float64)
+        _check_array("obs", obs, (n, self.obs_dim), np.float32)
+        _check_array("reward", reward, (n,), np.float64)
+        _check_array("terminated", terminated, (n,), np.bool_)
 
     # -- step ----------------------------------------------------------------------------------
     def action_to_ctrl(self, action: np.ndarray, out: np.ndarray) -> None:
@@ -117,12 +185,15 @@ class G1WalkFlat:
     def update_state(self, episode_step: np.ndarray, last_action: np.ndarray,
                      obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray) -> None:
         assert self.backend is not None, "bind() first"
+        if self._kernel is not None:
+            self._run_kernel(episode_step, last_action, obs, reward, terminated)
+            return
         qpos = self.backend.get_qpos_rows(None)
         qvel = self.backend.get_qvel_rows(None)
         self.observe(qpos, qvel, last_action, self.command,
                      self._phase(episode_step, self.phase_offset), obs)
-        gravity_z = obs[:, 5]
-        np.logical_or(gravity_z > -self.config.max_tilt_cos,
+        gravity_z = obs[:, 5]  # float32: the threshold is float32 too, in both variants
+        np.logical_or(gravity_z > self._tilt_gz,
                       qpos[:, 2] < self.config.min_base_height, out=terminated)
         lin_vel = quat_rotate_inverse(qpos[:, 3:7], qvel[:, 0:3])
         sigma = self.config.tracking_sigma
@@ -163,4 +234,19 @@ class G1WalkFlat:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "obs_dim": self.obs_dim, "action_dim": self.action_dim,
-                "substeps": self.substeps, "max_episode_steps": self.max_episode_steps}
+                "substeps": self.substeps, "max_episode_steps": self.max_episode_steps,
+                "use_numba": self.config.use_numba}
+
+
+def _check_array(name: str, a: Any, shape: tuple[int, ...], dtype: type,
+                 rows_only: bool = False) -> None:
+    """``a`` is an ndarray of ``shape`` and ``dtype``, C-contiguous (``rows_only``: each row
+    contiguous, rows at any stride, as the engine's state views are)."""
+    if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape:
+        got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+        raise ValueError(f"use_numba: {name} must be a {np.dtype(dtype)} array of shape {shape},"
+                         f" got {got}")
+    ok = a.strides[-1] == a.itemsize if rows_only else a.flags.c_contiguous
+    if not ok:
+        raise ValueError(f"use_numba: {name} must be "
+                         + ("row-contiguous" if rows_only else "C-contiguous"))
