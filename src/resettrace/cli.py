@@ -2,6 +2,7 @@
 
 ``resettrace bench collector``  the env step breakdown (the main job)
 ``resettrace bench overhead``   tracing off vs timing vs trace, side by side
+``resettrace bench set-state-ab`` the shipped set_state vs the published path vs the engine floor
 
 Tracing settings come from ``RESETTRACE`` / ``RESETTRACE_*`` / ``OTEL_*`` (see
 ``resettrace.config``). The CLI owns the tracing session it creates and shuts it
@@ -98,6 +99,36 @@ def _overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def _set_state_ab(args: argparse.Namespace) -> int:
+    from resettrace.bench.set_state_ab import (
+        SetStateABConfig,
+        render_set_state_ab,
+        run_set_state_ab,
+    )
+
+    try:
+        cfg = SetStateABConfig(backends=tuple(args.backends), num_envs=tuple(args.num_envs),
+                               ratios=tuple(args.ratios), calls=args.calls,
+                               warmup=args.warmup, fixed_k=args.fixed_k, model=args.model,
+                               nthread=args.nthread, seed=args.seed)
+    except ValueError as e:
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    try:
+        result = run_set_state_ab(cfg, progress=lambda m: print(m, file=sys.stderr,
+                                                                flush=True))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    print(render_set_state_ab(result, per_key=not args.no_per_key))
+    if args.json:
+        from resettrace.bench.tables import write_json
+
+        write_json(Path(args.json), result)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="resettrace", description=__doc__.split("\n\n")[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -135,6 +166,23 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--warmup", type=int, default=5, help="untimed calls per mode first")
     o.add_argument("--json", default=None, help="write the result as JSON")
     o.set_defaults(func=_overhead)
+
+    a = bench.add_parser("set-state-ab",
+                         help="set_state: published path vs shipped path vs engine floor")
+    a.add_argument("--backends", nargs="+", default=["mujoco", "motrix"])
+    a.add_argument("--num-envs", type=int, nargs="+", default=[1024, 2048, 4096])
+    a.add_argument("--ratios", type=float, nargs="+", default=[0.02, 0.05, 0.25, 0.5],
+                   help="shares of envs reset per call")
+    a.add_argument("--calls", type=int, default=30, help="timed calls per variant and cell")
+    a.add_argument("--warmup", type=int, default=5, help="untimed calls per variant first")
+    a.add_argument("--fixed-k", type=int, default=82,
+                   help="rows reset on every --num-envs to check N-independence (0: skip)")
+    a.add_argument("--model", default=None, help="MJCF file instead of the bundled G1")
+    a.add_argument("--nthread", type=int, default=None, help="engine threads (all CPUs)")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--no-per-key", action="store_true", help="print the summary tables only")
+    a.add_argument("--json", default=None, help="write the result as JSON")
+    a.set_defaults(func=_set_state_ab)
     return p
 
 

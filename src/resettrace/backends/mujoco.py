@@ -1,6 +1,8 @@
 """MuJoCo backend: ``num_envs`` rows of one ``mujoco.batch.Batch``, stepped on a thread pool.
 
-``set_state`` for k of N rows (every step timed under its catalog phase):
+``set_state`` for k of N rows (every step timed under its catalog phase). No step does
+O(N) work: ids become an int32 index (never a bool mask), scratch rows are reused (grown
+when k exceeds them), and the engine is called once (``forward`` of the k rows):
 
 =================  ====================================================================
 mask               validate and sort the ids into an int32 index (no bool mask)
@@ -10,9 +12,11 @@ data_reset         write the state row of a freshly reset env to the k rows and 
 reset_rand         per-env friction, mass (then ``set_const``), kp/kd of the k rows
 geom_overrides     per-env contact geom sizes (and bounding radii) of the k rows
 set_dof_pos/vel    write qpos / qvel rows
-actuator_ctrl      position targets hold the new joint pose
+actuator_ctrl      position targets hold the new joint pose (into reused scratch rows)
 forward_kinematic  ``forward(ids, stage=POS)``: kinematics of the k rows only
-refresh_pose_cache body poses of the k rows into the contract's xyz + wxyz cache
+refresh_pose_cache mark the k rows' pose cache stale (O(k)): ``get_body_pose_rows``
+                   copies ``xpos``/``xquat`` of the rows asked when they are read, so that
+                   cost is timed where the poses are read (e.g. the reset observation)
 =================  ====================================================================
 
 ``reset_rand`` and ``geom_overrides`` run only with a randomization payload
@@ -129,6 +133,7 @@ class MujocoBackend:
         self._pose_fresh = np.zeros(self.num_envs, dtype=bool)
         self._body_index: dict[tuple[str, ...], np.ndarray] = {}
         self._scratch_q = np.empty((0, self.nq))
+        self._scratch_c = np.empty((0, self.nu))
         self._contact_geoms = np.flatnonzero((m.geom_contype | m.geom_conaffinity) != 0)
         floor = m.geom_bodyid[self._contact_geoms] != 0
         self._contact_geoms = self._contact_geoms[floor]  # the robot's, not the world's
@@ -180,7 +185,9 @@ class MujocoBackend:
 
     def _scratch(self, k: int) -> np.ndarray:
         if self._scratch_q.shape[0] < k:
-            self._scratch_q = np.empty((max(k, 2 * self._scratch_q.shape[0]), self.nq))
+            size = max(k, 2 * self._scratch_q.shape[0])
+            self._scratch_q = np.empty((size, self.nq))
+            self._scratch_c = np.empty((size, self.nu))
         return self._scratch_q[:k]
 
     def _write_rows(self, ids: np.ndarray, q: np.ndarray, v: np.ndarray,
@@ -196,11 +203,14 @@ class MujocoBackend:
         with rec.scope(C.SET_STATE_SET_DOF_VEL):
             self._qvel[ids] = v
         with rec.scope(C.SET_STATE_ACTUATOR_CTRL):
-            self._ctrl[ids] = np.clip(q[:, self._act_qadr], self._ctrl_lo, self._ctrl_hi)
+            ctrl = self._scratch_c[:ids.size]  # grown with the qpos scratch
+            np.take(q, self._act_qadr, axis=1, out=ctrl)
+            np.clip(ctrl, self._ctrl_lo, self._ctrl_hi, out=ctrl)
+            self._ctrl[ids] = ctrl
         with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
             self.batch.forward(ids, stage=_STAGE_POS)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
-            self._refresh_pose(ids)
+            self._pose_fresh[ids] = False  # read back lazily by get_body_pose_rows
 
     def _expanded(self, name: str) -> np.ndarray:
         """The per-env copy of a model field (made on first use: it costs memory)."""

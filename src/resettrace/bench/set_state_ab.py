@@ -1,0 +1,445 @@
+"""``resettrace bench set-state-ab``: the shipped ``set_state`` against the published path.
+
+Three variants reset the same k rows of one backend instance, one call each in a fresh
+random order per round, with the same inputs:
+
+``baseline``
+    A faithful reimplementation of the published pre-optimisation path (the one whose
+    breakdown is in the project context), not a strawman: it validates its input exactly
+    as the shipped path does (:func:`check_ids`, :func:`check_rows`: validation is not
+    where the difference comes from) and emits the same catalog phase scopes, so its
+    per-key milliseconds compare one to one. Per call it builds a fresh bool mask, copies
+    qpos (``np.array(qpos, copy=True)``), converts the ids again inside each helper
+    (``np.asarray(env_ids, dtype=np.intp)``) and forces ``np.ascontiguousarray`` on every
+    engine input. MotrixSim: ``data[mask]`` (O(N)), then ``reset``, ``set_dof_vel``,
+    ``set_dof_pos``, ``actuator_ctrls`` and ``forward_kinematic`` on that slice, and the
+    link poses of the reset rows through the same slice into the pose cache. MuJoCo:
+    ``Batch.reset(ids, stage=NONE)``, separate qpos / qvel / ctrl writes, a full
+    ``forward(ids)`` and the poses of the reset rows into the cache.
+``optimized``
+    The backend's own ``set_state`` (the shipped path).
+``floor``
+    The bare engine floor for the same k rows: the fewest engine calls that reach the same
+    final state (qpos, qvel, ctrl, kinematics of the reset rows fresh in the engine), with
+    every input converted and the index built before the clock starts. MotrixSim: a
+    pre-built ``data[DisjointIndices(ids)]`` handle, ``sub.reset(model, q, v,
+    forward_kinematic=True)`` then ``sub.actuator_ctrls = ctrl`` (2 calls). MuJoCo: one
+    scatter of whole pre-built state rows (template + qpos + qvel + ctrl), the warning
+    counters zeroed, ``forward(ids, stage=POS)`` (1 call).
+
+Sweeps backends x ``num_envs`` x reset ratios (k = round(ratio * num_envs)), ``warmup``
+untimed then ``calls`` timed calls per variant and cell. ``baseline_ms`` and
+``optimized_ms`` are the medians of the ``set_state`` span (the sum of the 16 keys);
+``floor_ms`` the median wall time of the floor's engine calls. With ``fixed_k`` the
+optimized path also resets ``fixed_k`` rows on every ``num_envs`` instance, round-robin
+across them, and reports the largest-N / smallest-N ratio (it should be ~1: no O(N) work).
+
+The variants leave identical state (:func:`final_state` reads it; a test compares them).
+No physics step runs between calls: each call rewrites the same rows to the same values,
+and the random order spreads any cache warmth evenly over the variants.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from resettrace import catalog as C
+from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
+from resettrace.bench.tables import format_table
+from resettrace.tracing.recorder import Recorder
+
+__all__ = ["SetStateABConfig", "run_set_state_ab", "render_set_state_ab", "VARIANTS",
+           "baseline_set_state", "make_floor", "final_state", "make_inputs"]
+
+VARIANTS = ("baseline", "optimized", "floor")
+_XYZW_FROM_WXYZ = [4, 5, 6, 3]  # qpos columns of the engine's base quaternion
+BACKENDS = ("mujoco", "motrix")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetStateABConfig:
+    #: simulator backends to compare, each on its own instances
+    backends: tuple[str, ...] = BACKENDS
+    #: batch sizes; one backend instance per size
+    num_envs: tuple[int, ...] = (1024, 2048, 4096)
+    #: shares of the batch reset per call
+    ratios: tuple[float, ...] = (0.02, 0.05, 0.25, 0.5)
+    #: timed calls per variant and cell
+    calls: int = 30
+    #: untimed calls per variant and cell first
+    warmup: int = 5
+    #: rows of the N-independence check (0: skip it)
+    fixed_k: int = 82
+    #: MJCF path instead of the bundled G1
+    model: str | None = None
+    #: engine threads (None: all CPUs)
+    nthread: int | None = None
+    seed: int = 0
+    #: distinct input sets cycled through (ids and states), built before timing
+    pool: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.backends:
+            raise ValueError("--backends needs at least one backend")
+        unknown = [b for b in self.backends if b not in BACKENDS]
+        if unknown:
+            raise ValueError(f"unknown backend(s) {unknown}; known: {', '.join(BACKENDS)}")
+        if not self.num_envs or min(self.num_envs) < 1:
+            raise ValueError("--num-envs needs values >= 1")
+        if not self.ratios or not all(0.0 < r <= 1.0 for r in self.ratios):
+            raise ValueError(f"--ratios must be in (0, 1], got {list(self.ratios)}")
+        if self.calls < 1 or self.warmup < 0 or self.pool < 1:
+            raise ValueError("--calls must be >= 1 and --warmup >= 0")
+        if self.fixed_k < 0:
+            raise ValueError(f"--fixed-k must be >= 0, got {self.fixed_k}")
+        if self.fixed_k > min(self.num_envs):
+            raise ValueError(f"--fixed-k {self.fixed_k} exceeds the smallest --num-envs "
+                             f"{min(self.num_envs)}")
+
+
+# -- inputs ------------------------------------------------------------------------------------
+def make_inputs(backend: Any, k: int, rng: np.random.Generator
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted unique ids (int64, as ``np.flatnonzero(done)`` gives them) and valid reset
+    states: the keyframe with xy, yaw, joint and velocity noise (contract layout, wxyz)."""
+    n = backend.num_envs
+    ids = np.sort(rng.choice(n, k, replace=False)).astype(np.int64)
+    q = np.tile(backend.keyframe_qpos, (k, 1))
+    q[:, 0:2] += rng.uniform(-0.5, 0.5, (k, 2))
+    yaw = rng.uniform(-np.pi, np.pi, k)
+    q[:, 3:7] = np.stack([np.cos(yaw / 2), np.zeros(k), np.zeros(k), np.sin(yaw / 2)], 1)
+    q[:, 7:] += rng.uniform(-0.1, 0.1, (k, backend.nq - 7))
+    v = rng.uniform(-0.5, 0.5, (k, backend.nv))
+    return ids, q, v
+
+
+# -- baseline: the published pre-optimisation path -------------------------------------------
+def _as_ids(env_ids: Any) -> np.ndarray:
+    return np.asarray(env_ids, dtype=np.intp)  # repeated by each helper, as published
+
+
+def _build_mask(env_ids: Any, num_envs: int) -> np.ndarray:
+    mask = np.zeros(num_envs, dtype=bool)  # a fresh mask per call
+    mask[_as_ids(env_ids)] = True
+    return mask
+
+
+def _convert_qpos(qpos: np.ndarray) -> np.ndarray:
+    """Contract qpos (wxyz) to a unit quaternion, as published: a full copy first."""
+    q = np.array(qpos, dtype=np.float64, copy=True)
+    normalise_quat_into(q[:, 3:7], q[:, 3:7], "qpos")
+    return q
+
+
+def _motrix_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> None:
+    rec, model = be.recorder, be.model
+    with rec.scope(C.SET_STATE_MASK):
+        ids, order = check_ids(env_ids, be.num_envs)
+        mask = _build_mask(ids, be.num_envs)
+    with rec.scope(C.SET_STATE_QPOS_CONVERT):
+        q_in = check_rows("qpos", qpos, ids.size, be.nq)
+        v_in = check_rows("qvel", qvel, ids.size, be.nv)
+        if order is not None:
+            q_in, v_in = q_in[order], v_in[order]
+        q = _convert_qpos(q_in)
+        q[:, 3:7] = q[:, _XYZW_FROM_WXYZ]  # contract wxyz -> engine xyzw
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        v = np.ascontiguousarray(v_in, dtype=np.float32)
+        for name, a in (("qpos", q), ("qvel", v)):
+            if not np.isfinite(a).all():
+                raise ValueError(f"{name} has a value too large for float32")
+    if not ids.size:
+        return
+    with rec.scope(C.SET_STATE_DATA_SLICE):
+        sub = be.data[mask]  # O(N) whatever k is
+    with rec.scope(C.SET_STATE_DATA_RESET):
+        sub.reset(model)
+    if rand is not None and not rand.empty:
+        be._randomize(sub, rand)
+    with rec.scope(C.SET_STATE_SET_DOF_VEL):
+        sub.set_dof_vel(v)
+    with rec.scope(C.SET_STATE_SET_DOF_POS):
+        sub.set_dof_pos(q, model)
+    with rec.scope(C.SET_STATE_ACTUATOR_CTRL):
+        ctrl = np.clip(q[:, 7 + be.info.actuator_joint], be.info.ctrl_range[:, 0],
+                       be.info.ctrl_range[:, 1])
+        sub.actuator_ctrls = np.ascontiguousarray(ctrl, dtype=np.float32)
+    with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
+        model.forward_kinematic(sub)
+    with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
+        rows = _as_ids(ids)
+        links = model.get_link_poses(sub)  # a fresh (k, links, 7) array, xyz + xyzw
+        be._pose[rows, 1:, :3] = links[..., :3]
+        be._pose[rows, 1:, 3] = links[..., 6]
+        be._pose[rows, 1:, 4:] = links[..., 3:6]
+        be._pose_fresh[rows] = True
+
+
+def _mujoco_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> None:
+    from resettrace.backends.mujoco import _STAGE_NONE
+
+    rec, b = be.recorder, be.batch
+    with rec.scope(C.SET_STATE_MASK):
+        ids, order = check_ids(env_ids, be.num_envs)
+        mask = _build_mask(ids, be.num_envs)
+        rows = np.flatnonzero(mask)
+    with rec.scope(C.SET_STATE_QPOS_CONVERT):
+        q_in = check_rows("qpos", qpos, ids.size, be.nq)
+        v_in = check_rows("qvel", qvel, ids.size, be.nv)
+        if order is not None:
+            q_in, v_in = q_in[order], v_in[order]
+        q = np.ascontiguousarray(_convert_qpos(q_in))
+        v = np.ascontiguousarray(v_in, dtype=np.float64)
+    if not ids.size:
+        return
+    with rec.scope(C.SET_STATE_DATA_RESET):
+        b.reset(_as_ids(rows), stage=_STAGE_NONE)
+    if rand is not None and not rand.empty:
+        be._randomize(ids, rand)
+    with rec.scope(C.SET_STATE_SET_DOF_POS):
+        be._qpos[_as_ids(rows)] = q
+    with rec.scope(C.SET_STATE_SET_DOF_VEL):
+        be._qvel[_as_ids(rows)] = v
+    with rec.scope(C.SET_STATE_ACTUATOR_CTRL):
+        ctrl = np.clip(q[:, 7 + be.info.actuator_joint], be.info.ctrl_range[:, 0],
+                       be.info.ctrl_range[:, 1])
+        be._ctrl[_as_ids(rows)] = np.ascontiguousarray(ctrl)
+    with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
+        b.forward(_as_ids(rows))  # the full forward pass
+    with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
+        r = _as_ids(rows)
+        be._pose[r, :, :3] = be._xpos[r]
+        be._pose[r, :, 3:] = be._xquat[r]
+        be._pose_fresh[r] = True
+
+
+def baseline_set_state(backend: Any, env_ids: Any, qpos: Any, qvel: Any,
+                       randomization: Any = None) -> dict[str, Any] | None:
+    """The published path on ``backend`` (a MuJoCo or MotrixSim backend of this package):
+    same contract and timing dict as ``backend.set_state``."""
+    impl = {"mujoco": _mujoco_baseline, "motrix": _motrix_baseline}[backend.name]
+    rec = backend.recorder
+    with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
+        impl(backend, env_ids, qpos, qvel, randomization)
+    return {"timing": t} if (t := outer.timing()) is not None else None
+
+
+# -- floor: the fewest engine calls, nothing else ---------------------------------------------
+def _state_offsets(m: Any) -> tuple[int, int, int]:
+    """Offsets of qpos, qvel and ctrl in a ``Batch.state`` row (mjSTATE_INTEGRATION): each
+    component follows every component of a lower bit."""
+    import mujoco
+
+    sig = mujoco.mjtState
+    return tuple(int(mujoco.mj_stateSize(m, int(s) - 1))  # type: ignore[return-value]
+                 for s in (sig.mjSTATE_QPOS, sig.mjSTATE_QVEL, sig.mjSTATE_CTRL))
+
+
+def make_floor(backend: Any, env_ids: np.ndarray, qpos: np.ndarray, qvel: np.ndarray
+               ) -> Callable[[], None]:
+    """The bare engine floor for sorted unique ``env_ids``: inputs converted and the index
+    built here, so the returned call does engine work only."""
+    ids = np.ascontiguousarray(env_ids, dtype=np.int32)
+    q = np.array(qpos, dtype=np.float64)
+    normalise_quat_into(q[:, 3:7], q[:, 3:7], "qpos")
+    info = backend.info
+    lo, hi = info.ctrl_range[:, 0], info.ctrl_range[:, 1]
+    if backend.name == "motrix":
+        import motrixsim as ms
+
+        model = backend.model
+        q[:, 3:7] = q[:, _XYZW_FROM_WXYZ]
+        qe = np.ascontiguousarray(q, dtype=np.float32)
+        ve = np.ascontiguousarray(qvel, dtype=np.float32)
+        ce = np.ascontiguousarray(np.clip(qe[:, 7 + info.actuator_joint], lo, hi),
+                                  dtype=np.float32)
+        sub = backend.data[ms.DisjointIndices(ids)]
+
+        def motrix_floor() -> None:
+            sub.reset(model, qe, ve, forward_kinematic=True)
+            sub.actuator_ctrls = ce
+
+        return motrix_floor
+    from resettrace.backends.mujoco import _STAGE_POS
+
+    b, m = backend.batch, backend.model
+    oq, ov, oc = _state_offsets(m)
+    rows = np.tile(backend._template, (ids.size, 1))
+    rows[:, oq:oq + m.nq] = q
+    rows[:, ov:ov + m.nv] = qvel
+    rows[:, oc:oc + m.nu] = np.clip(q[:, 7 + info.actuator_joint], lo, hi)
+    state, warning = backend._state, backend._warning
+
+    def mujoco_floor() -> None:
+        state[ids] = rows
+        warning[ids] = 0
+        b.forward(ids, stage=_STAGE_POS)
+
+    return mujoco_floor
+
+
+def final_state(backend: Any, env_ids: Any) -> dict[str, np.ndarray]:
+    """qpos, qvel, ctrl and every body pose of ``env_ids`` as the contract reads them (the
+    floor leaves the pose cache alone: poses are read back from the engine)."""
+    ids = np.asarray(env_ids, np.intp)
+    backend._pose_fresh[ids] = False  # poses from the engine's current kinematics
+    if backend.name == "motrix":
+        ctrl = np.asarray(backend.data.actuator_ctrls, np.float64)[ids]
+    else:
+        ctrl = np.array(backend._ctrl[ids])
+    return {"qpos": np.array(backend.get_qpos_rows(ids)),
+            "qvel": np.array(backend.get_qvel_rows(ids)),
+            "ctrl": ctrl,
+            "pose": np.array(backend.get_body_pose_rows(ids, backend.info.body_names))}
+
+
+# -- the benchmark -----------------------------------------------------------------------------
+def _make_backend(name: str, num_envs: int, cfg: SetStateABConfig) -> Any:
+    from resettrace.backends import make_backend
+
+    options: dict[str, Any] = {} if cfg.nthread is None else {"nthread": cfg.nthread}
+    return make_backend(name, num_envs=num_envs, model=cfg.model, recorder=Recorder(),
+                        **options)
+
+
+def _p50(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
+              ) -> dict[str, Any]:
+    inputs = [make_inputs(be, k, rng) for _ in range(cfg.pool)]
+    floors = [make_floor(be, *inp) for inp in inputs]
+    timings: dict[str, list[dict[str, float]]] = {"baseline": [], "optimized": []}
+    floor_ms: list[float] = []
+
+    def one(variant: str, i: int, record: bool) -> None:
+        ids, q, v = inputs[i % cfg.pool]
+        if variant == "floor":
+            f = floors[i % cfg.pool]
+            t0 = time.perf_counter_ns()
+            f()
+            t1 = time.perf_counter_ns()
+            if record:
+                floor_ms.append((t1 - t0) * 1e-6)
+            return
+        out = (baseline_set_state(be, ids, q, v) if variant == "baseline"
+               else be.set_state(ids, q, v))
+        if record:
+            assert out is not None
+            timings[variant].append(out["timing"])
+
+    for i in range(cfg.warmup):
+        for variant in VARIANTS:
+            one(variant, i, False)
+    for i in range(cfg.calls):
+        for variant in rng.permutation(VARIANTS):
+            one(str(variant), i, True)
+    base = [sum(t.values()) for t in timings["baseline"]]
+    opt = [sum(t.values()) for t in timings["optimized"]]
+    keys = {}
+    for key in C.SET_STATE_KEYS:
+        b = _p50([t[key] for t in timings["baseline"]])
+        o = _p50([t[key] for t in timings["optimized"]])
+        keys[key] = {"baseline_ms": b, "optimized_ms": o, "speedup": _ratio(b, o)}
+    b50, o50, f50 = _p50(base), _p50(opt), _p50(floor_ms)
+    return {"baseline_ms": b50, "optimized_ms": o50, "floor_ms": f50,
+            "baseline_p90_ms": float(np.percentile(base, 90)),
+            "optimized_p90_ms": float(np.percentile(opt, 90)),
+            "floor_p90_ms": float(np.percentile(floor_ms, 90)),
+            "speedup": _ratio(b50, o50), "floor_ratio": _ratio(o50, f50), "keys": keys}
+
+
+def _run_fixed_k(instances: dict[int, Any], cfg: SetStateABConfig,
+                 rng: np.random.Generator) -> dict[str, Any]:
+    """Optimized ``set_state`` of ``fixed_k`` rows on every instance, round-robin."""
+    sizes = sorted(instances)
+    inputs = {n: [make_inputs(instances[n], cfg.fixed_k, rng) for _ in range(cfg.pool)]
+              for n in sizes}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for i in range(cfg.warmup + cfg.calls):
+        for n in rng.permutation(sizes):
+            out = instances[int(n)].set_state(*inputs[int(n)][i % cfg.pool])
+            if i >= cfg.warmup:
+                assert out is not None
+                times[int(n)].append(sum(out["timing"].values()))
+    p50 = [_p50(times[n]) for n in sizes]
+    return {"k": cfg.fixed_k, "num_envs": sizes, "optimized_ms": p50,
+            "ratio": _ratio(p50[-1], p50[0])}
+
+
+def run_set_state_ab(cfg: SetStateABConfig, progress: Callable[[str], None] | None = None
+                     ) -> dict[str, Any]:
+    say = progress or (lambda _m: None)
+    rng = np.random.default_rng(cfg.seed)
+    cells: list[dict[str, Any]] = []
+    fixed: list[dict[str, Any]] = []
+    for name in cfg.backends:
+        instances: dict[int, Any] = {}
+        try:
+            for n in sorted(set(cfg.num_envs)):
+                say(f"{name}: building {n} envs")
+                instances[n] = be = _make_backend(name, n, cfg)
+                for ratio in cfg.ratios:
+                    k = max(1, round(ratio * n))
+                    cell = _run_cell(be, k, cfg, rng)
+                    cells.append({"backend": name, "num_envs": n, "ratio": ratio, "k": k}
+                                 | cell)
+                    say(f"{name} {n} envs, k={k}: baseline {cell['baseline_ms']:.3f} ms, "
+                        f"optimized {cell['optimized_ms']:.3f} ms, floor "
+                        f"{cell['floor_ms']:.3f} ms")
+            if cfg.fixed_k:
+                fixed.append({"backend": name} | _run_fixed_k(instances, cfg, rng))
+        finally:
+            for be in instances.values():
+                be.close()
+    return {"config": asdict(cfg) | {"cpus": os.cpu_count()},
+            "cells": cells, "fixed_k": fixed}
+
+
+# -- rendering ---------------------------------------------------------------------------------
+def _x(v: float | None) -> float:
+    return float("nan") if v is None else v
+
+
+def render_set_state_ab(result: dict[str, Any], per_key: bool = True) -> str:
+    out: list[str] = []
+    by_backend: dict[str, list[dict[str, Any]]] = {}
+    for c in result["cells"]:
+        by_backend.setdefault(c["backend"], []).append(c)
+    for name, cells in by_backend.items():
+        rows = [[c["num_envs"], f"{100 * c['ratio']:g}%", c["k"], c["baseline_ms"],
+                 c["optimized_ms"], c["floor_ms"], _x(c["speedup"]), _x(c["floor_ratio"])]
+                for c in cells]
+        out.append(format_table(
+            f"set_state A/B, {name}: p50 ms of the set_state span (floor: engine calls only)",
+            ["envs", "ratio", "k", "baseline", "optimized", "floor", "speedup",
+             "opt/floor"], rows))
+        out.append("")
+        if per_key:
+            for c in cells:
+                krows = [[key, v["baseline_ms"], v["optimized_ms"], _x(v["speedup"])]
+                         for key, v in c["keys"].items()
+                         if v["baseline_ms"] > 0.0 or v["optimized_ms"] > 0.0]
+                out.append(format_table(
+                    f"{name} {c['num_envs']} envs, k={c['k']}: per-key p50 ms "
+                    f"(set_state speedup {_x(c['speedup']):.2f}x)",
+                    ["key", "baseline", "optimized", "speedup"], krows))
+                out.append("")
+    for f in result.get("fixed_k", []):
+        sizes = ", ".join(f"{n} envs {ms:.3f} ms"
+                          for n, ms in zip(f["num_envs"], f["optimized_ms"], strict=True))
+        out.append(f"fixed k={f['k']}, {f['backend']}: optimized p50 {sizes}; "
+                   f"largest/smallest N ratio {_x(f['ratio']):.3f}")
+    return "\n".join(out).rstrip()
