@@ -29,12 +29,8 @@ def check_ids(env_ids: object, num_envs: int) -> tuple[np.ndarray, np.ndarray | 
         raise ValueError(f"env_ids must be one-dimensional, got shape {ids.shape}")
     if ids.size == 0:
         return np.zeros(0, np.int32), None
-    if not np.issubdtype(ids.dtype, np.integer):
+    if ids.dtype.kind not in "iu":
         raise ValueError(f"env_ids must be integers, got dtype {ids.dtype}")
-    lo, hi = ids.min(), ids.max()
-    if lo < 0 or hi >= num_envs:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"env_ids must be in [0, {num_envs}), got {bad}")
     order = None
     if ids.size > 1 and not (ids[1:] > ids[:-1]).all():
         order = np.argsort(ids, kind="stable")
@@ -42,6 +38,10 @@ def check_ids(env_ids: object, num_envs: int) -> tuple[np.ndarray, np.ndarray | 
         dup = np.flatnonzero(ids[1:] == ids[:-1])
         if dup.size:
             raise ValueError(f"env_ids must be unique, got {ids[dup[0]]} twice")
+    lo, hi = ids[0], ids[-1]  # sorted: the ends are the extremes
+    if lo < 0 or hi >= num_envs:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"env_ids must be in [0, {num_envs}), got {bad}")
     if ids.dtype != np.int32 or not ids.flags.c_contiguous:
         ids = np.ascontiguousarray(ids, dtype=np.int32)
     return ids, order
@@ -68,3 +68,44 @@ def normalise_quat_into(out: np.ndarray, quat: np.ndarray, name: str) -> None:
         row = int(np.flatnonzero(norm < QUAT_EPS)[0])
         raise ValueError(f"{name} has a zero base quaternion at row {row}")
     np.divide(quat, norm[:, None], out=out)
+
+
+def _shaped(name: str, rows: object, k: int, width: int) -> np.ndarray:
+    a = np.asarray(rows)
+    if a.shape != (k, width):
+        raise ValueError(f"{name} must have shape ({k}, {width}) for {k} env ids, "
+                         f"got {a.shape}")
+    if a.dtype.kind not in "fiu":
+        raise ValueError(f"{name} must be numeric, got dtype {a.dtype}")
+    return a
+
+
+def convert_rows(qpos: object, qvel: object, order: np.ndarray | None, q_out: np.ndarray,
+                 v_out: np.ndarray, ctrl_out: np.ndarray, act_qadr: np.ndarray,
+                 ctrl_lo: np.ndarray, ctrl_hi: np.ndarray, *, xyzw: bool) -> None:
+    """Validate the caller's rows and write the engine rows and actuator targets.
+
+    ``q_out``/``v_out``/``ctrl_out`` are ``k``-row scratch (any float dtype): qpos and
+    qvel in id order (``order``), the base quaternion normalised (and reordered to
+    xyzw when ``xyzw``), the targets holding the new joint pose. One compiled pass
+    (:mod:`resettrace.backends._kernels`); ``ValueError`` naming the caller's row on
+    a wrong shape, a non-finite or (for float32 scratch) too large value, or a zero
+    quaternion.
+    """
+    from resettrace.backends import _kernels as K
+
+    k = q_out.shape[0]
+    q_in = _shaped("qpos", qpos, k, q_out.shape[1])
+    v_in = _shaped("qvel", qvel, k, v_out.shape[1])
+    if k == 0:
+        return
+    code, row, col = K.prepare_rows(q_in, v_in, K.NO_ORDER if order is None else order,
+                                    q_out, v_out, ctrl_out, act_qadr, ctrl_lo, ctrl_hi, xyzw)
+    if code == K.OK:
+        return
+    if code == K.ZERO_QUAT:
+        raise ValueError(f"qpos has a zero base quaternion at row {row}")
+    name, src = ("qpos", q_in) if code == K.BAD_QPOS else ("qvel", v_in)
+    if np.isfinite(src[row, col]):
+        raise ValueError(f"{name} has a value too large for float32 at row {row}, column {col}")
+    raise ValueError(f"{name} has a non-finite value at row {row}, column {col}")

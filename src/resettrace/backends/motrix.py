@@ -8,8 +8,9 @@ controls, kinematics of the k rows):
 =================  ====================================================================
 mask               validate and sort the ids (no bool mask: slicing by one is O(N)),
                    build the ``DisjointIndices`` of the k rows
-qpos_convert       validate qpos/qvel, normalise the base quaternion, contract **wxyz** to
-                   engine **xyzw**, into reused float32 scratch rows
+qpos_convert       one compiled pass: validate qpos/qvel, normalise the base quaternion,
+                   contract **wxyz** to engine **xyzw**, compute the actuator targets,
+                   into reused float32 scratch rows
 data_slice         ``data[DisjointIndices(ids)]``: a handle on the k rows, O(k)
 data_reset         ``sub.reset(model, q, v)``: one fused engine call that resets the rows
                    (DoF state, controls and override buffers back to the model defaults)
@@ -66,7 +67,7 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
+from resettrace.backends._validate import check_ids, convert_rows
 from resettrace.backends.mujoco import DEFAULT_MODEL, KEYFRAME, describe_model
 from resettrace.contract import BackendInfo, SetStateResult
 from resettrace.randomization import RandomizationRows, reorder_rows
@@ -302,25 +303,11 @@ class MotrixBackend:
     def _convert(self, qpos: Any, qvel: Any, k: int, order: np.ndarray | None
                  ) -> tuple[np.ndarray, np.ndarray]:
         """Validated float32 engine rows (qpos with an xyzw base quaternion, qvel) in id
-        order, in reused scratch buffers."""
-        q_in = check_rows("qpos", qpos, k, self.nq)
-        v_in = check_rows("qvel", qvel, k, self.nv)
-        if order is not None:
-            q_in, v_in = q_in[order], v_in[order]
+        order, and the actuator targets (``_scratch_c``), in reused scratch buffers."""
         self._grow_scratch(k)
-        quat = self._scratch_quat[:k]
-        normalise_quat_into(quat, q_in[:, 3:7], "qpos")
-        q, v = self._scratch_q[:k], self._scratch_v[:k]
-        q[:, :3] = q_in[:, :3]
-        q[:, 3:6] = quat[:, 1:]  # wxyz -> xyzw
-        q[:, 6] = quat[:, 0]
-        q[:, 7:] = q_in[:, 7:]
-        v[...] = v_in
-        # finite float64 can still overflow float32: the engine would get inf
-        for name, a in (("qpos", q), ("qvel", v)):
-            if not np.isfinite(a).all():
-                bad = np.argwhere(~np.isfinite(a))[0]
-                raise ValueError(f"{name} has a value too large for float32 at row {bad[0]}")
+        q, v, ctrl = self._scratch_q[:k], self._scratch_v[:k], self._scratch_c[:k]
+        convert_rows(qpos, qvel, order, q, v, ctrl, self._act_qadr, self._ctrl_lo,
+                     self._ctrl_hi, xyzw=True)
         return q, v
 
     def _grow_scratch(self, k: int) -> None:
@@ -328,7 +315,6 @@ class MotrixBackend:
             return
         size = max(k, 2 * self._scratch_k, 1)
         self._scratch_k = size
-        self._scratch_quat = np.empty((size, 4))
         self._scratch_q = np.empty((size, self.nq), _F32)
         self._scratch_v = np.empty((size, self.nv), _F32)
         self._scratch_c = np.empty((size, self.nu), _F32)
@@ -343,9 +329,7 @@ class MotrixBackend:
         if rand is not None and not rand.empty:
             self._randomize(sub, rand)  # overrides leave the DoF state alone
         with rec.scope(C.SET_STATE_ACTUATOR_CTRL), _G_CTRL:
-            ctrl = self._scratch_c[:len(ids)]
-            np.take(q, self._act_qadr, axis=1, out=ctrl)
-            np.clip(ctrl, self._ctrl_lo, self._ctrl_hi, out=ctrl)
+            ctrl = self._scratch_c[:len(ids)]  # computed with the rows in qpos_convert
             sub.actuator_ctrls = ctrl
         with rec.scope(C.SET_STATE_FORWARD_KINEMATIC), _G_FK:
             model.forward_kinematic(sub)

@@ -6,13 +6,14 @@ when k exceeds them), and the engine is called once (``forward`` of the k rows):
 
 =================  ====================================================================
 mask               validate and sort the ids into an int32 index (no bool mask)
-qpos_convert       validate qpos/qvel, normalise the base quaternion into scratch rows
+qpos_convert       one compiled pass: validate qpos/qvel, normalise the base quaternion,
+                   compute the actuator targets, into reused scratch rows
 data_reset         write the state row of a freshly reset env to the k rows and clear
                    their warning counters: ``Batch.reset(ids, stage=NONE)``, 6-8x faster
 reset_rand         per-env friction, mass (then ``set_const``), kp/kd of the k rows
 geom_overrides     per-env contact geom sizes (and bounding radii) of the k rows
 set_dof_pos/vel    write qpos / qvel rows
-actuator_ctrl      position targets hold the new joint pose (into reused scratch rows)
+actuator_ctrl      write the targets that hold the new joint pose
 forward_kinematic  ``forward(ids, stage=POS)``: kinematics of the k rows only
 refresh_pose_cache mark the k rows' pose cache stale (O(k)): ``get_body_pose_rows``
                    copies ``xpos``/``xquat`` of the rows asked when they are read, so that
@@ -39,7 +40,7 @@ import numpy as np
 from mujoco import batch as mj_batch
 
 from resettrace import catalog as C
-from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
+from resettrace.backends._validate import check_ids, convert_rows
 from resettrace.contract import BackendInfo, SetStateResult
 from resettrace.randomization import RandomizationRows, reorder_rows
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
@@ -133,6 +134,7 @@ class MujocoBackend:
         self._pose_fresh = np.zeros(self.num_envs, dtype=bool)
         self._body_index: dict[tuple[str, ...], np.ndarray] = {}
         self._scratch_q = np.empty((0, self.nq))
+        self._scratch_v = np.empty((0, self.nv))
         self._scratch_c = np.empty((0, self.nu))
         self._contact_geoms = np.flatnonzero((m.geom_contype | m.geom_conaffinity) != 0)
         floor = m.geom_bodyid[self._contact_geoms] != 0
@@ -166,31 +168,27 @@ class MujocoBackend:
                 ids, order = check_ids(env_ids, self.num_envs)
             k = ids.size
             with rec.scope(C.SET_STATE_QPOS_CONVERT):
-                q_in = check_rows("qpos", qpos, k, self.nq)
-                v = check_rows("qvel", qvel, k, self.nv)
-                q = self._scratch(k)
-                if order is None:
-                    q[...] = q_in
-                else:
-                    q[...] = q_in[order]
-                    v = v[order]
-                normalise_quat_into(q[:, 3:7], q[:, 3:7], "qpos")
+                q, v, ctrl = self._scratch(k)
+                convert_rows(qpos, qvel, order, q, v, ctrl, self._act_qadr, self._ctrl_lo,
+                             self._ctrl_hi, xyzw=False)
                 if randomization is not None:
                     randomization.validate(k)
                     if order is not None:
                         randomization = reorder_rows(randomization, order)
             if k:
-                self._write_rows(ids, q, v, randomization)
+                self._write_rows(ids, q, v, ctrl, randomization)
         return {"timing": t} if (t := outer.timing()) is not None else None
 
-    def _scratch(self, k: int) -> np.ndarray:
+    def _scratch(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """k rows of the reused qpos / qvel / ctrl scratch (grown, never shrunk)."""
         if self._scratch_q.shape[0] < k:
             size = max(k, 2 * self._scratch_q.shape[0])
             self._scratch_q = np.empty((size, self.nq))
+            self._scratch_v = np.empty((size, self.nv))
             self._scratch_c = np.empty((size, self.nu))
-        return self._scratch_q[:k]
+        return self._scratch_q[:k], self._scratch_v[:k], self._scratch_c[:k]
 
-    def _write_rows(self, ids: np.ndarray, q: np.ndarray, v: np.ndarray,
+    def _write_rows(self, ids: np.ndarray, q: np.ndarray, v: np.ndarray, ctrl: np.ndarray,
                     rand: RandomizationRows | None) -> None:
         rec = self.recorder
         with rec.scope(C.SET_STATE_DATA_RESET):
@@ -203,10 +201,7 @@ class MujocoBackend:
         with rec.scope(C.SET_STATE_SET_DOF_VEL):
             self._qvel[ids] = v
         with rec.scope(C.SET_STATE_ACTUATOR_CTRL):
-            ctrl = self._scratch_c[:ids.size]  # grown with the qpos scratch
-            np.take(q, self._act_qadr, axis=1, out=ctrl)
-            np.clip(ctrl, self._ctrl_lo, self._ctrl_hi, out=ctrl)
-            self._ctrl[ids] = ctrl
+            self._ctrl[ids] = ctrl  # computed with the rows in qpos_convert
         with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
             self.batch.forward(ids, stage=_STAGE_POS)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):

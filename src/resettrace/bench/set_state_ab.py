@@ -5,13 +5,14 @@ random order per round, with the same inputs:
 
 ``baseline``
     A faithful reimplementation of the published pre-optimisation path (the one whose
-    breakdown is in the project context), not a strawman: it validates its input exactly
-    as the shipped path does (:func:`check_ids`, :func:`check_rows`: validation is not
-    where the difference comes from) and emits the same catalog phase scopes, so its
-    per-key milliseconds compare one to one. Per call it builds a fresh bool mask, copies
-    qpos (``np.array(qpos, copy=True)``), converts the ids again inside each helper
-    (``np.asarray(env_ids, dtype=np.intp)``) and forces ``np.ascontiguousarray`` on every
-    engine input. MotrixSim: ``data[mask]`` (O(N)), then ``reset``, ``set_dof_vel``,
+    breakdown is in the project context), not a strawman: it validates its input with the
+    same rules as the shipped path, as plain numpy calls (:func:`check_ids`,
+    :func:`check_rows`; the shipped path does the row checks inside its one compiled
+    conversion pass, so part of the ``qpos_convert`` difference is validation), and emits
+    the same catalog phase scopes, so its per-key milliseconds compare one to one. Per
+    call it builds a fresh bool mask, copies qpos (``np.array(qpos, copy=True)``),
+    converts the ids again inside each helper (``np.asarray(env_ids, dtype=np.intp)``)
+    and forces ``np.ascontiguousarray`` on every engine input. MotrixSim: ``data[mask]`` (O(N)), then ``reset``, ``set_dof_vel``,
     ``set_dof_pos``, ``actuator_ctrls`` and ``forward_kinematic`` on that slice, and the
     link poses of the reset rows through the same slice into the pose cache. MuJoCo:
     ``Batch.reset(ids, stage=NONE)``, separate qpos / qvel / ctrl writes, a full
