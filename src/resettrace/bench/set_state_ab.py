@@ -12,7 +12,8 @@ random order per round, with the same inputs:
     the same catalog phase scopes, so its per-key milliseconds compare one to one. Per
     call it builds a fresh bool mask, copies qpos (``np.array(qpos, copy=True)``),
     converts the ids again inside each helper (``np.asarray(env_ids, dtype=np.intp)``)
-    and forces ``np.ascontiguousarray`` on every engine input. MotrixSim: ``data[mask]`` (O(N)), then ``reset``, ``set_dof_vel``,
+    and forces ``np.ascontiguousarray`` on every engine input. MotrixSim: ``data[mask]``
+    (O(N)), then ``reset``, ``set_dof_vel``,
     ``set_dof_pos``, ``actuator_ctrls`` and ``forward_kinematic`` on that slice, and the
     link poses of the reset rows through the same slice into the pose cache. MuJoCo:
     ``Batch.reset(ids, stage=NONE)``, separate qpos / qvel / ctrl writes, a full
