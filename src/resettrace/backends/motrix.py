@@ -67,6 +67,7 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
+from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import check_ids, convert_rows
 from resettrace.backends.mujoco import DEFAULT_MODEL, KEYFRAME, describe_model
 from resettrace.contract import BackendInfo, SetStateResult
@@ -231,11 +232,9 @@ class MotrixBackend:
             ).allocate(self.data)
         self._row_qpos = self._state_query["qpos"]  # (N, nq) engine layout, zero-copy views
         self._row_qvel = self._state_query["qvel"]
-        self._pose = np.zeros((self.num_envs, self.nbody, 7))
-        self._pose[:, 0, 3] = 1.0  # the world body: identity, never refreshed
+        self.poses = PoseCache(self.num_envs, self.info.body_names, self._refresh_pose)
+        # the world body (column 0) keeps the identity pose: it is never refreshed
         self._scratch_pose = np.empty((0, self.nbody - 1, 7), _F32)
-        self._pose_fresh = np.zeros(self.num_envs, dtype=bool)
-        self._body_index: dict[tuple[str, ...], np.ndarray] = {}
         self._qpos_all = np.zeros((self.num_envs, self.nq))
         self._qvel_all = np.zeros((self.num_envs, self.nv))
         self._ctrl_all = np.zeros((self.num_envs, self.nu), _F32)
@@ -275,7 +274,7 @@ class MotrixBackend:
                     self.model.step(self.data)
                 else:
                     self.model.step_n(self.data, n)
-        self._pose_fresh[:] = False
+        self.poses.mark_stale()
 
     def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
                   randomization: Any = None) -> SetStateResult | None:
@@ -334,7 +333,7 @@ class MotrixBackend:
         with rec.scope(C.SET_STATE_FORWARD_KINEMATIC), _G_FK:
             model.forward_kinematic(sub)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
-            self._pose_fresh[ids] = False  # read back lazily by get_body_pose_rows
+            self.poses.mark_stale(ids)  # read back lazily by get_body_pose_rows
 
     def _overrides(self) -> dict[str, Any]:
         """The engine's per-env override handles and their model values (made on first use)."""
@@ -384,20 +383,21 @@ class MotrixBackend:
                 for geom, _, s0 in base["geoms"]:
                     geom.set_size_override(sub, s0[None, :] * size[:, None])
 
-    def _refresh_pose(self, rows: np.ndarray, sub: Any) -> None:
-        """Link poses of the sorted unique ``rows`` (``sub``: their handle) into the cache.
+    def _refresh_pose(self, rows: np.ndarray) -> None:
+        """Link poses of the sorted unique ``rows`` into the cache.
 
-        ``get_link_poses`` on the handle reads those rows only; one gather turns its
-        xyz + xyzw into the contract's xyz + wxyz."""
+        ``get_link_poses`` on a handle of those rows reads them only; one gather turns
+        its xyz + xyzw into the contract's xyz + wxyz."""
         k = rows.size
         if self._scratch_pose.shape[0] < k:
             self._scratch_pose = np.empty((max(k, 2 * self._scratch_pose.shape[0]),
                                            self.nbody - 1, 7), _F32)
         links = self._scratch_pose[:k]
+        with _G_SLICE:
+            sub = self.data[ms.DisjointIndices(rows)]
         with _G_POSES:
             self.model.get_link_poses(sub, out=links)
-        self._pose[rows, 1:] = links[..., _POSE_FROM_ENGINE]
-        self._pose_fresh[rows] = True
+        self.poses.pose[rows, 1:] = links[..., _POSE_FROM_ENGINE]
 
     def _rows(self, env_ids: Any) -> np.ndarray:
         """Ids as in-range non-negative intp (numpy indexing rules; IndexError otherwise),
@@ -439,26 +439,8 @@ class MotrixBackend:
 
     def get_body_pose_rows(self, env_ids: Any, body_names: tuple[str, ...] | list[str]
                            ) -> np.ndarray:
-        cols = self._body_cols(tuple(body_names))
         rows = np.arange(self.num_envs) if env_ids is None else self._rows(env_ids)
-        stale = rows[~self._pose_fresh[rows]]  # O(len(rows)), never O(N)
-        if stale.size:  # after a step or a set_state: the engine's current poses
-            stale = np.unique(stale).astype(np.int32)  # sorted, unique
-            with _G_SLICE:
-                sub = self.data[ms.DisjointIndices(stale)]
-            self._refresh_pose(stale, sub)
-        return self._pose[rows[:, None], cols]
-
-    def _body_cols(self, names: tuple[str, ...]) -> np.ndarray:
-        cols = self._body_index.get(names)
-        if cols is None:
-            lookup = {n: i for i, n in enumerate(self.info.body_names)}
-            missing = [n for n in names if n not in lookup]
-            if missing:
-                raise ValueError(f"unknown body name(s) {missing}; known: "
-                                 f"{', '.join(self.info.body_names)}")
-            cols = self._body_index[names] = np.array([lookup[n] for n in names], np.intp)
-        return cols
+        return self.poses.rows(rows, body_names)
 
     def close(self) -> None:
         self.data = None

@@ -40,6 +40,7 @@ import numpy as np
 from mujoco import batch as mj_batch
 
 from resettrace import catalog as C
+from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import check_ids, convert_rows
 from resettrace.contract import BackendInfo, SetStateResult
 from resettrace.randomization import RandomizationRows, reorder_rows
@@ -130,9 +131,7 @@ class MujocoBackend:
         self._act_qadr = 7 + self.info.actuator_joint
         self._ctrl_lo = self.info.ctrl_range[:, 0].copy()
         self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
-        self._pose = np.zeros((self.num_envs, m.nbody, 7))
-        self._pose_fresh = np.zeros(self.num_envs, dtype=bool)
-        self._body_index: dict[tuple[str, ...], np.ndarray] = {}
+        self.poses = PoseCache(self.num_envs, self.info.body_names, self._refresh_pose)
         self._scratch_q = np.empty((0, self.nq))
         self._scratch_v = np.empty((0, self.nv))
         self._scratch_c = np.empty((0, self.nu))
@@ -155,7 +154,7 @@ class MujocoBackend:
                              f"got {ctrl.shape}")
         self._ctrl[...] = ctrl
         self.batch.step(nstep=int(nsteps))
-        self._pose_fresh[:] = False
+        self.poses.mark_stale()
 
     def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
                   randomization: Any = None) -> SetStateResult | None:
@@ -205,7 +204,7 @@ class MujocoBackend:
         with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
             self.batch.forward(ids, stage=_STAGE_POS)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
-            self._pose_fresh[ids] = False  # read back lazily by get_body_pose_rows
+            self.poses.mark_stale(ids)  # read back lazily by get_body_pose_rows
 
     def _expanded(self, name: str) -> np.ndarray:
         """The per-env copy of a model field (made on first use: it costs memory)."""
@@ -245,9 +244,10 @@ class MujocoBackend:
                     m.geom_rbound[contact] * scale
 
     def _refresh_pose(self, ids: np.ndarray) -> None:
-        self._pose[ids, :, :3] = self._xpos[ids]
-        self._pose[ids, :, 3:] = self._xquat[ids]
-        self._pose_fresh[ids] = True
+        """Poses of the rows from the engine's last call on them."""
+        pose = self.poses.pose
+        pose[ids, :, :3] = self._xpos[ids]
+        pose[ids, :, 3:] = self._xquat[ids]
 
     def get_qpos_rows(self, env_ids: Any = None) -> np.ndarray:
         """All rows: the live engine view (do not write it); else a copy of the rows."""
@@ -258,23 +258,8 @@ class MujocoBackend:
 
     def get_body_pose_rows(self, env_ids: Any, body_names: tuple[str, ...] | list[str]
                            ) -> np.ndarray:
-        cols = self._body_cols(tuple(body_names))
         rows = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, np.intp)
-        stale = rows[~self._pose_fresh[rows]]
-        if stale.size:  # after a physics step: kinematics from the engine's last call
-            self._refresh_pose(stale)
-        return self._pose[rows[:, None], cols]
-
-    def _body_cols(self, names: tuple[str, ...]) -> np.ndarray:
-        cols = self._body_index.get(names)
-        if cols is None:
-            lookup = {n: i for i, n in enumerate(self.info.body_names)}
-            missing = [n for n in names if n not in lookup]
-            if missing:
-                raise ValueError(f"unknown body name(s) {missing}; known: "
-                                 f"{', '.join(self.info.body_names)}")
-            cols = self._body_index[names] = np.array([lookup[n] for n in names], np.intp)
-        return cols
+        return self.poses.rows(rows, body_names)
 
     def close(self) -> None:
         self.batch = None

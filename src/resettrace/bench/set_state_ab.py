@@ -178,10 +178,11 @@ def _motrix_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> 
     with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
         rows = _as_ids(ids)
         links = model.get_link_poses(sub)  # a fresh (k, links, 7) array, xyz + xyzw
-        be._pose[rows, 1:, :3] = links[..., :3]
-        be._pose[rows, 1:, 3] = links[..., 6]
-        be._pose[rows, 1:, 4:] = links[..., 3:6]
-        be._pose_fresh[rows] = True
+        pose = be.poses.pose
+        pose[rows, 1:, :3] = links[..., :3]
+        pose[rows, 1:, 3] = links[..., 6]
+        pose[rows, 1:, 4:] = links[..., 3:6]
+        be.poses.fresh[rows] = True
 
 
 def _mujoco_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> None:
@@ -217,9 +218,9 @@ def _mujoco_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> 
         b.forward(_as_ids(rows))  # the full forward pass
     with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
         r = _as_ids(rows)
-        be._pose[r, :, :3] = be._xpos[r]
-        be._pose[r, :, 3:] = be._xquat[r]
-        be._pose_fresh[r] = True
+        be.poses.pose[r, :, :3] = be._xpos[r]
+        be.poses.pose[r, :, 3:] = be._xquat[r]
+        be.poses.fresh[r] = True
 
 
 def baseline_set_state(backend: Any, env_ids: Any, qpos: Any, qvel: Any,
@@ -291,7 +292,7 @@ def final_state(backend: Any, env_ids: Any) -> dict[str, np.ndarray]:
     """qpos, qvel, ctrl and every body pose of ``env_ids`` as the contract reads them (the
     floor leaves the pose cache alone: poses are read back from the engine)."""
     ids = np.asarray(env_ids, np.intp)
-    backend._pose_fresh[ids] = False  # poses from the engine's current kinematics
+    backend.poses.mark_stale(ids)  # poses from the engine's current kinematics
     if backend.name == "motrix":
         ctrl = np.asarray(backend.data.actuator_ctrls, np.float64)[ids]
     else:
