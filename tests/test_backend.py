@@ -60,10 +60,11 @@ def test_timing_schema_every_key_every_call(timing_session) -> None:
     b.close()
 
 
-def test_timing_closes_on_the_set_state_span(trace_session) -> None:
+@pytest.mark.parametrize("backend", ["mujoco", "motrix"])
+def test_timing_closes_on_the_set_state_span(trace_session, backend) -> None:
     """Phases + gap = the set_state span's duration (within 1%), and never more than
     the wall time measured around the call."""
-    b = resettrace.make_backend("mujoco", num_envs=N, tracing=trace_session)
+    b = resettrace.make_backend(backend, num_envs=N, tracing=trace_session, nthread=2)
     rng = np.random.default_rng(2)
     walls, timings = [], []
     for k in (2, 8, 32):

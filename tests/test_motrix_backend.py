@@ -7,7 +7,6 @@ import logging
 import subprocess
 import sys
 import textwrap
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -111,33 +110,6 @@ def test_timing_schema_every_key_every_call(timing_session) -> None:
             assert timing[key] == 0.0, key  # do not apply on MotrixSim
     out = b.set_state(np.arange(N), *stand_rows(b, N, rng))
     assert out is not None and tuple(out["timing"]) == C.SET_STATE_KEYS
-    b.close()
-
-
-def test_timing_closes_on_the_set_state_span(trace_session) -> None:
-    """Phases + gap = the set_state span's duration (within 1%), and never more than
-    the wall time measured around the call."""
-    b = _make(trace_session)
-    rng = np.random.default_rng(2)
-    walls, timings = [], []
-    for k in (2, 8, 32):
-        ids = np.sort(rng.choice(N, k, replace=False))
-        q, v = stand_rows(b, k, rng)
-        t0 = time.perf_counter_ns()
-        out = b.set_state(ids, q, v)
-        walls.append((time.perf_counter_ns() - t0) / 1e6)
-        timings.append(out["timing"])
-    assert trace_session.force_flush()
-    spans = [s for s in trace_session.exporters[0].get_finished_spans()
-             if s.name == C.SET_STATE.span]
-    assert len(spans) == 3
-    for span, timing, wall in zip(spans, timings, walls, strict=True):
-        span_ms = (span.end_time - span.start_time) / 1e6
-        total = sum(timing.values())
-        assert total == pytest.approx(span_ms, rel=0.01)
-        assert total <= wall
-        measured = total - timing["set_state_internal_gap_ms"]
-        assert measured > 0.5 * total  # the phases, not the gap, hold the time
     b.close()
 
 
