@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 __all__ = ["RandomizationConfig", "RandomizationPayload", "RandomizationRows", "QUANTITIES",
-           "reorder_rows"]
+           "as_rows", "reorder_rows"]
 
 QUANTITIES = ("friction", "mass_scale", "kp_scale", "kd_scale", "geom_size_scale")
 Range = tuple[float, float] | None
@@ -112,3 +112,11 @@ def reorder_rows(rows: RandomizationRows, order: np.ndarray) -> RandomizationRow
     """The rows permuted by ``order`` (a backend sorts its ids; the rows follow)."""
     return RandomizationRows(**{n: None if (v := rows.get(n)) is None else v[order]
                                 for n in QUANTITIES})
+
+
+def as_rows(randomization: object) -> RandomizationRows | None:
+    """``randomization`` if it is ``None`` or :class:`RandomizationRows`, else ``ValueError``."""
+    if randomization is None or isinstance(randomization, RandomizationRows):
+        return randomization
+    raise ValueError("randomization must be a resettrace.randomization.RandomizationRows, "
+                     f"got {type(randomization).__name__}")

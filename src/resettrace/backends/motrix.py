@@ -71,7 +71,7 @@ from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import check_ids, convert_rows
 from resettrace.backends.mujoco import DEFAULT_MODEL, KEYFRAME, describe_model
 from resettrace.contract import BackendInfo, SetStateResult
-from resettrace.randomization import RandomizationRows, reorder_rows
+from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 os.environ.setdefault("RUST_LOG", "error")  # before the import: silences loader warnings
@@ -278,9 +278,7 @@ class MotrixBackend:
 
     def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
                   randomization: Any = None) -> SetStateResult | None:
-        if randomization is not None and not isinstance(randomization, RandomizationRows):
-            raise ValueError("randomization must be a resettrace.randomization."
-                             f"RandomizationRows, got {type(randomization).__name__}")
+        randomization = as_rows(randomization)
         rec = self.recorder
         with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
             with rec.scope(C.SET_STATE_MASK):
