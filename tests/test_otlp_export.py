@@ -281,7 +281,8 @@ def test_worker_processes_tag_their_rank_and_lose_nothing(start_method, tmp_path
         roots = [s for s in got if s.parent_span_id is None]
         assert len(roots) == 5, (rank, len(roots))  # every set_state of the worker arrived
         assert len({s.resource["process.pid"] for s in got}) == 1
-        assert all(len(t) >= 8 for t in _traces(got).values())  # whole traces
+        sizes = {len(t) for t in _traces(got).values()}
+        assert len(sizes) == 1 and min(sizes) >= 5  # whole traces: root and every phase
     assert by_rank[0][0].resource["process.pid"] != by_rank[1][0].resource["process.pid"]
 
 
