@@ -1,4 +1,4 @@
-"""The numba update_state kernel against the numpy path: same obs, reward and termination."""
+"""The numba update_state kernels against the numpy paths: same obs, reward and termination."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import pytest
 
 import resettrace
 from resettrace.contract import BackendInfo
+from resettrace.tasks.g1_motion_tracking import G1MotionTracking
 from resettrace.tasks.g1_walk_flat import G1WalkFlat
+from resettrace.tasks.motion import MotionClip, generate_clip, qmul, qrot, quat_from_euler
+from resettrace.tracing.recorder import NOOP_RECORDER
 
 NJ = 29
 #: qpos and qvel rows live inside wider state rows, as the engine's views do
@@ -175,3 +178,168 @@ def test_numpy_variant_does_not_import_numba() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+# -- motion tracking ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def motion_clip() -> MotionClip:
+    # 30 fps at a 0.02 s control period: 0.6 frames per step, so frames round
+    return generate_clip(seconds=2.0, fps=30)
+
+
+class FakeMotionBackend(FakeBackend):
+    """FakeBackend plus the clip's bodies, their poses and ``set_state``."""
+
+    def __init__(self, num_envs: int, rng: np.random.Generator, clip: MotionClip) -> None:
+        super().__init__(num_envs, rng)
+        self.info = BackendInfo(
+            name=self.name, joint_names=self.info.joint_names,
+            body_names=("world", *clip.body_names), actuator_names=self.info.actuator_names,
+            joint_range=self.info.joint_range, ctrl_range=self.info.ctrl_range,
+            actuator_joint=self.info.actuator_joint, physics_dt=0.005)
+        self.recorder = NOOP_RECORDER
+        self.bodies = clip.body_names
+        self.pose = np.zeros((num_envs, len(clip.body_names), 7))
+        self.pose[..., 3] = 1.0
+
+    def set_state(self, env_ids, qpos, qvel) -> None:
+        self.qpos[env_ids] = qpos
+        self.qvel[env_ids] = qvel
+
+    def get_body_pose_rows(self, env_ids, body_names) -> np.ndarray:
+        cols = [self.bodies.index(b) for b in body_names]
+        rows = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
+        return self.pose[rows[:, None], cols]  # a new array, as the real backends return
+
+
+def _motion_pair(n: int, seed: int, clip: MotionClip
+                 ) -> tuple[G1MotionTracking, G1MotionTracking, FakeMotionBackend]:
+    backend = FakeMotionBackend(n, np.random.default_rng(seed), clip)
+    tasks = []
+    for use_numba in (False, True):
+        task = G1MotionTracking(clip=clip, use_numba=use_numba)
+        task.bind(backend, np.random.default_rng(seed))  # same start frames
+        tasks.append(task)
+    return tasks[0], tasks[1], backend
+
+
+def _random_rotations(rng: np.random.Generator, shape: tuple[int, ...], scale: float
+                      ) -> np.ndarray:
+    return quat_from_euler(rng.uniform(-scale, scale, (*shape, 3)))
+
+
+def _random_poses(backend: FakeMotionBackend, clip: MotionClip, frames: np.ndarray,
+                  rng: np.random.Generator) -> None:
+    """The reference at ``frames``, drifted (xy shift, heading turn) and perturbed; by
+    quarter: small noise, random orientations (gravity failures), anchor height errors near
+    the 0.25 m limit, end-effector height errors near it."""
+    n, nb = len(frames), len(clip.body_names)
+    yaw = quat_from_euler(np.stack([np.zeros(n), np.zeros(n), rng.uniform(-np.pi, np.pi, n)],
+                                   axis=1))[:, None]
+    pos = qrot(yaw, clip.body_pos[frames])
+    pos[..., :2] += rng.uniform(-3.0, 3.0, (n, 1, 2))
+    pos += rng.normal(0.0, 0.03, pos.shape)
+    quat = qmul(_random_rotations(rng, (n, nb), 0.2), qmul(yaw, clip.body_quat[frames]))
+    m = n // 4
+    q = rng.normal(size=(m, nb, 4))
+    quat[m:2 * m] = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    pos[2 * m:3 * m, :, 2] += rng.choice([-1.0, 1.0], (m, 1)) * rng.uniform(0.2, 0.3, (m, 1))
+    ee = [clip.body_names.index(b) for b in ("left_ankle_roll_link", "right_wrist_yaw_link")]
+    pos[3 * m:, ee, 2] += rng.uniform(-0.3, 0.3, (n - 3 * m, 2))
+    backend.pose[:, :, 0:3] = pos
+    backend.pose[:, :, 3:7] = quat
+
+
+def test_motion_kernel_matches_numpy_on_random_states(motion_clip: MotionClip) -> None:
+    n, clip = 512, motion_clip
+    ref, fast, backend = _motion_pair(n, seed=3, clip=clip)
+    assert fast._kernel is not None and ref._kernel is None
+    np.testing.assert_array_equal(ref.start_frame, fast.start_frame)
+    rng = np.random.default_rng(21)
+    offset = rng.integers(0, 400, n)  # the first call fixes each env's step offset
+    for round_ in range(4):
+        _random_states(backend, rng)
+        step = offset + (0 if round_ == 0 else rng.integers(0, 120, n))
+        elapsed = (step - offset) * clip.fps * ref.config.control_dt
+        frames = np.minimum(ref.start_frame + np.floor(elapsed + 0.5).astype(np.int64),
+                            clip.num_frames - 1)
+        _random_poses(backend, clip, frames, rng)
+        action = rng.normal(0.0, 1.5, (n, NJ))
+        outs = []
+        for task in (ref, fast):
+            obs = np.full((n, task.obs_dim), np.nan, np.float32)
+            reward = np.full(n, np.nan)
+            terminated = np.zeros(n, bool)
+            terminated[::2] = True  # stale values must be overwritten
+            task.update_state(step, action, obs, reward, terminated)
+            outs.append((obs, reward, terminated))
+        (obs_a, rew_a, term_a), (obs_b, rew_b, term_b) = outs
+        assert not np.isnan(obs_b).any() and not np.isnan(rew_b).any()
+        np.testing.assert_allclose(obs_b, obs_a, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(rew_b, rew_a, rtol=0, atol=1e-9)
+        np.testing.assert_array_equal(term_b, term_a)
+        for name in ("frame", "failed", "clip_end", "step_offset"):
+            np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), err_msg=name)
+        np.testing.assert_array_equal(fast.frame, frames)
+        # both failure kinds and clip ends happen (after the first round), not everywhere
+        assert 0 < ref.failed.sum() < n
+        if round_ > 0:
+            assert ref.clip_end.any() and (ref.failed & ~ref.clip_end).any()
+        m = n // 4
+        for part in (slice(m, 2 * m), slice(2 * m, 3 * m), slice(3 * m, n)):
+            assert 0 < ref.failed[part].sum() < len(range(n)[part])
+        # the sampler got the same failure frames
+        np.testing.assert_array_equal(fast.sampler.bin_failures, ref.sampler.bin_failures)
+    assert ref.sampler.bin_failures.sum() > 0
+
+
+def test_motion_kernel_rejects_buffers_it_was_not_built_for(motion_clip: MotionClip) -> None:
+    n = 8
+    _, fast, backend = _motion_pair(n, seed=1, clip=motion_clip)
+    step, action = np.zeros(n, np.int64), np.zeros((n, NJ))
+    reward, terminated = np.zeros(n), np.zeros(n, bool)
+    with pytest.raises(ValueError, match="obs must be a float32 array"):
+        fast.update_state(step, action, np.zeros((n, fast.obs_dim)), reward, terminated)
+    with pytest.raises(ValueError, match="last_action must be C-contiguous"):
+        fast.update_state(step, np.zeros((NJ, n)).T, np.zeros((n, fast.obs_dim), np.float32),
+                          reward, terminated)
+    backend.get_body_pose_rows = lambda ids, names: np.zeros((n, 3, 7))  # type: ignore
+    with pytest.raises(ValueError, match="body poses must be a float64 array"):
+        fast.update_state(step, action, np.zeros((n, fast.obs_dim), np.float32), reward,
+                          terminated)
+
+
+def test_motion_numba_env_steps_and_resets_like_numpy_env() -> None:
+    n = 16
+    # a 15-frame clip and tight thresholds: clip ends and failures within 15 steps
+    opts = {"clip": generate_clip(seconds=0.3, fps=50), "max_anchor_height_error": 0.05,
+            "max_end_effector_height_error": 0.05}
+    envs = [resettrace.make_env("g1_motion_tracking", num_envs=n, seed=5, nthread=1,
+                                task_options={**opts, "use_numba": use_numba})
+            for use_numba in (False, True)]
+    ref, fast = envs
+    try:
+        assert fast.task._kernel is not None and ref.task._kernel is None
+        np.testing.assert_allclose(fast.obs, ref.obs, rtol=1e-5, atol=1e-5)
+        rng = np.random.default_rng(0)
+        failed = clip_end = 0
+        for _ in range(15):
+            action = rng.normal(0.0, 2.0, (n, ref.action_dim))
+            obs_a, rew_a, done_a, info_a = ref.step(action)
+            obs_b, rew_b, done_b, info_b = fast.step(action)
+            np.testing.assert_array_equal(done_b, done_a)
+            np.testing.assert_array_equal(fast.terminated, ref.terminated)
+            np.testing.assert_array_equal(fast.task.failed, ref.task.failed)
+            np.testing.assert_array_equal(fast.task.start_frame, ref.task.start_frame)
+            np.testing.assert_allclose(obs_b, obs_a, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(rew_b, rew_a, rtol=0, atol=1e-9)
+            np.testing.assert_allclose(info_b["terminal_obs"][done_a],
+                                       info_a["terminal_obs"][done_a], rtol=1e-5, atol=1e-5)
+            failed += int(ref.task.failed.sum())
+            clip_end += int((ref.task.clip_end & ~ref.task.failed).sum())
+        assert failed > 0 and clip_end > 0  # both kinds of reset were compared
+        np.testing.assert_array_equal(fast.task.sampler.bin_failures,
+                                      ref.task.sampler.bin_failures)
+    finally:
+        for env in envs:
+            env.close()

@@ -52,10 +52,20 @@ Body poses: ``update_state`` reads all envs' poses with ``get_body_pose_rows(Non
 engine's last call, one substep behind the joint state (accepted: one substep is
 1/3 of a control step). ``reset_observation`` reads the reset rows only; their poses
 are fresh from ``set_state``.
+
+``update_state`` has two implementations that compute the same frames, observation, reward
+and terminations: numpy (the default) and a fused numba kernel
+(:func:`resettrace.envs.kernels.motion_tracking_update`), chosen with ``use_numba=True``
+(``make_env("g1_motion_tracking", ..., task_options={"use_numba": True})``). With numba on,
+``bind`` validates the clip and state arrays once and compiles the kernel there, so no
+compile lands in a timed step; numba is imported only then. The sampler's failure feedback
+runs in Python after the kernel, and the reset rows' observation (``observe`` on k rows)
+stays numpy in both variants.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +74,7 @@ import numpy as np
 
 from resettrace import catalog as C
 from resettrace.contract import SimBackend
+from resettrace.tasks._arrays import check_array
 from resettrace.tasks.motion import (
     MotionClip,
     MotionSampler,
@@ -131,6 +142,9 @@ class MotionTrackingConfig:
     max_episode_steps: int = 500
     #: off by default: sampled start frames already spread episode ends over steps
     randomize_initial_episode_step: bool = False
+    #: compute update_state with the fused numba kernel instead of numpy (same results;
+    #: numba is imported and the kernel compiled, or loaded from its cache, in ``bind``)
+    use_numba: bool = False
 
     def __post_init__(self) -> None:
         if self.clip is not None and self.clip_path is not None:
@@ -168,6 +182,9 @@ class G1MotionTracking:
         self.max_episode_steps = self.config.max_episode_steps
         self.randomize_initial_episode_step = self.config.randomize_initial_episode_step
         self.backend: SimBackend | None = None
+        self._kernel: Callable[..., None] | None = None
+        #: the arrays last checked for the kernel; a call with other ones checks them again
+        self._checked: tuple[np.ndarray, ...] = ()
 
     # -- bind ----------------------------------------------------------------------------------
     def _load_clip(self) -> MotionClip:
@@ -243,6 +260,76 @@ class G1MotionTracking:
         # the first update_state (the env's initial observation) fixes step_offset: the
         # env may have randomised the episode steps after bind
         self._offset_pending = True
+        self._kernel = None
+        self._checked = ()
+        if c.use_numba:
+            self._bind_kernel()
+
+    def _bind_kernel(self) -> None:
+        """Check the kernel's fixed inputs (clip, per-env bookkeeping) and compile it (or
+        load it from numba's on-disk cache) now, on scratch outputs laid out like NpEnv's
+        buffers, which do not exist yet; the first timed step then runs compiled code."""
+        from resettrace.envs.kernels import motion_tracking_update
+
+        assert self.backend is not None
+        clip, n, nj = self.clip, self.backend.num_envs, self.num_joints
+        t, nb = clip.num_frames, len(self.tracked_bodies)
+        for name, a, shape in (("clip.joint_pos", clip.joint_pos, (t, nj)),
+                               ("clip.joint_vel", clip.joint_vel, (t, nj)),
+                               ("clip.body_pos", clip.body_pos, (t, nb, 3)),
+                               ("clip.body_quat", clip.body_quat, (t, nb, 4)),
+                               ("default_joint", self.default_joint, (nj,))):
+            check_array(name, a, shape, np.float64)
+        for name, a in (("start_frame", self.start_frame), ("step_offset", self.step_offset),
+                        ("frame", self.frame)):
+            check_array(name, a, (n,), np.int64)
+        for name, a in (("failed", self.failed), ("clip_end", self.clip_end)):
+            check_array(name, a, (n,), np.bool_)
+        check_array("end_effectors", self._ee, (len(self._ee),), np.intp)
+        self._kernel = motion_tracking_update
+        # warm-up on copies: the compile must not move the task's frames or clip ends
+        frame, clip_end, failed = self.frame.copy(), self.clip_end.copy(), self.failed.copy()
+        self._run_kernel(np.zeros(n, np.int64), np.zeros((n, self.action_dim)),
+                         np.empty((n, self.obs_dim), np.float32), np.empty(n),
+                         np.empty(n, np.bool_))
+        self.frame[:], self.clip_end[:], self.failed[:] = frame, clip_end, failed
+
+    def _run_kernel(self, episode_step: np.ndarray, last_action: np.ndarray,
+                    obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray) -> None:
+        assert self._kernel is not None and self.backend is not None
+        qpos = self.backend.get_qpos_rows(None)  # the live engine views: the same arrays
+        qvel = self.backend.get_qvel_rows(None)  # every call, so checked once
+        pose = self.backend.get_body_pose_rows(None, self.tracked_bodies)
+        n, nb = len(self.frame), len(self.tracked_bodies)
+        # a new array every call: its shape and layout are checked every call (cheap)
+        check_array("body poses", pose, (n, nb, 7), np.float64)
+        arrays = (qpos, qvel, episode_step, last_action, obs, reward, terminated)
+        checked = self._checked
+        if len(checked) != len(arrays) or any(a is not b for a, b in zip(arrays, checked,
+                                                                         strict=True)):
+            self._check_kernel_arrays(arrays)
+            self._checked = arrays
+        c, clip = self.config, self.clip
+        self._kernel(qpos, qvel, pose, last_action, episode_step, self.step_offset,
+                     self.start_frame, clip.joint_pos, clip.joint_vel, clip.body_pos,
+                     clip.body_quat, self.default_joint, self._ee, self._anchor,
+                     self._last_frame, self._frames_per_step, c.max_anchor_height_error,
+                     c.max_anchor_gravity_error, c.max_end_effector_height_error,
+                     c.pos_sigma ** 2, c.ori_sigma ** 2, c.termination_penalty, self.frame,
+                     self.clip_end, self.failed, obs, reward, terminated)
+
+    def _check_kernel_arrays(self, arrays: tuple[np.ndarray, ...]) -> None:
+        """Dtypes, shapes and layouts the compiled kernel was built for (a mismatch would
+        recompile it in a timed step or index out of bounds)."""
+        n, nj, na = len(self.frame), self.num_joints, self.action_dim
+        qpos, qvel, episode_step, last_action, obs, reward, terminated = arrays
+        check_array("qpos", qpos, (n, 7 + nj), np.float64, rows_only=True)
+        check_array("qvel", qvel, (n, 6 + nj), np.float64, rows_only=True)
+        check_array("episode_step", episode_step, (n,), np.int64)
+        check_array("last_action", last_action, (n, na), np.float64)
+        check_array("obs", obs, (n, self.obs_dim), np.float32)
+        check_array("reward", reward, (n,), np.float64)
+        check_array("terminated", terminated, (n,), np.bool_)
 
     # -- step ----------------------------------------------------------------------------------
     def action_to_ctrl(self, action: np.ndarray, out: np.ndarray) -> None:
@@ -278,13 +365,17 @@ class G1MotionTracking:
     def update_state(self, episode_step: np.ndarray, last_action: np.ndarray,
                      obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray) -> None:
         assert self.backend is not None, "bind() first"
+        if self._offset_pending:
+            self.step_offset[:] = episode_step
+            self._offset_pending = False
+        if self._kernel is not None:
+            self._run_kernel(episode_step, last_action, obs, reward, terminated)
+            self.sampler.record_failures(self.frame[self.failed])
+            return
         c, clip, a = self.config, self.clip, self._anchor
         qpos = self.backend.get_qpos_rows(None)
         qvel = self.backend.get_qvel_rows(None)
         pose = self.backend.get_body_pose_rows(None, self.tracked_bodies)
-        if self._offset_pending:
-            self.step_offset[:] = episode_step
-            self._offset_pending = False
         elapsed = (episode_step - self.step_offset) * self._frames_per_step
         frame = self.start_frame + np.floor(elapsed + 0.5).astype(np.int64)
         np.greater_equal(frame, self._last_frame, out=self.clip_end)
@@ -375,7 +466,8 @@ class G1MotionTracking:
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "substeps": self.substeps,
                                "max_episode_steps": self.max_episode_steps,
-                               "sampler": self.config.sampler}
+                               "sampler": self.config.sampler,
+                               "use_numba": self.config.use_numba}
         if self.backend is not None:
             out.update(obs_dim=self.obs_dim, action_dim=self.action_dim,
                        clip_frames=self.clip.num_frames, clip_fps=self.clip.fps,

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from resettrace.contract import SimBackend
+from resettrace.tasks._arrays import check_array
 from resettrace.tasks.quat import quat_mul, quat_rotate_inverse, yaw_quat
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
@@ -115,7 +116,7 @@ class G1WalkFlat:
         for name, a, shape in (("default_joint", self.default_joint, (self.num_joints,)),
                                ("command", self.command, (n, 3)),
                                ("phase_offset", self.phase_offset, (n,))):
-            _check_array(name, a, shape, np.float64)
+            check_array(name, a, shape, np.float64)
         self._kernel = walk_flat_update
         self._run_kernel(np.zeros(n, np.int64), np.zeros((n, self.action_dim)),
                          np.empty((n, self.obs_dim), np.float32), np.empty(n),
@@ -142,13 +143,13 @@ class G1WalkFlat:
         recompile it in a timed step or index out of bounds)."""
         n, nj, na = len(self.command), self.num_joints, self.action_dim
         qpos, qvel, episode_step, last_action, obs, reward, terminated = arrays
-        _check_array("qpos", qpos, (n, 7 + nj), np.float64, rows_only=True)
-        _check_array("qvel", qvel, (n, 6 + nj), np.float64, rows_only=True)
-        _check_array("episode_step", episode_step, (n,), np.int64)
-        _check_array("last_action", last_action, (n, na), np.float64)
-        _check_array("obs", obs, (n, self.obs_dim), np.float32)
-        _check_array("reward", reward, (n,), np.float64)
-        _check_array("terminated", terminated, (n,), np.bool_)
+        check_array("qpos", qpos, (n, 7 + nj), np.float64, rows_only=True)
+        check_array("qvel", qvel, (n, 6 + nj), np.float64, rows_only=True)
+        check_array("episode_step", episode_step, (n,), np.int64)
+        check_array("last_action", last_action, (n, na), np.float64)
+        check_array("obs", obs, (n, self.obs_dim), np.float32)
+        check_array("reward", reward, (n,), np.float64)
+        check_array("terminated", terminated, (n,), np.bool_)
 
     # -- step ----------------------------------------------------------------------------------
     def action_to_ctrl(self, action: np.ndarray, out: np.ndarray) -> None:
@@ -236,17 +237,3 @@ class G1WalkFlat:
         return {"name": self.name, "obs_dim": self.obs_dim, "action_dim": self.action_dim,
                 "substeps": self.substeps, "max_episode_steps": self.max_episode_steps,
                 "use_numba": self.config.use_numba}
-
-
-def _check_array(name: str, a: Any, shape: tuple[int, ...], dtype: type,
-                 rows_only: bool = False) -> None:
-    """``a`` is an ndarray of ``shape`` and ``dtype``, C-contiguous (``rows_only``: each row
-    contiguous, rows at any stride, as the engine's state views are)."""
-    if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape:
-        got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
-        raise ValueError(f"use_numba: {name} must be a {np.dtype(dtype)} array of shape {shape},"
-                         f" got {got}")
-    ok = a.strides[-1] == a.itemsize if rows_only else a.flags.c_contiguous
-    if not ok:
-        raise ValueError(f"use_numba: {name} must be "
-                         + ("row-contiguous" if rows_only else "C-contiguous"))
