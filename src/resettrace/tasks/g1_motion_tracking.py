@@ -65,7 +65,6 @@ stays numpy in both variants.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +73,7 @@ import numpy as np
 
 from resettrace import catalog as C
 from resettrace.contract import SimBackend
-from resettrace.tasks._arrays import check_array
+from resettrace.tasks._common import G1Task, check_array
 from resettrace.tasks.motion import (
     MotionClip,
     MotionSampler,
@@ -169,22 +168,17 @@ class MotionTrackingConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
-class G1MotionTracking:
+class G1MotionTracking(G1Task):
     """The motion-tracking task on any backend that satisfies the contract."""
 
     name = "g1_motion_tracking"
     #: where the reset sub-phases are recorded; ``NpEnv`` sets the env's recorder
     recorder: Recorder | NoopRecorder = NOOP_RECORDER
 
+    config: MotionTrackingConfig
+
     def __init__(self, config: MotionTrackingConfig | None = None, **overrides: Any) -> None:
-        self.config = config if config is not None else MotionTrackingConfig(**overrides)
-        self.substeps = self.config.substeps
-        self.max_episode_steps = self.config.max_episode_steps
-        self.randomize_initial_episode_step = self.config.randomize_initial_episode_step
-        self.backend: SimBackend | None = None
-        self._kernel: Callable[..., None] | None = None
-        #: the arrays last checked for the kernel; a call with other ones checks them again
-        self._checked: tuple[np.ndarray, ...] = ()
+        super().__init__(config if config is not None else MotionTrackingConfig(**overrides))
 
     # -- bind ----------------------------------------------------------------------------------
     def _load_clip(self) -> MotionClip:
@@ -215,20 +209,14 @@ class G1MotionTracking:
         c = self.config
         clip = self._load_clip()
         self._check_clip(clip, backend)
-        self.backend = backend
+        self._bind_joints(backend)
         self.clip = clip
         n, info = backend.num_envs, backend.info
         self.tracked_bodies: tuple[str, ...] = clip.body_names
         self._anchor = clip.body_names.index(c.anchor_body)
         self._ee = np.array([clip.body_names.index(b) for b in c.end_effector_bodies], np.intp)
-        self.num_joints = nj = len(info.joint_names)
-        self.action_dim = backend.nu
+        nj = self.num_joints
         self.obs_dim = 2 * nj + 3 + 6 + 3 + 2 * nj + self.action_dim
-        self.default_qpos = backend.keyframe_qpos
-        self.default_joint = self.default_qpos[7:].copy()
-        self._act_default = self.default_joint[info.actuator_joint]
-        self._ctrl_lo = info.ctrl_range[:, 0]
-        self._ctrl_hi = info.ctrl_range[:, 1]
         self._joint_lo = info.joint_range[:, 0]
         self._joint_hi = info.joint_range[:, 1]
         self._last_frame = clip.num_frames - 1
@@ -260,8 +248,6 @@ class G1MotionTracking:
         # the first update_state (the env's initial observation) fixes step_offset: the
         # env may have randomised the episode steps after bind
         self._offset_pending = True
-        self._kernel = None
-        self._checked = ()
         if c.use_numba:
             self._bind_kernel()
 
@@ -296,19 +282,12 @@ class G1MotionTracking:
 
     def _run_kernel(self, episode_step: np.ndarray, last_action: np.ndarray,
                     obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray) -> None:
+        qpos, qvel = self._kernel_state(episode_step, last_action, obs, reward, terminated)
         assert self._kernel is not None and self.backend is not None
-        qpos = self.backend.get_qpos_rows(None)  # the live engine views: the same arrays
-        qvel = self.backend.get_qvel_rows(None)  # every call, so checked once
         pose = self.backend.get_body_pose_rows(None, self.tracked_bodies)
         n, nb = len(self.frame), len(self.tracked_bodies)
         # a new array every call: its shape and layout are checked every call (cheap)
         check_array("body poses", pose, (n, nb, 7), np.float64)
-        arrays = (qpos, qvel, episode_step, last_action, obs, reward, terminated)
-        checked = self._checked
-        if len(checked) != len(arrays) or any(a is not b for a, b in zip(arrays, checked,
-                                                                         strict=True)):
-            self._check_kernel_arrays(arrays)
-            self._checked = arrays
         c, clip = self.config, self.clip
         self._kernel(qpos, qvel, pose, last_action, episode_step, self.step_offset,
                      self.start_frame, clip.joint_pos, clip.joint_vel, clip.body_pos,
@@ -317,25 +296,6 @@ class G1MotionTracking:
                      c.max_anchor_gravity_error, c.max_end_effector_height_error,
                      c.pos_sigma ** 2, c.ori_sigma ** 2, c.termination_penalty, self.frame,
                      self.clip_end, self.failed, obs, reward, terminated)
-
-    def _check_kernel_arrays(self, arrays: tuple[np.ndarray, ...]) -> None:
-        """Dtypes, shapes and layouts the compiled kernel was built for (a mismatch would
-        recompile it in a timed step or index out of bounds)."""
-        n, nj, na = len(self.frame), self.num_joints, self.action_dim
-        qpos, qvel, episode_step, last_action, obs, reward, terminated = arrays
-        check_array("qpos", qpos, (n, 7 + nj), np.float64, rows_only=True)
-        check_array("qvel", qvel, (n, 6 + nj), np.float64, rows_only=True)
-        check_array("episode_step", episode_step, (n,), np.int64)
-        check_array("last_action", last_action, (n, na), np.float64)
-        check_array("obs", obs, (n, self.obs_dim), np.float32)
-        check_array("reward", reward, (n,), np.float64)
-        check_array("terminated", terminated, (n,), np.bool_)
-
-    # -- step ----------------------------------------------------------------------------------
-    def action_to_ctrl(self, action: np.ndarray, out: np.ndarray) -> None:
-        np.multiply(action, self.config.action_scale, out=out)
-        out += self._act_default
-        np.clip(out, self._ctrl_lo, self._ctrl_hi, out=out)
 
     def observe(self, frames: np.ndarray, pose: np.ndarray, qpos: np.ndarray,
                 qvel: np.ndarray, last_action: np.ndarray, out: np.ndarray) -> np.ndarray:

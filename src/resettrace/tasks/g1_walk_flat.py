@@ -18,14 +18,13 @@ observation (``observe`` on k rows) stays numpy in both variants.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from resettrace.contract import SimBackend
-from resettrace.tasks._arrays import check_array
+from resettrace.tasks._common import G1Task, check_array
 from resettrace.tasks.quat import quat_mul, quat_rotate_inverse, yaw_quat
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
@@ -67,41 +66,27 @@ class WalkFlatConfig:
             raise ValueError(f"max_tilt_cos must be in [0, 1], got {self.max_tilt_cos}")
 
 
-class G1WalkFlat:
+class G1WalkFlat(G1Task):
     """The walk-flat task on any backend that satisfies the contract."""
 
     name = "g1_walk_flat"
     recorder: Recorder | NoopRecorder = NOOP_RECORDER
 
+    config: WalkFlatConfig
+
     def __init__(self, config: WalkFlatConfig | None = None, **overrides: Any) -> None:
-        self.config = config if config is not None else WalkFlatConfig(**overrides)
-        self.substeps = self.config.substeps
-        self.max_episode_steps = self.config.max_episode_steps
-        self.randomize_initial_episode_step = self.config.randomize_initial_episode_step
-        self.backend: SimBackend | None = None
-        self._kernel: Callable[..., None] | None = None
-        #: the arrays last checked for the kernel; a call with other ones checks them again
-        self._checked: tuple[np.ndarray, ...] = ()
+        super().__init__(config if config is not None else WalkFlatConfig(**overrides))
 
     def bind(self, backend: SimBackend, rng: np.random.Generator) -> None:
-        self.backend = backend
-        n, info = backend.num_envs, backend.info
-        self.num_joints = len(info.joint_names)
-        self.action_dim = backend.nu
+        self._bind_joints(backend)
+        n = backend.num_envs
         self.obs_dim = 3 + 3 + 2 * self.num_joints + self.action_dim + 3 + 2
-        self.default_qpos = backend.keyframe_qpos
-        self.default_joint = self.default_qpos[7:].copy()
-        self._act_default = self.default_joint[info.actuator_joint]
-        self._ctrl_lo = info.ctrl_range[:, 0]
-        self._ctrl_hi = info.ctrl_range[:, 1]
         self.command = np.zeros((n, 3))
         self._command_lo, self._command_hi = np.array(self.config.command_range).T
         self.phase_offset = np.zeros(n)
         self._dt = self.config.control_dt
         self._sample_episode(np.arange(n), rng)
         self._tilt_gz = np.float32(-self.config.max_tilt_cos)  # compared in float32, see below
-        self._kernel = None
-        self._checked = ()
         if self.config.use_numba:
             self._bind_kernel()
 
@@ -124,38 +109,12 @@ class G1WalkFlat:
 
     def _run_kernel(self, episode_step: np.ndarray, last_action: np.ndarray,
                     obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray) -> None:
-        assert self._kernel is not None and self.backend is not None
-        qpos = self.backend.get_qpos_rows(None)  # the live engine views: the same arrays
-        qvel = self.backend.get_qvel_rows(None)  # every call, so checked once
-        arrays = (qpos, qvel, episode_step, last_action, obs, reward, terminated)
-        checked = self._checked
-        if len(checked) != len(arrays) or any(a is not b for a, b in zip(arrays, checked,
-                                                                         strict=True)):
-            self._check_kernel_arrays(arrays)
-            self._checked = arrays
+        qpos, qvel = self._kernel_state(episode_step, last_action, obs, reward, terminated)
         c = self.config
+        assert self._kernel is not None
         self._kernel(qpos, qvel, last_action, self.command, self.phase_offset, episode_step,
                      self.default_joint, self._dt, c.gait_frequency_hz, self._tilt_gz,
                      c.min_base_height, c.tracking_sigma, obs, reward, terminated)
-
-    def _check_kernel_arrays(self, arrays: tuple[np.ndarray, ...]) -> None:
-        """Dtypes, shapes and layouts the compiled kernel was built for (a mismatch would
-        recompile it in a timed step or index out of bounds)."""
-        n, nj, na = len(self.command), self.num_joints, self.action_dim
-        qpos, qvel, episode_step, last_action, obs, reward, terminated = arrays
-        check_array("qpos", qpos, (n, 7 + nj), np.float64, rows_only=True)
-        check_array("qvel", qvel, (n, 6 + nj), np.float64, rows_only=True)
-        check_array("episode_step", episode_step, (n,), np.int64)
-        check_array("last_action", last_action, (n, na), np.float64)
-        check_array("obs", obs, (n, self.obs_dim), np.float32)
-        check_array("reward", reward, (n,), np.float64)
-        check_array("terminated", terminated, (n,), np.bool_)
-
-    # -- step ----------------------------------------------------------------------------------
-    def action_to_ctrl(self, action: np.ndarray, out: np.ndarray) -> None:
-        np.multiply(action, self.config.action_scale, out=out)
-        out += self._act_default
-        np.clip(out, self._ctrl_lo, self._ctrl_hi, out=out)
 
     def observe(self, qpos: np.ndarray, qvel: np.ndarray, last_action: np.ndarray,
                 command: np.ndarray, phase: np.ndarray, out: np.ndarray) -> np.ndarray:
