@@ -87,7 +87,7 @@ from resettrace.tasks.motion import (
     quat_from_euler,
     qyaw,
 )
-from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+from resettrace.tracing.recorder import NOOP_RECORDER
 
 __all__ = ["G1MotionTracking", "MotionTrackingConfig"]
 
@@ -172,9 +172,6 @@ class G1MotionTracking(G1Task):
     """The motion-tracking task on any backend that satisfies the contract."""
 
     name = "g1_motion_tracking"
-    #: where the reset sub-phases are recorded; ``NpEnv`` sets the env's recorder
-    recorder: Recorder | NoopRecorder = NOOP_RECORDER
-
     config: MotionTrackingConfig
 
     def __init__(self, config: MotionTrackingConfig | None = None, **overrides: Any) -> None:

@@ -26,7 +26,6 @@ import numpy as np
 from resettrace.contract import SimBackend
 from resettrace.tasks._common import G1Task, check_array
 from resettrace.tasks.quat import quat_mul, quat_rotate_inverse, yaw_quat
-from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 __all__ = ["G1WalkFlat", "WalkFlatConfig"]
 
@@ -70,8 +69,6 @@ class G1WalkFlat(G1Task):
     """The walk-flat task on any backend that satisfies the contract."""
 
     name = "g1_walk_flat"
-    recorder: Recorder | NoopRecorder = NOOP_RECORDER
-
     config: WalkFlatConfig
 
     def __init__(self, config: WalkFlatConfig | None = None, **overrides: Any) -> None:
