@@ -18,14 +18,14 @@ import pytest
 import resettrace
 from helpers import stand_rows
 from resettrace import catalog as C
-from resettrace.bench.receivers import (
+from resettrace.config import Config
+from resettrace.testing.receivers import (
     BlackholeListener,
     GrpcReceiver,
     HttpReceiver,
     ReceivedSpan,
     refused_endpoint,
 )
-from resettrace.config import Config
 from resettrace.tracing.recorder import Recorder
 from resettrace.tracing.session import ATTR_WORKER_RANK, Tracing
 

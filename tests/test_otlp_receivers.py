@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from resettrace.bench.receivers import (
+from resettrace.testing.receivers import (
     BlackholeListener,
     GrpcReceiver,
     HttpReceiver,

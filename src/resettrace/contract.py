@@ -14,12 +14,16 @@ other row. It validates every input before any engine call and raises
 ``{"timing": {key: ms}}`` with exactly :data:`~resettrace.catalog.SET_STATE_KEYS`
 (0.0 where a phase does not apply; the gap closes the account); with tracing off
 it returns ``None``.
+
+This module imports no backend: each backend module ends with a ``TYPE_CHECKING`` block
+assigning its class to ``type[SimBackend]``, so a type checker proves that backend
+satisfies the contract.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -86,11 +90,3 @@ class SimBackend(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-if TYPE_CHECKING:  # a type checker proves every backend still satisfies the contract
-    from resettrace.backends.motrix import MotrixBackend
-    from resettrace.backends.mujoco import MujocoBackend
-
-    _mujoco: type[SimBackend] = MujocoBackend
-    _motrix: type[SimBackend] = MotrixBackend

@@ -61,7 +61,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mujoco
 import numpy as np
@@ -443,3 +443,9 @@ class MotrixBackend:
     def close(self) -> None:
         self.data = None
         self._state_query = None
+
+
+if TYPE_CHECKING:  # a type checker proves this backend satisfies the contract
+    from resettrace.contract import SimBackend
+
+    _check: type[SimBackend] = MotrixBackend

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mujoco
 import numpy as np
@@ -261,3 +261,9 @@ class MujocoBackend:
 
     def close(self) -> None:
         self.batch = None
+
+
+if TYPE_CHECKING:  # a type checker proves this backend satisfies the contract
+    from resettrace.contract import SimBackend
+
+    _check: type[SimBackend] = MujocoBackend

@@ -28,9 +28,9 @@ import numpy as np
 
 from resettrace import catalog as C
 from resettrace.bench.collector import render_export
-from resettrace.bench.receivers import ReceiverProcess
 from resettrace.bench.tables import format_table
 from resettrace.config import Config
+from resettrace.testing.receivers import ReceiverProcess
 from resettrace.tracing.recorder import NOOP_RECORDER
 
 __all__ = ["OverheadConfig", "run_overhead", "render_overhead", "noop_scope_cost_ns"]

@@ -55,7 +55,7 @@ are fresh from ``set_state``.
 
 ``update_state`` has two implementations that compute the same frames, observation, reward
 and terminations: numpy (the default) and a fused numba kernel
-(:func:`resettrace.envs.kernels.motion_tracking_update`), chosen with ``use_numba=True``
+(:func:`resettrace.tasks.kernels.motion_tracking_update`), chosen with ``use_numba=True``
 (``make_env("g1_motion_tracking", ..., task_options={"use_numba": True})``). With numba on,
 ``bind`` validates the clip and state arrays once and compiles the kernel there, so no
 compile lands in a timed step; numba is imported only then. The sampler's failure feedback
@@ -252,7 +252,7 @@ class G1MotionTracking(G1Task):
         """Check the kernel's fixed inputs (clip, per-env bookkeeping) and compile it (or
         load it from numba's on-disk cache) now, on scratch outputs laid out like NpEnv's
         buffers, which do not exist yet; the first timed step then runs compiled code."""
-        from resettrace.envs.kernels import motion_tracking_update
+        from resettrace.tasks.kernels import motion_tracking_update
 
         assert self.backend is not None
         clip, n, nj = self.clip, self.backend.num_envs, self.num_joints

@@ -9,7 +9,7 @@ keyframe with xy and yaw noise and base velocity noise.
 
 ``update_state`` has two implementations that compute the same observation, reward and
 termination: numpy (the default) and a fused numba kernel
-(:func:`resettrace.envs.kernels.walk_flat_update`), chosen per env with
+(:func:`resettrace.tasks.kernels.walk_flat_update`), chosen per env with
 ``use_numba=True`` (``make_env("g1_walk_flat", ..., task_options={"use_numba": True})``).
 With numba on, ``bind`` validates the state views once and compiles the kernel there, so
 no compile lands in a timed step; numba is imported only then. The reset rows'
@@ -91,7 +91,7 @@ class G1WalkFlat(G1Task):
         """Check the kernel's inputs and compile it (or load it from numba's on-disk cache)
         now, on scratch outputs laid out like NpEnv's buffers, which do not exist yet; the
         first timed step then runs compiled code."""
-        from resettrace.envs.kernels import walk_flat_update
+        from resettrace.tasks.kernels import walk_flat_update
 
         assert self.backend is not None
         n = self.backend.num_envs
