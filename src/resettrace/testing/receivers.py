@@ -15,7 +15,7 @@ Both receivers decode every span into a plain, frozen :class:`ReceivedSpan`::
         ...
         (span,) = rx.wait_for(1)
 
-``from resettrace.bench.receivers import GrpcReceiver`` (grpcio and the OTLP protos
+``from resettrace.testing.receivers import GrpcReceiver`` (grpcio and the OTLP protos
 come with ``opentelemetry-exporter-otlp``).
 """
 
@@ -474,7 +474,7 @@ class ReceiverProcess:
         import subprocess
         import sys
 
-        self._proc = subprocess.Popen([sys.executable, "-m", "resettrace.bench.receivers"],
+        self._proc = subprocess.Popen([sys.executable, "-m", "resettrace.testing.receivers"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline().strip()
