@@ -5,83 +5,58 @@ Public API (simulators and the OpenTelemetry SDK load only when first needed):
 - :func:`make_backend` / :func:`make_env`: a simulator backend, or a task's envs on one;
 - :func:`configure`: switch tracing (``off`` / ``timing`` / ``trace``) in code, overriding
   the ``RESETTRACE`` environment variable;
-- :func:`get_tracing` and :func:`stats`: the current session and its aggregated timings.
+- :func:`get_tracing` and :func:`stats`: the current session and its aggregated timings;
+- tracing your own code: :func:`register_phase` (phases of your own), :func:`recorder`,
+  :func:`bind` / :func:`current_recorder` (one trace across objects), :func:`traced`
+  (a decorator), :func:`instrument` (wrap existing methods from a spec, as
+  ``resettrace run`` and ``RESETTRACE_INSTRUMENT`` do) and :class:`TimingSpanProcessor`
+  (aggregate your own OpenTelemetry spans).
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import threading
-from collections.abc import Iterator
+import os
 from typing import TYPE_CHECKING, Any
 
+from resettrace.catalog import CATALOG, Catalog, Phase, register_phase
 from resettrace.config import Config
+from resettrace.tracing.api import (
+    bind,
+    configure,
+    current_recorder,
+    get_tracing,
+    recorder,
+    stats,
+    traced,
+    use_tracing,
+)
+from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder, Scope
 
 if TYPE_CHECKING:
     from resettrace.envs.np_env import NpEnv
+    from resettrace.instrument import instrument
     from resettrace.randomization import RandomizationConfig
-    from resettrace.tracing.processor import KeyStats
+    from resettrace.tracing.processor import TimingSpanProcessor
     from resettrace.tracing.session import Tracing
 
-__all__ = ["Config", "configure", "get_tracing", "make_backend", "make_env", "stats",
-           "use_tracing", "__version__"]
+__all__ = ["CATALOG", "Catalog", "Config", "NOOP_RECORDER", "NoopRecorder", "Phase", "Recorder",
+           "Scope", "TimingSpanProcessor", "bind", "configure", "current_recorder",
+           "get_tracing", "instrument", "make_backend", "make_env", "recorder",
+           "register_phase", "stats", "traced", "use_tracing", "__version__"]
 __version__ = "0.1.0"
 
-_lock = threading.Lock()
-_default: Tracing | None = None
 
+def __getattr__(name: str) -> Any:
+    # loaded on first use: the processor imports the OpenTelemetry SDK
+    if name == "TimingSpanProcessor":
+        from resettrace.tracing.processor import TimingSpanProcessor
 
-def configure(config: Config | None = None, *, tracer_provider: Any = None,
-              **options: Any) -> Tracing:
-    """Start a new default tracing session; the previous one is flushed and shut down.
+        return TimingSpanProcessor
+    if name == "instrument":
+        from resettrace.instrument import instrument
 
-    ``options`` are :class:`Config` fields (``mode="timing"``, ``exporters=...``); they
-    win over the environment, which wins over the defaults. A ``tracer_provider``
-    passed in receives the spans and is never shut down by resettrace.
-    """
-    from resettrace.tracing.session import Tracing
-
-    global _default
-    cfg = config if config is not None else Config.from_env(**options)
-    new = Tracing(cfg, tracer_provider=tracer_provider)
-    with _lock:
-        old, _default = _default, new
-    if old is not None:
-        old.shutdown()
-    return new
-
-
-def get_tracing() -> Tracing:
-    """The default tracing session, created from the environment on first use."""
-    global _default
-    with _lock:
-        if _default is None:
-            from resettrace.tracing.session import Tracing
-
-            _default = Tracing(Config.from_env())
-        return _default
-
-
-@contextlib.contextmanager
-def use_tracing(session: Tracing) -> Iterator[Tracing]:
-    """Make ``session`` the default for the ``with`` block, then restore the previous one.
-
-    Neither session is shut down: the caller owns ``session``.
-    """
-    global _default
-    with _lock:
-        previous, _default = _default, session
-    try:
-        yield session
-    finally:
-        with _lock:
-            _default = previous
-
-
-def stats() -> dict[str, KeyStats]:
-    """Aggregated statistics per timing key of the default session."""
-    return get_tracing().stats()
+        return instrument
+    raise AttributeError(f"module 'resettrace' has no attribute {name!r}")
 
 
 def make_backend(name: str, *, num_envs: int, model: Any = None, tracing: Tracing | None = None,
@@ -89,9 +64,8 @@ def make_backend(name: str, *, num_envs: int, model: Any = None, tracing: Tracin
     """A simulator backend (``"mujoco"``) with ``num_envs`` envs; see ``resettrace.backends``."""
     from resettrace.backends import make_backend as _make
 
-    session = tracing if tracing is not None else get_tracing()
-    recorder = session.recorder(backend=name, task=task, env_count=num_envs)
-    return _make(name, num_envs=num_envs, model=model, recorder=recorder, **options)
+    rec = recorder(backend=name, task=task, env_count=num_envs, tracing=tracing)
+    return _make(name, num_envs=num_envs, model=model, recorder=rec, **options)
 
 
 def make_env(task: str, *, backend: str = "mujoco", num_envs: int, model: Any = None,
@@ -118,22 +92,19 @@ def make_env(task: str, *, backend: str = "mujoco", num_envs: int, model: Any = 
         rcfg = randomization if isinstance(randomization, RandomizationConfig) \
             else RandomizationConfig()
         payload = RandomizationPayload(rcfg, num_envs, np.random.default_rng([seed, 1]))
-    session = tracing if tracing is not None else get_tracing()
-    recorder = session.recorder(backend=backend, task=task, env_count=num_envs)
-    sim = cls(num_envs=num_envs, model=model, recorder=recorder, **backend_options)
-    env = NpEnv(task_obj, sim, seed=seed, recorder=recorder, payload=payload)
+    rec = recorder(backend=backend, task=task, env_count=num_envs, tracing=tracing)
+    sim = cls(num_envs=num_envs, model=model, recorder=rec, **backend_options)
+    env = NpEnv(task_obj, sim, seed=seed, recorder=rec, payload=payload)
     if payload is not None:  # the first episodes already run on their own models (untraced)
-        from resettrace.tracing.recorder import NOOP_RECORDER
-
         every = np.arange(num_envs)
-        sim.recorder = NOOP_RECORDER
-        sim.set_state(every, sim.get_qpos_rows(None).copy(), sim.get_qvel_rows(None).copy(),
-                      payload.rows(every))
-        sim.recorder = recorder
+        with bind(NOOP_RECORDER):
+            sim.set_state(every, sim.get_qpos_rows(None).copy(),
+                          sim.get_qvel_rows(None).copy(), payload.rows(every))
     return env
 
 
-@atexit.register
-def _shutdown_default() -> None:
-    if _default is not None:
-        _default.shutdown()
+if os.environ.get("RESETTRACE_INSTRUMENT", "").strip():
+    # asked for by the user (``resettrace run`` or the variable): wrap the spec's targets
+    from resettrace.instrument import instrument_from_env
+
+    instrument_from_env()

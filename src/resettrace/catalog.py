@@ -7,16 +7,29 @@ milliseconds), and names its parent phase so that the tree
 without running anything. A phase whose parent declares a ``gap_key`` is part
 of a closed account: ``parent = sum(children) + gap``.
 
+The set of phases is a value, a :class:`Catalog`: the built-in phases below,
+then the phases users add with :func:`register_phase` (for example
+``register_phase("dr_reset.terrain_sample", parent="dr_reset")``). A catalog only
+grows; a phase's ``index`` is its position in it, and recorders, processors and
+span builders receive the catalog they index. Other processes (the span export
+child) get phases by name. :data:`CATALOG` is the process's catalog.
+
 Nothing else in the package spells a phase name, a timing key or an attribute
 key as a string literal: import the constants from here.
 """
 
 from __future__ import annotations
 
+import difflib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 __all__ = [
     "Phase",
+    "Catalog",
+    "CATALOG",
+    "register_phase",
     "PHASES",
     "BY_SPAN",
     "BY_KEY",
@@ -41,16 +54,190 @@ class Phase:
     description: str = ""
 
 
-_PHASES: list[Phase] = []
+def default_key(span: str) -> str:
+    """The timing key of a span name: dots become underscores, then ``_ms``."""
+    return span.replace(".", "_") + "_ms"
+
+
+class Catalog:
+    """An append-only set of phases, looked up by index, span name or timing key.
+
+    Registration is thread-safe; lookups read plain dicts and lists, so they cost
+    nothing on the hot path. ``version`` grows with every new phase, so that
+    layouts derived from the catalog (the closed timing dicts) can be cached.
+    """
+
+    def __init__(self) -> None:
+        self._phases: list[Phase] = []
+        self.by_span: dict[str, Phase] = {}
+        self.by_key: dict[str, Phase] = {}
+        #: gap key -> the phase whose account it closes
+        self.gap_parent: dict[str, Phase] = {}
+        self.version = 0
+        self._lock = threading.Lock()
+        self._layouts: dict[int, tuple[int, dict[int, str], dict[str, float]]] = {}
+
+    # -- lookups ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._phases)
+
+    def __iter__(self) -> Iterator[Phase]:
+        return iter(list(self._phases))
+
+    def __getitem__(self, index: int) -> Phase:
+        return self._phases[index]
+
+    def __contains__(self, phase: object) -> bool:
+        if isinstance(phase, Phase):
+            return self.by_span.get(phase.span) is phase
+        return phase in self.by_span
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        return tuple(self._phases)
+
+    def get(self, span: str) -> Phase | None:
+        return self.by_span.get(span)
+
+    def resolve(self, phase: Phase | str) -> Phase:
+        """The catalog's phase for a :class:`Phase` or a span name.
+
+        An unknown name raises ``ValueError`` listing the closest registered names.
+        """
+        if isinstance(phase, Phase):
+            if self.by_span.get(phase.span) is not phase:
+                raise ValueError(f"phase {phase.span!r} is not in this catalog")
+            return phase
+        if not isinstance(phase, str):
+            raise TypeError(f"a phase is a Phase or a span name, got {type(phase).__name__}")
+        found = self.by_span.get(phase)
+        if found is None:
+            raise ValueError(self._unknown(phase))
+        return found
+
+    def _unknown(self, span: str) -> str:
+        close = difflib.get_close_matches(span, list(self.by_span), n=5, cutoff=0.5)
+        hint = ", ".join(close) if close else ", ".join(list(self.by_span)[:8]) + ", ..."
+        return (f"unknown phase {span!r}; closest registered: {hint} "
+                "(add your own with resettrace.register_phase)")
+
+    def children(self, phase: Phase) -> tuple[Phase, ...]:
+        """The phases whose parent is ``phase``, in catalog order."""
+        return tuple(p for p in self._phases if p.parent == phase.span)
+
+    def timing_keys(self, phase: Phase) -> tuple[str, ...]:
+        """The keys of ``phase``'s closed timing dict: its children's, then its gap."""
+        return tuple(self.layout(phase)[2])
+
+    def layout(self, phase: Phase) -> tuple[int, dict[int, str], dict[str, float]]:
+        """``(version, child key by phase index, zero dict of the closed account)``."""
+        cached = self._layouts.get(phase.index)
+        if cached is not None and cached[0] == self.version:
+            return cached
+        kids = self.children(phase)
+        key_of = {p.index: p.key for p in kids}
+        keys = [p.key for p in kids] + ([phase.gap_key] if phase.gap_key else [])
+        layout = (self.version, key_of, dict.fromkeys(keys, 0.0))
+        self._layouts[phase.index] = layout
+        return layout
+
+    def parent_key(self, key: str) -> str | None:
+        """The timing key a key's share is measured against (gaps: their own phase)."""
+        if key in self.gap_parent:
+            return self.gap_parent[key].key
+        phase = self.by_key.get(key)
+        if phase is None or phase.parent is None:
+            return None
+        parent = self.by_span.get(phase.parent)
+        return None if parent is None else parent.key
+
+    def all_keys(self) -> tuple[str, ...]:
+        """Every phase key, then every gap key, then the counts (the stats order)."""
+        phases = list(self._phases)
+        return (tuple(p.key for p in phases) + tuple(p.gap_key for p in phases if p.gap_key)
+                + (RESET_DONE_COUNT,))
+
+    # -- registration -----------------------------------------------------------------------
+    def register(self, span: str, *, parent: Phase | str | None, key: str | None = None,
+                 gap_key: str | None = None, description: str = "") -> Phase:
+        """Add a phase (or return the same one registered before with the same arguments).
+
+        ``parent`` is a :class:`Phase`, a span name or ``None`` (a root phase); ``key``
+        defaults to :func:`default_key` of ``span``. A span registered before with other
+        arguments, or a key or gap key already in use, raises ``ValueError`` naming the
+        conflict.
+        """
+        if not isinstance(span, str) or not span.strip() or span != span.strip():
+            raise ValueError(f"a phase's span name must be a non-empty string without "
+                             f"surrounding spaces, got {span!r}")
+        parent_span = None
+        if parent is not None:
+            parent_span = self.resolve(parent).span
+        key = default_key(span) if key is None else key
+        for what, value in (("key", key), ("gap_key", gap_key)):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"{what} of phase {span!r} must be a non-empty string, "
+                                 f"got {value!r}")
+        with self._lock:
+            old = self.by_span.get(span)
+            if old is not None:
+                return self._same(old, parent_span, key, gap_key, description)
+            taken = set(self.by_key) | set(self.gap_parent) | {RESET_DONE_COUNT}
+            for what, value in (("key", key), ("gap_key", gap_key)):
+                if value in taken:
+                    owner = self.by_key.get(value) or self.gap_parent.get(value)
+                    whose = f" of phase {owner.span!r}" if owner else ""
+                    raise ValueError(f"cannot register phase {span!r}: {what} {value!r} is "
+                                     f"already the timing key{whose}")
+            if gap_key is not None and gap_key == key:
+                raise ValueError(f"phase {span!r}: key and gap_key are both {key!r}")
+            phase = Phase(len(self._phases), span, key, parent_span, gap_key, description)
+            self._phases.append(phase)
+            self.by_span[span] = phase
+            self.by_key[key] = phase
+            if gap_key is not None:
+                self.gap_parent[gap_key] = phase
+            self.version += 1
+        return phase
+
+    @staticmethod
+    def _same(old: Phase, parent: str | None, key: str, gap_key: str | None,
+              description: str) -> Phase:
+        diffs = [f"{name} {new!r} (registered: {was!r})" for name, new, was in (
+            ("parent", parent, old.parent), ("key", key, old.key),
+            ("gap_key", gap_key, old.gap_key)) if new != was]
+        if description and description != old.description:
+            diffs.append(f"description {description!r} (registered: {old.description!r})")
+        if diffs:
+            raise ValueError(f"phase {old.span!r} is already registered with other "
+                             f"arguments: {'; '.join(diffs)}")
+        return old
+
+
+#: The process's catalog: the built-in phases, then every registered one.
+CATALOG = Catalog()
+
+
+def register_phase(span: str, *, parent: Phase | str | None, key: str | None = None,
+                   gap_key: str | None = None, description: str = "") -> Phase:
+    """Add a phase of your own to :data:`CATALOG`; see :meth:`Catalog.register`.
+
+    Its timing key appears in stats, tables, CSV and ``timing.json`` like a built-in
+    one; a child of ``set_state`` also gets a key in ``set_state``'s timing dict
+    (before the gap key).
+    """
+    return CATALOG.register(span, parent=parent, key=key, gap_key=gap_key,
+                            description=description)
 
 
 def _phase(span: str, key: str, parent: Phase | None = None, *, gap_key: str | None = None,
            description: str = "") -> Phase:
-    p = Phase(len(_PHASES), span, key, None if parent is None else parent.span, gap_key,
-              description)
-    _PHASES.append(p)
-    return p
+    return CATALOG.register(span, parent=parent, key=key, gap_key=gap_key,
+                            description=description)
 
+
+#: Counts (not milliseconds) aggregated alongside the timing keys.
+RESET_DONE_COUNT = "reset_done_count"
 
 # --- env step -------------------------------------------------------------------------------
 ENV_STEP = _phase("env_step", "env_step_total_ms", gap_key="env_step_other_ms",
@@ -138,30 +325,28 @@ DR_RESET_BODY_POSE = _phase("dr_reset.build_observation.body_pose", "dr_reset_bo
                             DR_RESET_BUILD_OBSERVATION,
                             description="tracked body poses of the reset rows")
 
-PHASES: tuple[Phase, ...] = tuple(_PHASES)
+#: The built-in phases (registered ones are in :data:`CATALOG` only).
+PHASES: tuple[Phase, ...] = CATALOG.phases
 BY_SPAN: dict[str, Phase] = {p.span: p for p in PHASES}
 BY_KEY: dict[str, Phase] = {p.key: p for p in PHASES}
-if len(BY_SPAN) != len(PHASES) or len(BY_KEY) != len(PHASES):  # pragma: no cover
-    raise RuntimeError("duplicate span name or timing key in the catalog")
 
 
 def children_of(phase: Phase) -> tuple[Phase, ...]:
-    """The phases whose parent is ``phase``, in catalog order."""
-    return tuple(p for p in PHASES if p.parent == phase.span)
+    """The phases of :data:`CATALOG` whose parent is ``phase``, in catalog order."""
+    return CATALOG.children(phase)
 
 
 SET_STATE_PHASES: tuple[Phase, ...] = children_of(SET_STATE)
 GAP_KEYS: tuple[str, ...] = tuple(p.gap_key for p in PHASES if p.gap_key)
 GAP_PARENT: dict[str, Phase] = {p.gap_key: p for p in PHASES if p.gap_key}
 
-#: The 16 keys of ``set_state(...)["timing"]``: 15 phases then the gap.
+#: The 16 canonical keys of ``set_state(...)["timing"]``: 15 phases then the gap. A
+#: registered child of ``set_state`` adds its key before the gap
+#: (``CATALOG.timing_keys(SET_STATE)``).
 SET_STATE_KEYS: tuple[str, ...] = tuple(p.key for p in SET_STATE_PHASES) + (
     "set_state_internal_gap_ms",
 )
 assert SET_STATE.gap_key == SET_STATE_KEYS[-1] and len(SET_STATE_KEYS) == 16
-
-#: Counts (not milliseconds) aggregated alongside the timing keys.
-RESET_DONE_COUNT = "reset_done_count"
 
 RESET_DONE_KEYS: tuple[str, ...] = (RESET_DONE_COUNT, RESET_DONE_TERMINAL_OBS.key,
                                     RESET_DONE_RESET_CALL.key, RESET_DONE_OBS_SCATTER.key,
@@ -173,7 +358,7 @@ DR_RESET_KEYS: tuple[str, ...] = (DR_RESET.key, DR_RESET_PLAN.key, DR_RESET_PAYL
                                   DR_RESET_MOTION_LOOKUP.key, DR_RESET_BODY_POSE.key)
 ENV_STEP_KEYS: tuple[str, ...] = (ENV_STEP.key, APPLY_ACTION.key, PHYSICS.key, UPDATE_STATE.key,
                                   RESET_DONE.key, "env_step_other_ms")
-ALL_KEYS: tuple[str, ...] = tuple(p.key for p in PHASES) + GAP_KEYS + (RESET_DONE_COUNT,)
+ALL_KEYS: tuple[str, ...] = CATALOG.all_keys()
 
 # --- attribute keys ---------------------------------------------------------------------------
 ATTR_ENV_COUNT = "resettrace.env.count"  # envs in the batch

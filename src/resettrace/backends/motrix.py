@@ -72,6 +72,7 @@ from resettrace.backends._validate import check_ids, convert_rows
 from resettrace.backends.mujoco import DEFAULT_MODEL, KEYFRAME, describe_model
 from resettrace.contract import BackendInfo, SetStateResult
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
+from resettrace.tracing.api import bind, current_recorder
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 os.environ.setdefault("RUST_LOG", "error")  # before the import: silences loader warnings
@@ -212,7 +213,10 @@ class MotrixBackend:
         self.nbody = int(mj.nbody)
         self._mj = mj
         self._override_base: dict[str, Any] | None = None
-        self.recorder: Recorder | NoopRecorder = NOOP_RECORDER  # the initial reset is not traced
+        #: where set_state is recorded when no recorder is bound (``None``: the default
+        #: session's); a bound recorder (``resettrace.bind``) wins, so that set_state
+        #: nests in the caller's trace
+        self.recorder: Recorder | NoopRecorder | None = recorder
         with _G_DATA:
             self.data: Any = ms.SceneData(self.model, batch=[self.num_envs])
         key = mujoco.mj_name2id(mj, mujoco.mjtObj.mjOBJ_KEY, KEYFRAME)
@@ -240,10 +244,10 @@ class MotrixBackend:
         self._ctrl_all = np.zeros((self.num_envs, self.nu), _F32)
         self._scratch_k = -1
         self._grow_scratch(0)
-        # start every env at the keyframe, actuators holding it
+        # start every env at the keyframe, actuators holding it (untraced)
         q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
-        self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
-        self.recorder = NOOP_RECORDER if recorder is None else recorder
+        with bind(NOOP_RECORDER):
+            self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
 
     # -- contract ----------------------------------------------------------------------------
     @property
@@ -279,7 +283,7 @@ class MotrixBackend:
     def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
                   randomization: Any = None) -> SetStateResult | None:
         randomization = as_rows(randomization)
-        rec = self.recorder
+        rec = current_recorder(self.recorder)
         with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
             with rec.scope(C.SET_STATE_MASK):
                 ids, order = check_ids(env_ids, self.num_envs)
@@ -294,7 +298,7 @@ class MotrixBackend:
                     if order is not None:
                         randomization = reorder_rows(randomization, order)
             if k:
-                self._write_rows(ids, index, q, v, randomization)
+                self._write_rows(rec, ids, index, q, v, randomization)
         return {"timing": t} if (t := outer.timing()) is not None else None
 
     def _convert(self, qpos: Any, qvel: Any, k: int, order: np.ndarray | None
@@ -316,15 +320,15 @@ class MotrixBackend:
         self._scratch_v = np.empty((size, self.nv), _F32)
         self._scratch_c = np.empty((size, self.nu), _F32)
 
-    def _write_rows(self, ids: np.ndarray, index: Any, q: np.ndarray, v: np.ndarray,
-                    rand: RandomizationRows | None) -> None:
-        rec, model = self.recorder, self.model
+    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any,
+                    q: np.ndarray, v: np.ndarray, rand: RandomizationRows | None) -> None:
+        model = self.model
         with rec.scope(C.SET_STATE_DATA_SLICE), _G_SLICE:
             sub = self.data[index]
         with rec.scope(C.SET_STATE_DATA_RESET), _G_RESET:
             sub.reset(model, q, v)  # reset + DoF write in one call (see the module docstring)
         if rand is not None and not rand.empty:
-            self._randomize(sub, rand)  # overrides leave the DoF state alone
+            self._randomize(rec, sub, rand)  # overrides leave the DoF state alone
         with rec.scope(C.SET_STATE_ACTUATOR_CTRL), _G_CTRL:
             ctrl = self._scratch_c[:len(ids)]  # computed with the rows in qpos_convert
             sub.actuator_ctrls = ctrl
@@ -354,9 +358,10 @@ class MotrixBackend:
                 }
         return self._override_base
 
-    def _randomize(self, sub: Any, rand: RandomizationRows) -> None:
+    def _randomize(self, rec: Recorder | NoopRecorder, sub: Any, rand: RandomizationRows
+                   ) -> None:
         """Per-env overrides of the reset rows; scales apply to the model's own values."""
-        rec, base = self.recorder, self._overrides()
+        base = self._overrides()
         with rec.scope(C.SET_STATE_RESET_RAND), _G_RAND:
             friction = rand.get("friction")
             if friction is not None:

@@ -44,6 +44,7 @@ from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import check_ids, convert_rows
 from resettrace.contract import BackendInfo, SetStateResult
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
+from resettrace.tracing.api import bind, current_recorder
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,10 @@ class MujocoBackend:
         self.info = describe_model(self.model, self.name)
         m = self.model
         self.nq, self.nv, self.nu = int(m.nq), int(m.nv), int(m.nu)
-        self.recorder: Recorder | NoopRecorder = NOOP_RECORDER  # the initial reset is not traced
+        #: where set_state is recorded when no recorder is bound (``None``: the default
+        #: session's); a bound recorder (``resettrace.bind``) wins, so that set_state
+        #: nests in the caller's trace
+        self.recorder: Recorder | NoopRecorder | None = recorder
         nthread = (os.cpu_count() or 1) if nthread is None else int(nthread)
         self.batch: Any = mj_batch.Batch(m, self.num_envs, nthread=nthread)
         b = self.batch
@@ -138,10 +142,10 @@ class MujocoBackend:
         self._contact_geoms = np.flatnonzero((m.geom_contype | m.geom_conaffinity) != 0)
         floor = m.geom_bodyid[self._contact_geoms] != 0
         self._contact_geoms = self._contact_geoms[floor]  # the robot's, not the world's
-        # start every env at the keyframe, actuators holding it
+        # start every env at the keyframe, actuators holding it (untraced)
         q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
-        self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
-        self.recorder = NOOP_RECORDER if recorder is None else recorder
+        with bind(NOOP_RECORDER):
+            self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
 
     # -- contract ----------------------------------------------------------------------------
     @property
@@ -159,7 +163,7 @@ class MujocoBackend:
     def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
                   randomization: Any = None) -> SetStateResult | None:
         randomization = as_rows(randomization)
-        rec = self.recorder
+        rec = current_recorder(self.recorder)
         with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
             with rec.scope(C.SET_STATE_MASK):
                 ids, order = check_ids(env_ids, self.num_envs)
@@ -173,7 +177,7 @@ class MujocoBackend:
                     if order is not None:
                         randomization = reorder_rows(randomization, order)
             if k:
-                self._write_rows(ids, q, v, ctrl, randomization)
+                self._write_rows(rec, ids, q, v, ctrl, randomization)
         return {"timing": t} if (t := outer.timing()) is not None else None
 
     def _scratch(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -185,14 +189,13 @@ class MujocoBackend:
             self._scratch_c = np.empty((size, self.nu))
         return self._scratch_q[:k], self._scratch_v[:k], self._scratch_c[:k]
 
-    def _write_rows(self, ids: np.ndarray, q: np.ndarray, v: np.ndarray, ctrl: np.ndarray,
-                    rand: RandomizationRows | None) -> None:
-        rec = self.recorder
+    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, q: np.ndarray,
+                    v: np.ndarray, ctrl: np.ndarray, rand: RandomizationRows | None) -> None:
         with rec.scope(C.SET_STATE_DATA_RESET):
             self._state[ids] = self._template
             self._warning[ids] = 0  # warning counters live outside the state rows
         if rand is not None and not rand.empty:
-            self._randomize(ids, rand)
+            self._randomize(rec, ids, rand)
         with rec.scope(C.SET_STATE_SET_DOF_POS):
             self._qpos[ids] = q
         with rec.scope(C.SET_STATE_SET_DOF_VEL):
@@ -208,9 +211,9 @@ class MujocoBackend:
         """The per-env copy of a model field (made on first use: it costs memory)."""
         return self.batch.expand(name)
 
-    def _randomize(self, ids: np.ndarray, rand: RandomizationRows) -> None:
+    def _randomize(self, rec: Recorder | NoopRecorder, ids: np.ndarray,
+                   rand: RandomizationRows) -> None:
         """Per-env model fields of the reset rows; scales apply to the model's own values."""
-        rec = self.recorder
         m, contact = self.model, self._contact_geoms
         with rec.scope(C.SET_STATE_RESET_RAND):
             friction = rand.get("friction")

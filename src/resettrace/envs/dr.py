@@ -3,7 +3,8 @@
 ``reset(env_ids)`` plans the reset rows' initial state (the task's sampler, and
 new randomization values when a payload is set), selects their rows of the
 randomization payload, calls ``backend.set_state`` and builds their reset
-observation, each under its catalog phase. The ``set_state``
+observation, each under its catalog phase, with the current recorder
+(``resettrace.current_recorder``: the env's, which it binds). The ``set_state``
 span itself is emitted by the backend.
 """
 
@@ -15,7 +16,8 @@ from resettrace import catalog as C
 from resettrace.contract import SetStateResult, SimBackend
 from resettrace.randomization import RandomizationPayload, RandomizationRows
 from resettrace.tasks.base import Task
-from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+from resettrace.tracing.api import current_recorder
+from resettrace.tracing.recorder import NoopRecorder, Recorder
 
 __all__ = ["DomainRandomizationManager"]
 
@@ -24,12 +26,13 @@ class DomainRandomizationManager:
     """Resets rows of one backend for one task."""
 
     def __init__(self, task: Task, backend: SimBackend, *, rng: np.random.Generator,
-                 recorder: Recorder | NoopRecorder = NOOP_RECORDER,
+                 recorder: Recorder | NoopRecorder | None = None,
                  payload: RandomizationPayload | None = None) -> None:
         self.task = task
         self.backend = backend
         self.rng = rng
         self.payload = payload
+        #: used when no recorder is bound (``None``: the default session's)
         self.recorder = recorder
         #: the backend's timing dict of the last reset (None with tracing off)
         self.last_set_state: SetStateResult | None = None
@@ -41,7 +44,7 @@ class DomainRandomizationManager:
 
     def reset(self, env_ids: np.ndarray) -> np.ndarray:
         """Re-initialise ``env_ids``; return their reset observation ``(k, obs_dim)``."""
-        rec = self.recorder
+        rec = current_recorder(self.recorder)
         with rec.scope(C.DR_RESET, len(env_ids)):
             with rec.scope(C.DR_RESET_PLAN):
                 qpos, qvel = self.task.plan_reset(env_ids, self.rng)

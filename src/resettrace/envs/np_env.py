@@ -5,6 +5,11 @@ update_state (observation, reward, termination of every env) and, when any env
 finished, ``reset_done``: copy the terminal observations, reset the finished rows
 through the domain-randomization manager, scatter the reset observations and the
 episode bookkeeping back into the batch. Every stage is a catalog phase.
+
+It instruments itself with resettrace's public API, as a user's env would:
+``step`` and ``reset_done`` bind the env's recorder (``resettrace.bind``), so the
+domain-randomization manager, the task and the backend record into the same trace
+through ``resettrace.current_recorder``.
 """
 
 from __future__ import annotations
@@ -17,23 +22,26 @@ from resettrace import catalog as C
 from resettrace.contract import SimBackend
 from resettrace.envs.dr import DomainRandomizationManager
 from resettrace.tasks.base import Task
-from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+from resettrace.tracing.api import bind, current_recorder
+from resettrace.tracing.recorder import NoopRecorder, Recorder
 
 __all__ = ["NpEnv"]
 
 
 class NpEnv:
-    """``num_envs`` envs of ``task`` on ``backend``; buffers allocated once."""
+    """``num_envs`` envs of ``task`` on ``backend``; buffers allocated once.
+
+    ``recorder``: where the env's steps are recorded when the caller has bound none
+    (``None``: the default session's recorder of the thread).
+    """
 
     def __init__(self, task: Task, backend: SimBackend, *, seed: int = 0,
-                 recorder: Recorder | NoopRecorder = NOOP_RECORDER, payload: Any = None) -> None:
+                 recorder: Recorder | NoopRecorder | None = None, payload: Any = None) -> None:
         self.task = task
         self.backend = backend
         self.num_envs = backend.num_envs
         self.rng = np.random.default_rng(seed)
         self.recorder = recorder
-        # tasks that time their own sub-phases (motion tracking) record into the env's recorder
-        task.recorder = recorder
         task.bind(backend, self.rng)
         n = self.num_envs
         self.obs = np.zeros((n, task.obs_dim), dtype=np.float32)
@@ -47,17 +55,15 @@ class NpEnv:
         self.last_action = np.zeros((n, task.action_dim))
         self.ctrl = np.zeros((n, backend.nu))
         self.episodes_finished = 0
-        self.dr = DomainRandomizationManager(task, backend, rng=self.rng, recorder=recorder,
-                                             payload=payload)
+        self.dr = DomainRandomizationManager(task, backend, rng=self.rng, payload=payload)
         if task.randomize_initial_episode_step:
             self.episode_step[:] = self.rng.integers(0, task.max_episode_steps, n)
         task.update_state(self.episode_step, self.last_action, self.obs, self.reward,
                           self.terminated)
 
     def use_recorder(self, recorder: Recorder | NoopRecorder) -> None:
-        """Record this env, its manager and its backend with ``recorder`` from now on."""
-        self.recorder = self.dr.recorder = recorder
-        self.task.recorder = recorder
+        """Record this env (with its manager, task and backend) with ``recorder`` from now on."""
+        self.recorder = recorder
         self.backend.recorder = recorder
 
     @property
@@ -74,9 +80,9 @@ class NpEnv:
         if action.shape != (self.num_envs, self.task.action_dim):
             raise ValueError(f"action must have shape ({self.num_envs}, {self.task.action_dim}),"
                              f" got {action.shape}")
-        rec = self.recorder
+        rec = current_recorder(self.recorder)
         task = self.task
-        with rec.scope(C.ENV_STEP):
+        with bind(rec), rec.scope(C.ENV_STEP):
             with rec.scope(C.APPLY_ACTION):
                 task.action_to_ctrl(action, self.ctrl)
                 self.last_action[...] = action
@@ -98,8 +104,8 @@ class NpEnv:
         """Reset the envs where ``done``; return their ids."""
         ids = np.flatnonzero(done)
         k = ids.size
-        rec = self.recorder
-        with rec.scope(C.RESET_DONE, k):
+        rec = current_recorder(self.recorder)
+        with bind(rec), rec.scope(C.RESET_DONE, k):
             with rec.scope(C.RESET_DONE_TERMINAL_OBS):
                 self.terminal_obs[ids] = self.obs[ids]
             with rec.scope(C.RESET_DONE_RESET_CALL):

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from resettrace.contract import SimBackend
-from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 __all__ = ["G1Task", "check_array"]
 
@@ -33,8 +32,6 @@ class G1Task:
     """Base of the G1 tasks: subclasses set ``obs_dim`` in ``bind`` after ``_bind_joints``."""
 
     obs_dim: int
-    #: where the task times its own sub-phases; ``NpEnv`` sets the env's recorder
-    recorder: Recorder | NoopRecorder = NOOP_RECORDER
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -13,7 +13,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from resettrace.contract import SimBackend
-from resettrace.tracing.recorder import NoopRecorder, Recorder
 
 __all__ = ["Task"]
 
@@ -27,9 +26,6 @@ class Task(Protocol):
     max_episode_steps: int
     #: start envs at random episode steps so that time-outs spread over steps
     randomize_initial_episode_step: bool
-    #: where the task times its own sub-phases (the env sets it; no-op by default)
-    recorder: Recorder | NoopRecorder
-
     def bind(self, backend: SimBackend, rng: np.random.Generator) -> None:
         """Allocate per-env buffers for ``backend.num_envs`` envs."""
         ...

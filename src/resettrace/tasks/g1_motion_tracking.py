@@ -87,6 +87,7 @@ from resettrace.tasks.motion import (
     quat_from_euler,
     qyaw,
 )
+from resettrace.tracing.api import bind, current_recorder
 from resettrace.tracing.recorder import NOOP_RECORDER
 
 __all__ = ["G1MotionTracking", "MotionTrackingConfig"]
@@ -237,11 +238,8 @@ class G1MotionTracking(G1Task):
         frames = self.sampler.sample(ids, rng)
         qpos, qvel = self._initial_state(frames, rng)
         self.start_frame[:] = self.frame[:] = frames
-        recorder, backend.recorder = backend.recorder, NOOP_RECORDER
-        try:
+        with bind(NOOP_RECORDER):
             backend.set_state(ids, qpos, qvel)
-        finally:
-            backend.recorder = recorder
         # the first update_state (the env's initial observation) fixes step_offset: the
         # env may have randomised the episode steps after bind
         self._offset_pending = True
@@ -400,7 +398,7 @@ class G1MotionTracking(G1Task):
         """Sample start frames, then the rows' state from the clip; the env sets the rows'
         episode step to 0 after the reset, so their step offset is 0."""
         assert self.backend is not None, "bind() first"
-        rec = self.recorder
+        rec = current_recorder()
         with rec.scope(C.DR_RESET_MOTION_SAMPLE):
             frames = self.sampler.sample(env_ids, rng)
             self.start_frame[env_ids] = frames
@@ -411,7 +409,7 @@ class G1MotionTracking(G1Task):
 
     def reset_observation(self, env_ids: np.ndarray) -> np.ndarray:
         assert self.backend is not None, "bind() first"
-        with self.recorder.scope(C.DR_RESET_BODY_POSE):
+        with current_recorder().scope(C.DR_RESET_BODY_POSE):
             pose = self.backend.get_body_pose_rows(env_ids, self.tracked_bodies)
         qpos = self.backend.get_qpos_rows(env_ids)
         qvel = self.backend.get_qvel_rows(env_ids)

@@ -19,7 +19,9 @@ a training process that dies cannot leave it behind.
 
 Wire format, child's stdin: frames of ``<I`` payload length, one type byte, payload.
 ``C`` JSON settings; ``R`` recorder registration (``<Iq`` id, epoch offset + JSON
-attributes); ``E`` error name (``<I`` code + UTF-8); ``T`` trace (``<IIq`` recorder
+attributes); ``E`` error name (``<I`` code + UTF-8); ``P`` phase (``<I`` catalog index +
+UTF-8 span name: phases reach the child by name, so one registered after the session
+started exports like a built-in one); ``T`` trace (``<IIq`` recorder
 id, record count, spans dropped so far + ``6 * count`` int64); ``F`` flush
 (``<I`` sequence number); ``Q`` quit. Child's stdout: one JSON status per line.
 """
@@ -44,7 +46,7 @@ from collections import deque
 from itertools import chain
 from typing import Any
 
-from resettrace.catalog import ATTR_EXPORT_DROPPED
+from resettrace.catalog import ATTR_EXPORT_DROPPED, CATALOG, Catalog
 from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, error_name
 
 log = logging.getLogger(__name__)
@@ -81,8 +83,10 @@ class ProcessExporter:
     traces wait in this process for the pipe, beyond that they are dropped.
     """
 
-    def __init__(self, settings: dict[str, Any], *, max_traces: int = 4096) -> None:
+    def __init__(self, settings: dict[str, Any], *, max_traces: int = 4096,
+                 catalog: Catalog = CATALOG) -> None:
         self._settings = settings
+        self._catalog = catalog
         self._max_traces = max_traces
         self._lock = threading.Lock()  # traces may end on several training threads
         self._proc: subprocess.Popen[bytes] | None = None
@@ -99,6 +103,7 @@ class ProcessExporter:
         self._rids: dict[int, int] = {}
         self._keep: list[Recorder] = []  # registered recorders stay alive: ids stay unique
         self._errors_sent = 1
+        self._phases_sent = 0
         self._flush_seq = 0
         self._status: dict[str, Any] = {}
         self._out = b""
@@ -156,6 +161,8 @@ class ProcessExporter:
                 rid = self._register(recorder)
             if self._errors_sent < len(_ERROR_NAMES):
                 self._send_error_names()
+            if self._phases_sent < len(self._catalog):
+                self._send_phases()
             frames = self._frames
             if len(frames) >= self._max_traces:
                 self._pump()  # full: make room if the pipe takes some
@@ -188,6 +195,13 @@ class ProcessExporter:
             code = self._errors_sent
             self._frame(b"E", _ERROR.pack(code) + _ERROR_NAMES[code].encode(), 0, force=True)
             self._errors_sent += 1
+
+    def _send_phases(self) -> None:
+        catalog = self._catalog
+        while self._phases_sent < len(catalog):
+            i = self._phases_sent
+            self._frame(b"P", _ERROR.pack(i) + catalog[i].span.encode(), 0, force=True)
+            self._phases_sent += 1
 
     def _frame(self, kind: bytes, payload: bytes, spans: int, *, force: bool = False) -> bool:
         """Queue one frame; False (nothing queued) when ``max_traces`` wait already."""
@@ -357,6 +371,7 @@ class _Child:
         self.buf = bytearray()
         self.recorders: dict[int, tuple[dict[str, Any], int]] = {}
         self.errors: dict[int, str] = {}
+        self.phases: dict[int, str] = {}
         self.exporters: list[tuple[str, Any]] = []
         self.exported: dict[str, int] = {}
         self.failed: dict[str, int] = {}
@@ -401,8 +416,10 @@ class _Child:
             attrs, offset = self.recorders[rid]
             from resettrace.tracing.materialise import build_spans
 
+            phases = self.phases
             build_spans(self.tracer, records, attrs, offset,
                         lambda code: self.errors.get(code, error_name(code)),
+                        lambda i: phases.get(i) or f"resettrace.phase.{i}",
                         {ATTR_EXPORT_DROPPED: dropped})
             self.received += n
             if not self.batch_since:
@@ -410,6 +427,9 @@ class _Child:
         elif kind == ord("R"):
             rid, offset = _REGISTER.unpack_from(payload)
             self.recorders[rid] = (json.loads(bytes(payload[_REGISTER.size:])), offset)
+        elif kind == ord("P"):
+            (index,) = _ERROR.unpack_from(payload)
+            self.phases[index] = bytes(payload[_ERROR.size:]).decode()
         elif kind == ord("E"):
             (code,) = _ERROR.unpack_from(payload)
             self.errors[code] = bytes(payload[_ERROR.size:]).decode()

@@ -25,7 +25,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from resettrace.catalog import ATTR_RESET_COUNT, INSTRUMENTATION_SCOPE, PHASES
+from resettrace.catalog import ATTR_RESET_COUNT, CATALOG, INSTRUMENTATION_SCOPE, Catalog
 from resettrace.tracing.recorder import (
     R_COUNT,
     R_END,
@@ -46,12 +46,12 @@ __all__ = ["SpanMaterializer", "build_spans"]
 
 
 def build_spans(tracer: Any, records: Sequence[Record], attrs: Mapping[str, Any], offset: int,
-                error_names: Callable[[int], str],
+                error_names: Callable[[int], str], span_names: Callable[[int], str],
                 root_attrs: Mapping[str, Any] | None = None) -> None:
     """Start and end one SDK span per record, with exact times and parent links.
 
-    ``offset`` turns record clocks into Unix epoch ns; ``root_attrs`` go on the
-    trace's root span only.
+    ``offset`` turns record clocks into Unix epoch ns; ``span_names`` maps a record's
+    phase index to its span name; ``root_attrs`` go on the trace's root span only.
     """
     spans: list[Any] = []
     counts: list[int] = []
@@ -68,7 +68,7 @@ def build_spans(tracer: Any, records: Sequence[Record], attrs: Mapping[str, Any]
             span_attrs[ATTR_RESET_COUNT] = count
         if parent < 0 and root_attrs:
             span_attrs.update(root_attrs)
-        span = tracer.start_span(PHASES[r[R_PHASE]].span, context=ctx,
+        span = tracer.start_span(span_names(r[R_PHASE]), context=ctx,
                                  start_time=r[R_START] + offset, attributes=span_attrs)
         if r[R_ERROR]:
             span.set_status(Status(StatusCode.ERROR, error_names(r[R_ERROR])))
@@ -91,7 +91,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class SpanMaterializer:
     """Builds SDK spans from recorder traces on a background thread."""
 
-    def __init__(self, tracer_provider: trace.TracerProvider, *, queue_size: int = 4096) -> None:
+    def __init__(self, tracer_provider: trace.TracerProvider, *, queue_size: int = 4096,
+                 catalog: Catalog = CATALOG) -> None:
+        self._catalog = catalog
         self._tracer = tracer_provider.get_tracer(INSTRUMENTATION_SCOPE)
         self._queue: deque[tuple[Sequence[Record], dict[str, Any], int]] = deque()
         self._queue_size = queue_size
@@ -153,7 +155,9 @@ class SpanMaterializer:
                 self._cv.notify_all()
 
     def _materialise(self, records: Sequence[Record], attrs: dict[str, Any], offset: int) -> None:
-        build_spans(self._tracer, records, attrs, offset, error_name)
+        catalog = self._catalog
+        build_spans(self._tracer, records, attrs, offset, error_name,
+                    lambda i: catalog[i].span)
         self.materialised_spans += len(records)
 
     # -- lifecycle --------------------------------------------------------------------------

@@ -10,6 +10,15 @@ The spans that resettrace materialises from those same records carry the
 instrumentation scope :data:`~resettrace.catalog.INSTRUMENTATION_SCOPE`; ``on_end``
 skips them so nothing is counted twice.
 
+Both paths aggregate alike: a phase adds its duration under its key; a phase with
+a gap key adds ``duration - sum(declared children)`` under it (a child of another
+phase nested under it stays inside that gap); every ``set_state`` adds its whole
+closed timing dict (the 16 canonical keys, registered children's keys, the gap;
+0.0 for what did not run), so each of those keys has one sample per call. A phase
+nested inside itself counts once, for the outermost call. An SDK span whose name
+is not in the catalog is aggregated under its :func:`~resettrace.catalog.default_key`
+and listed by :meth:`TimingSpanProcessor.unregistered_spans`.
+
 Contract (as for every SDK processor): ``on_end`` runs on the thread that ended
 the span; it never blocks on I/O and never raises.
 """
@@ -31,16 +40,15 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from resettrace.catalog import (
-    ALL_KEYS,
     ATTR_RESET_COUNT,
-    BY_KEY,
-    BY_SPAN,
-    GAP_PARENT,
+    CATALOG,
     INSTRUMENTATION_SCOPE,
-    PHASES,
     RESET_DONE,
     RESET_DONE_COUNT,
     SET_STATE,
+    Catalog,
+    Phase,
+    default_key,
 )
 from resettrace.tracing.recorder import (
     R_COUNT,
@@ -50,6 +58,7 @@ from resettrace.tracing.recorder import (
     R_START,
     Record,
     closed_timing,
+    note_once,
 )
 
 if TYPE_CHECKING:
@@ -60,7 +69,6 @@ log = logging.getLogger(__name__)
 __all__ = ["KeyStats", "TimingSpanProcessor", "percentile", "parent_key"]
 
 _MAX_OPEN_PARENTS = 10_000
-_SET_STATE_SPAN = SET_STATE.span
 #: queued traces that wake the aggregation thread
 _DRAIN_BATCH = 32
 #: traces aggregated between two GIL hand-backs of the aggregation thread
@@ -89,14 +97,9 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
 
 
-def parent_key(key: str) -> str | None:
+def parent_key(key: str, catalog: Catalog = CATALOG) -> str | None:
     """The timing key a key's share is measured against (gaps: their own phase)."""
-    if key in GAP_PARENT:
-        return GAP_PARENT[key].key
-    phase = BY_KEY.get(key)
-    if phase is None or phase.parent is None:
-        return None
-    return BY_SPAN[phase.parent].key
+    return catalog.parent_key(key)
 
 
 @dataclass(frozen=True)
@@ -145,19 +148,26 @@ class _Series:
 class TimingSpanProcessor(SpanProcessor):
     """Aggregates catalog spans and recorder traces into per-key statistics.
 
-    ``skip_scope``: spans of this instrumentation scope are ignored by ``on_end``
-    (default: resettrace's own materialised spans, already aggregated from records).
+    Attach it to a ``TracerProvider`` (``provider.add_span_processor(...)``) to
+    aggregate SDK spans that your code creates with catalog span names, or hand its
+    :meth:`on_trace` to recorders. ``skip_scope``: spans of this instrumentation scope
+    are ignored by ``on_end`` (default: resettrace's own materialised spans, already
+    aggregated from records). ``catalog``: the phases it knows (default: the
+    process's :data:`~resettrace.catalog.CATALOG`).
     """
 
     def __init__(self, *, max_samples: int = 100_000,
-                 skip_scope: str | None = INSTRUMENTATION_SCOPE, seed: int = 0) -> None:
+                 skip_scope: str | None = INSTRUMENTATION_SCOPE, seed: int = 0,
+                 catalog: Catalog = CATALOG) -> None:
+        self.catalog = catalog
+        self._unregistered: dict[str, str] = {}
         self._max_samples = max_samples
         self._skip_scope = skip_scope
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._series: dict[str, _Series] = {}
-        # children's summed durations of still-open SDK spans that have a gap key
-        self._open_children: OrderedDict[int, float] = OrderedDict()
+        # ended children of still-open SDK spans: span id -> [(phase, ms)]
+        self._open_children: OrderedDict[int, list[tuple[Phase, float]]] = OrderedDict()
         #: recorder traces and records aggregated so far
         self.traces_seen = 0
         self.records_seen = 0
@@ -217,29 +227,53 @@ class TimingSpanProcessor(SpanProcessor):
                 time.sleep(0)  # hand the GIL back to the training thread between chunks
 
     def _aggregate(self, records: Sequence[Record]) -> None:
-        """Add one trace's phases; each ``set_state`` adds all 16 contract keys (0.0
-        for phases it did not run), so every set_state key has one sample per call."""
+        """Add one trace's phases (see the module docstring for the rules)."""
         n = len(records)
         self.traces_seen += 1
         self.records_seen += n
-        child_ns = [0] * n
+        cat = self.catalog
+        phases = [cat[r[R_PHASE]] for r in records]
+        skip = self._recursive(records) if len(set(phases)) < n else None
+        declared_ns = [0] * n  # per record: summed durations of its declared children
         for i in range(n - 1, -1, -1):  # children come after their parent
             r = records[i]
-            phase = PHASES[r[R_PHASE]]
+            phase = phases[i]
             d = r[R_END] - r[R_START]
             p = r[R_PARENT]
-            if p >= 0:
-                child_ns[p] += d
-            if phase.parent == _SET_STATE_SPAN:
-                continue  # added with its parent's closed account below
+            parent = phases[p] if p >= 0 else None
+            if parent is not None and phase.parent == parent.span:
+                declared_ns[p] += d
+                if parent is SET_STATE and (skip is None or not skip[p]):
+                    continue  # added with its parent's closed account below
+            elif parent is not None and (skip is None or not skip[i]):
+                note_once("nesting", "phase %r was recorded under %r, not under its "
+                          "registered parent %r; its time stays in that phase's gap",
+                          phase.span, None if parent is None else parent.span, phase.parent)
+            if skip is not None and skip[i]:
+                continue  # a phase inside itself: its time is in the outer call's
             self._add(phase.key, d * 1e-6)
             if phase is SET_STATE:
-                for key, value in closed_timing(records, i, phase).items():
+                for key, value in closed_timing(records, i, phase, cat).items():
                     self._add(key, value)
             elif phase.gap_key is not None:
-                self._add(phase.gap_key, (d - child_ns[i]) * 1e-6)
+                self._add(phase.gap_key, (d - declared_ns[i]) * 1e-6)
             if phase is RESET_DONE and r[R_COUNT] >= 0:
                 self._add(RESET_DONE_COUNT, float(r[R_COUNT]))
+
+    @staticmethod
+    def _recursive(records: Sequence[Record]) -> list[bool]:
+        """Per record: does its phase also open one of its ancestors?"""
+        out = [False] * len(records)
+        for i, r in enumerate(records):
+            j = r[R_PARENT]
+            while j >= 0:
+                if records[j][R_PHASE] == r[R_PHASE]:
+                    out[i] = True
+                    note_once("recursion", "phase index %d was entered inside itself; it "
+                              "counts once, for the outermost call", r[R_PHASE])
+                    break
+                j = records[j][R_PARENT]
+        return out
 
     # -- SpanProcessor ------------------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -252,29 +286,69 @@ class TimingSpanProcessor(SpanProcessor):
             log.exception("TimingSpanProcessor: failed to aggregate span %r", span.name)
 
     def _on_end(self, span: ReadableSpan) -> None:
-        phase = BY_SPAN.get(span.name)
-        if phase is None or span.start_time is None or span.end_time is None:
+        if span.start_time is None or span.end_time is None:
             return
         scope = span.instrumentation_scope
         if self._skip_scope is not None and scope is not None and scope.name == self._skip_scope:
             return
-        d = span.end_time - span.start_time
+        phase = self.catalog.get(span.name)
+        d_ms = (span.end_time - span.start_time) * 1e-6
         ctx = span.get_span_context()
+        parent_id = span.parent.span_id if span.parent is not None else None
         with self._lock:
-            self._add(phase.key, d * 1e-6)
-            if phase.gap_key is not None:
-                kids = self._open_children.pop(ctx.span_id, 0.0) if ctx else 0.0
-                self._add(phase.gap_key, (d - kids) * 1e-6)
-            if phase is RESET_DONE:
-                count = (span.attributes or {}).get(ATTR_RESET_COUNT)
-                if count is not None:
-                    self._add(RESET_DONE_COUNT, float(count))  # type: ignore[arg-type]
-            parent = BY_SPAN.get(phase.parent) if phase.parent else None
-            if parent is not None and parent.gap_key is not None and span.parent is not None:
-                pid = span.parent.span_id
-                self._open_children[pid] = self._open_children.get(pid, 0.0) + d
+            kids = self._open_children.pop(ctx.span_id, None) if ctx else None
+            if phase is None:
+                self._add(self._derived_key(span.name), d_ms)
+            else:
+                self._account(phase, d_ms, kids)
+                if phase is RESET_DONE:
+                    count = (span.attributes or {}).get(ATTR_RESET_COUNT)
+                    if count is not None:
+                        self._add(RESET_DONE_COUNT, float(count))  # type: ignore[arg-type]
+            if kids:  # children of a span that is not set_state: their own keys
+                for kid, ms in kids:
+                    if kid.parent == SET_STATE.span and phase is not SET_STATE:
+                        self._add(kid.key, ms)
+            if parent_id is None and phase is not None and phase.parent == SET_STATE.span:
+                self._add(phase.key, d_ms)  # a root span: no parent account will add it
+            elif parent_id is not None and phase is not None:
+                self._open_children.setdefault(parent_id, []).append((phase, d_ms))
                 if len(self._open_children) > _MAX_OPEN_PARENTS:
-                    self._open_children.popitem(last=False)
+                    _, orphans = self._open_children.popitem(last=False)
+                    for kid, ms in orphans:  # the parent never ended here
+                        if kid.parent == SET_STATE.span:
+                            self._add(kid.key, ms)
+
+    def _account(self, phase: Phase, d_ms: float, kids: list[tuple[Phase, float]] | None
+                 ) -> None:
+        """One ended SDK span of ``phase``: its key, and its gap or closed account."""
+        if phase.parent != SET_STATE.span:
+            self._add(phase.key, d_ms)  # set_state's children wait for their parent
+        if phase.gap_key is None and phase is not SET_STATE:
+            return
+        declared = [(k, ms) for k, ms in (kids or ()) if k.parent == phase.span]
+        if phase is SET_STATE:
+            out = self.catalog.layout(phase)[2].copy()
+            for kid, ms in declared:
+                out[kid.key] += ms
+            out[phase.gap_key] = d_ms - sum(ms for _, ms in declared)  # type: ignore[index]
+            for key, value in out.items():
+                self._add(key, value)
+        else:
+            self._add(phase.gap_key, d_ms - sum(ms for _, ms in declared))  # type: ignore[arg-type]
+
+    def _derived_key(self, name: str) -> str:
+        key = self._unregistered.get(name)
+        if key is None:
+            key = self._unregistered[name] = default_key(name)
+            note_once("unregistered:" + name, "span %r is not a registered phase; aggregated "
+                      "as %r (register it with resettrace.register_phase)", name, key)
+        return key
+
+    def unregistered_spans(self) -> dict[str, str]:
+        """SDK span names seen that are not in the catalog, with the key they went under."""
+        with self._lock:
+            return dict(self._unregistered)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self._drain()
@@ -293,9 +367,11 @@ class TimingSpanProcessor(SpanProcessor):
             snapshot = {k: (s.count, s.total, s.max, sorted(s.samples))
                         for k, s in self._series.items()}
         out: dict[str, KeyStats] = {}
-        for k in _ordered(snapshot if keys is None else [k for k in keys if k in snapshot]):
+        order = self._order()
+        for k in _ordered(snapshot if keys is None else [k for k in keys if k in snapshot],
+                          order):
             count, total, mx, ordered = snapshot[k]
-            pk = parent_key(k)
+            pk = self.catalog.parent_key(k)
             share = None
             if pk is not None and pk in snapshot and snapshot[pk][1] > 0:
                 share = total / snapshot[pk][1]
@@ -308,7 +384,8 @@ class TimingSpanProcessor(SpanProcessor):
         """The kept samples per key, in arrival order (all of them below ``max_samples``)."""
         self._drain()
         with self._lock:
-            return {k: list(self._series[k].samples) for k in _ordered(self._series)}
+            return {k: list(self._series[k].samples)
+                    for k in _ordered(self._series, self._order())}
 
     def clear(self) -> None:
         self._drain()
@@ -318,8 +395,9 @@ class TimingSpanProcessor(SpanProcessor):
             self.traces_seen = self.records_seen = 0
 
 
-_ORDER = {k: i for i, k in enumerate(ALL_KEYS)}
+    def _order(self) -> dict[str, int]:
+        return {k: i for i, k in enumerate(self.catalog.all_keys())}
 
 
-def _ordered(keys: Iterable[str] | Mapping[str, Any]) -> list[str]:
-    return sorted(keys, key=lambda k: (_ORDER.get(k, len(_ORDER)), k))
+def _ordered(keys: Iterable[str] | Mapping[str, Any], order: Mapping[str, int]) -> list[str]:
+    return sorted(keys, key=lambda k: (order.get(k, len(order)), k))

@@ -4,31 +4,42 @@
 append; no OpenTelemetry call is made on the training thread. When the outermost
 scope closes, the finished tree of records (a *trace*) is handed to the sinks:
 the :class:`~resettrace.tracing.processor.TimingSpanProcessor` aggregates it, and
-in ``trace`` mode the :class:`~resettrace.tracing.materialise.SpanMaterializer`
-turns it into real OpenTelemetry spans on its own thread.
+in ``trace`` mode the span sinks export it.
 
-With tracing off every component holds :data:`NOOP_RECORDER`, whose ``scope()``
+With tracing off every component gets :data:`NOOP_RECORDER`, whose ``scope()``
 returns one shared do-nothing scope and whose ``timing()`` is ``None``.
 
 A record is a list of six ints ``[phase_index, parent_position, start_ns, end_ns,
-count, error]``: ``parent_position`` is the parent's position in the trace or -1,
-``count`` the envs reset (-1: not given), ``error`` 0 or the code of the exception
-type that left the scope (:func:`error_name`). All ints, so a trace packs into one
-``array('q')`` without a Python loop.
+count, error]``: ``phase_index`` indexes the recorder's
+:class:`~resettrace.catalog.Catalog`, ``parent_position`` is the parent's position
+in the trace or -1, ``count`` the envs reset (-1: not given), ``error`` 0 or the code
+of the exception type that left the scope (:func:`error_name`). All ints, so a
+trace packs into one ``array('q')`` without a Python loop.
+
+Misuse never raises here: scopes nest through a stack, so a phase may re-enter
+itself, sit under any parent or be left by an exception; a scope exited without
+being entered is ignored; a recorder used from a thread other than the one that
+created it records that thread's calls as traces of their own. Each such surprise
+is logged once (:func:`note_once`); the statistics treat them in
+:mod:`~resettrace.tracing.processor`.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from resettrace.catalog import PHASES, Phase, children_of
+from resettrace.catalog import CATALOG, Catalog, Phase
 
 __all__ = [
     "Recorder", "NoopRecorder", "NOOP_RECORDER", "Record", "TraceSink", "closed_timing",
-    "use_clock",
+    "use_clock", "note_once",
 ]
+
+log = logging.getLogger("resettrace")
 
 Record = list  # [phase_index, parent_position, start_ns, end_ns, count, error]
 R_PHASE, R_PARENT, R_START, R_END, R_COUNT, R_ERROR = range(6)
@@ -38,6 +49,15 @@ NO_COUNT = -1
 #: exception type names by error code (code 0: no error); append-only
 _ERROR_NAMES: list[str] = [""]
 _ERROR_CODES: dict[str, int] = {}
+
+_NOTED: set[str] = set()
+
+
+def note_once(kind: str, message: str, *args: Any) -> None:
+    """Log the first surprise of each ``kind`` (misuse that is handled, not raised)."""
+    if kind not in _NOTED:
+        _NOTED.add(kind)
+        log.warning("resettrace: " + message + " (logged once)", *args)
 
 
 def error_code(name: str) -> int:
@@ -52,7 +72,9 @@ def error_code(name: str) -> int:
 def error_name(code: int) -> str:
     return _ERROR_NAMES[code] if 0 < code < len(_ERROR_NAMES) else f"error {code}"
 
+
 _perf_ns = time.perf_counter_ns
+_get_ident = threading.get_ident
 
 
 class TraceSink(Protocol):
@@ -83,47 +105,62 @@ class NoopRecorder:
     enabled = False
     attributes: Mapping[str, Any] = {}
 
-    def scope(self, phase: Phase, count: int = NO_COUNT) -> _NoopScope:
+    def scope(self, phase: Phase | str, count: int = NO_COUNT) -> _NoopScope:
         return _NOOP_SCOPE
 
 
 NOOP_RECORDER = NoopRecorder()
 
 
-class _Scope:
-    """One phase's reusable scope; a phase never nests inside itself.
+class Scope:
+    """One phase's reusable scope object (what :meth:`Recorder.scope` returns).
 
-    It holds direct references to its recorder's lists: every attribute lookup
-    saved here is saved ~20 times per reset.
+    Use it as a context manager; :meth:`timing` gives the closed timing dict of its
+    last run. The open records live on the recorder's stack, so the same scope may
+    be entered again inside itself. It holds direct references to its recorder's
+    lists: every attribute lookup saved here is saved ~20 times per reset.
     """
 
-    __slots__ = ("_rec", "_index", "_count", "_record", "_pos", "_stack", "_records")
+    __slots__ = ("_rec", "_index", "_count", "_pos", "_stack", "_records")
 
     def __init__(self, rec: Recorder, index: int) -> None:
         self._rec = rec
         self._index = index
         self._count = NO_COUNT
-        self._record: Record = []
         self._pos = -1
         self._stack = rec._stack
         self._records = rec._records
 
-    def __enter__(self) -> _Scope:
+    @property
+    def phase(self) -> Phase:
+        return self._rec.catalog[self._index]
+
+    def __enter__(self) -> Scope:
         stack = self._stack
         records = self._records
-        self._pos = pos = len(records)
-        self._record = r = [self._index, stack[-1] if stack else -1, 0, 0, self._count, 0]
+        pos = len(records)
+        r = [self._index, stack[-1] if stack else -1, 0, 0, self._count, 0]
         stack.append(pos)
         records.append(r)
         r[2] = _perf_ns()  # R_START, last: bookkeeping is not timed
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self._record[3] = _perf_ns()  # R_END
-        if exc_type is not None:
-            self._record[R_ERROR] = error_code(exc_type.__name__)
+        t = _perf_ns()
         stack = self._stack
-        stack.pop()
+        if not stack:
+            note_once("exit-unopened", "scope %r exited without being entered; ignored",
+                      self._rec.catalog[self._index].span)
+            return
+        self._pos = pos = stack.pop()
+        r = self._records[pos]
+        r[3] = t  # R_END
+        if exc_type is not None:
+            r[R_ERROR] = error_code(exc_type.__name__)
+        if r[0] != self._index:
+            cat = self._rec.catalog
+            note_once("exit-mismatch", "scope %r exited while %r was the innermost open one;"
+                      " the innermost one was closed", cat[self._index].span, cat[r[0]].span)
         if not stack:
             self._rec._flush()
 
@@ -131,79 +168,114 @@ class _Scope:
         """Closed timing dict of this scope's last run: its children's keys and the gap."""
         rec = self._rec
         trace = rec._records if rec._stack else rec._last
-        return closed_timing(trace, self._pos, PHASES[self._index])
+        if not 0 <= self._pos < len(trace) or trace[self._pos][0] != self._index:
+            return dict(rec.catalog.layout(rec.catalog[self._index])[2])  # never run
+        return closed_timing(trace, self._pos, rec.catalog[self._index], rec.catalog)
 
 
-_CHILD_LAYOUT: dict[int, tuple[list[str | None], dict[str, float]]] = {}
+# the name the hot path used before ``Scope`` was public
+_Scope = Scope
 
 
-def _child_layout(phase: Phase) -> tuple[list[str | None], dict[str, float]]:
-    """Child key by phase index, and the zero dict of the phase's closed account."""
-    layout = _CHILD_LAYOUT.get(phase.index)
-    if layout is None:
-        kids = children_of(phase)
-        key_of: list[str | None] = [None] * len(PHASES)
-        for p in kids:
-            key_of[p.index] = p.key
-        keys = [p.key for p in kids] + ([phase.gap_key] if phase.gap_key else [])
-        layout = _CHILD_LAYOUT[phase.index] = (key_of, dict.fromkeys(keys, 0.0))
-    return layout
-
-
-def closed_timing(records: Sequence[Record], pos: int, phase: Phase) -> dict[str, float]:
+def closed_timing(records: Sequence[Record], pos: int, phase: Phase,
+                  catalog: Catalog = CATALOG) -> dict[str, float]:
     """Every child key of the record at ``pos`` (0.0 when not run), then its gap key.
 
-    The gap is the record's duration minus the sum of its children, so the
-    values add up to the record's duration exactly.
+    The gap is the record's duration minus the sum of its declared children, so the
+    values add up to the record's duration exactly; a child of another phase recorded
+    under it (unexpected nesting) stays inside the gap.
     """
-    key_of, zeros = _child_layout(phase)
+    _, key_of, zeros = catalog.layout(phase)
     out = zeros.copy()
     record = records[pos]
     total_ns = 0
     for j in range(pos + 1, len(records)):
         r = records[j]
         if r[1] == pos:  # R_PARENT: a direct child
-            d = r[3] - r[2]
-            total_ns += d
-            out[key_of[r[0]]] += d * 1e-6
+            key = key_of.get(r[0])
+            if key is not None:
+                d = r[3] - r[2]
+                total_ns += d
+                out[key] += d * 1e-6
     if phase.gap_key:
         out[phase.gap_key] = (record[3] - record[2] - total_ns) * 1e-6
     return out
 
 
 class Recorder:
-    """Records nested phase scopes for one env (and its backend).
+    """Records nested phase scopes for one env (and its backend) on one thread.
 
     ``attributes`` are attached to every exported span of this recorder (backend
-    and task names, env count). Not thread-safe: one recorder per training thread.
+    and task names, env count). A recorder belongs to the thread that created it;
+    scopes opened from another thread go to a recorder of that thread with the same
+    sinks and attributes, so each thread's traces stay whole.
     """
 
     enabled = True
 
     def __init__(self, sinks: Sequence[TraceSink] = (), *,
-                 attributes: Mapping[str, Any] | None = None) -> None:
+                 attributes: Mapping[str, Any] | None = None,
+                 catalog: Catalog = CATALOG) -> None:
         self._sinks = tuple(sinks)
+        self.catalog = catalog
         self.attributes: dict[str, Any] = dict(attributes or {})
         self._records: list[Record] = []
         self._last: list[Record] = []
         self._stack: list[int] = []
-        self._scopes = [_Scope(self, p.index) for p in PHASES]
+        self._scopes: list[Scope] = []
+        self._grow()
+        self._owner = _get_ident()
+        self._threads: dict[int, Recorder] = {}
         #: wall-clock ns minus perf_counter ns, to place records in real time
         self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
 
-    def scope(self, phase: Phase, count: int = NO_COUNT) -> _Scope:
-        """The scope of ``phase``; ``count`` is the envs it resets (an attribute)."""
-        s = self._scopes[phase.index]
+    def _grow(self) -> None:
+        scopes = self._scopes
+        scopes.extend(Scope(self, i) for i in range(len(scopes), len(self.catalog)))
+
+    def scope(self, phase: Phase | str, count: int = NO_COUNT) -> Scope:
+        """The scope of ``phase`` (a :class:`Phase` or a registered span name).
+
+        ``count`` is the envs it resets (an attribute); an unknown name raises
+        ``ValueError`` listing the closest registered names.
+        """
+        if _get_ident() != self._owner:
+            return self._other_thread().scope(phase, count)
+        try:
+            s = self._scopes[phase.index]  # type: ignore[index]
+        except (AttributeError, IndexError):  # a span name, or a phase registered later
+            s = self._scope_of(phase)
         s._count = count
         return s
+
+    def _scope_of(self, phase: Phase | str) -> Scope:
+        p = self.catalog.resolve(phase)
+        if p.index >= len(self._scopes):
+            self._grow()
+        return self._scopes[p.index]
+
+    def _other_thread(self) -> Recorder:
+        ident = _get_ident()
+        rec = self._threads.get(ident)
+        if rec is None:
+            rec = Recorder(self._sinks, attributes=self.attributes, catalog=self.catalog)
+            rec.attributes = self.attributes  # one dict: attributes set later apply to both
+            self._threads[ident] = rec
+            if self._stack:
+                note_once("other-thread", "a recorder was used from a second thread while its"
+                          " own thread had a trace open; each thread's calls are recorded as "
+                          "traces of their own")
+        return rec
 
     def _flush(self) -> None:
         # the scopes hold self._records: hand the sinks a copy and reuse the list
         self._last = records = self._records[:]
         self._records.clear()
         for sink in self._sinks:
-            sink.on_trace(records, self)
-
+            try:
+                sink.on_trace(records, self)
+            except Exception:  # a sink must never break training
+                log.exception("resettrace: a trace sink failed")
 
 
 def use_clock(clock_ns: Callable[[], int] | None) -> None:

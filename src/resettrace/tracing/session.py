@@ -28,9 +28,10 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK
+from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK, CATALOG, Catalog
 from resettrace.config import DEFAULT_EXPORTERS, Config
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
@@ -44,17 +45,33 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Tracing", "ATTR_WORKER_RANK"]
+__all__ = ["Tracing", "ATTR_WORKER_RANK", "default_attributes"]
 
 ATTR_WORKER_RANK = "resettrace.worker.rank"
 IN_PROCESS_EXPORTERS = ("memory",)
 
+#: span attributes every recorder of every session starts with (``instrument()``'s
+#: ``[attributes]`` table); the arguments of :meth:`Tracing.recorder` win over them
+_DEFAULT_ATTRIBUTES: dict[str, Any] = {}
+
+
+def default_attributes() -> dict[str, Any]:
+    """The live dict of attributes that every new recorder starts with."""
+    return _DEFAULT_ATTRIBUTES
+
 
 class Tracing:
-    """Owns the sinks that recorders feed. Thread-safe to read stats from."""
+    """Owns the sinks that recorders feed. Thread-safe to read stats from.
 
-    def __init__(self, config: Config | None = None, *, tracer_provider: Any = None) -> None:
+    ``catalog``: the phases its recorders, processor and exporters know (default: the
+    process's :data:`~resettrace.catalog.CATALOG`, which phases registered later join).
+    """
+
+    def __init__(self, config: Config | None = None, *, tracer_provider: Any = None,
+                 catalog: Catalog | None = None) -> None:
         self.config = config if config is not None else Config.from_env()
+        self.catalog = CATALOG if catalog is None else catalog
+        self._local = threading.local()
         self.processor: TimingSpanProcessor | None = None
         self.materializer: SpanMaterializer | None = None
         self.process: ProcessExporter | None = None
@@ -67,7 +84,8 @@ class Tracing:
             return
         from resettrace.tracing.processor import TimingSpanProcessor
 
-        self.processor = TimingSpanProcessor(max_samples=self.config.max_samples)
+        self.processor = TimingSpanProcessor(max_samples=self.config.max_samples,
+                                             catalog=self.catalog)
         if self.config.exports_spans:
             self._start_export(tracer_provider)
 
@@ -86,14 +104,16 @@ class Tracing:
             from resettrace.tracing.materialise import SpanMaterializer
 
             self._provider = tracer_provider
-            self.materializer = SpanMaterializer(tracer_provider, queue_size=cfg.queue_size)
+            self.materializer = SpanMaterializer(tracer_provider, queue_size=cfg.queue_size,
+                                                 catalog=self.catalog)
             sinks.append(self.materializer)
         if remote:
             from resettrace.tracing.export_process import ProcessExporter
 
             settings = {"config": _jsonable(cfg), "exporters": remote,
                         "resource": self.resource_attributes()}
-            self.process = ProcessExporter(settings, max_traces=cfg.queue_size)
+            self.process = ProcessExporter(settings, max_traces=cfg.queue_size,
+                                           catalog=self.catalog)
             sinks.append(self.process)
         self.sampler = TraceSampler(sinks, every=cfg.sample_every,
                                     slowest_window=cfg.sample_slowest_window)
@@ -131,11 +151,17 @@ class Tracing:
         return self._provider
 
     def recorder(self, *, backend: str | None = None, task: str | None = None,
-                 env_count: int | None = None) -> Recorder | NoopRecorder:
-        """A recorder for one env/backend pair, or the shared no-op one when off."""
+                 env_count: int | None = None, attributes: Mapping[str, Any] | None = None
+                 ) -> Recorder | NoopRecorder:
+        """A recorder for one env/backend pair, or the shared no-op one when off.
+
+        Its span attributes: :func:`default_attributes`, then ``attributes``, then
+        backend, task and env count when given.
+        """
         if self.processor is None or self._closed:
             return NOOP_RECORDER
-        attrs: dict[str, Any] = {}
+        attrs: dict[str, Any] = dict(_DEFAULT_ATTRIBUTES)
+        attrs.update(attributes or {})
         if backend is not None:
             attrs[ATTR_BACKEND] = backend
         if task is not None:
@@ -145,7 +171,16 @@ class Tracing:
         sinks: list[Any] = [self.processor]
         if self.sampler is not None:
             sinks.append(self.sampler)
-        return Recorder(sinks, attributes=attrs)
+        return Recorder(sinks, attributes=attrs, catalog=self.catalog)
+
+    def thread_recorder(self) -> Recorder | NoopRecorder:
+        """This thread's default recorder (``current_recorder()`` when none is bound)."""
+        if self._closed:
+            return NOOP_RECORDER
+        rec = getattr(self._local, "recorder", None)
+        if rec is None:
+            rec = self._local.recorder = self.recorder()
+        return rec
 
     # -- results ------------------------------------------------------------------------------
     def stats(self) -> dict[str, KeyStats]:

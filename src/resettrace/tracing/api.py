@@ -1,0 +1,264 @@
+"""The public recording API: sessions, recorders, the current recorder and ``traced``.
+
+Three ways to time your own code, all feeding the same statistics and spans:
+
+- ``rec = resettrace.recorder(backend="mylab", env_count=4096)`` then
+  ``with rec.scope("set_state", k) as s: ...``; ``s.timing()`` is the closed
+  timing dict of that run;
+- ``with resettrace.bind(rec):`` makes ``rec`` the *current* recorder of the block
+  (a ``contextvars`` variable: threads and asyncio tasks each see their own), so
+  the env, the domain-randomization manager and the backend nest into one trace
+  without passing the recorder around; :func:`current_recorder` returns it;
+- ``@resettrace.traced("dr_reset", count="env_ids")`` records every call of a
+  function with the current recorder.
+
+The default session (:func:`get_tracing`) is created from the environment
+(``RESETTRACE=off|timing|trace``) on first use; :func:`configure` replaces it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import contextvars
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from resettrace.catalog import CATALOG, Phase
+from resettrace.config import Config
+from resettrace.tracing.recorder import NO_COUNT, NoopRecorder, Recorder, note_once
+
+if TYPE_CHECKING:
+    from resettrace.tracing.processor import KeyStats
+    from resettrace.tracing.session import Tracing
+
+__all__ = ["configure", "get_tracing", "use_tracing", "stats", "recorder", "bind",
+           "current_recorder", "traced", "count_of"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_lock = threading.Lock()
+_default: Tracing | None = None
+_CURRENT: contextvars.ContextVar[Recorder | NoopRecorder | None] = contextvars.ContextVar(
+    "resettrace_current_recorder", default=None)
+_get_current = _CURRENT.get
+
+
+# -- sessions -----------------------------------------------------------------------------
+def configure(config: Config | None = None, *, tracer_provider: Any = None,
+              **options: Any) -> Tracing:
+    """Start a new default tracing session; the previous one is flushed and shut down.
+
+    ``options`` are :class:`Config` fields (``mode="timing"``, ``exporters=...``); they
+    win over the environment, which wins over the defaults. A ``tracer_provider``
+    passed in receives the spans and is never shut down by resettrace.
+    """
+    from resettrace.tracing.session import Tracing
+
+    global _default
+    cfg = config if config is not None else Config.from_env(**options)
+    new = Tracing(cfg, tracer_provider=tracer_provider)
+    with _lock:
+        old, _default = _default, new
+    if old is not None:
+        old.shutdown()
+    return new
+
+
+def get_tracing() -> Tracing:
+    """The default tracing session, created from the environment on first use."""
+    global _default
+    session = _default
+    if session is not None:
+        return session
+    with _lock:
+        if _default is None:
+            from resettrace.tracing.session import Tracing
+
+            _default = Tracing(Config.from_env())
+        return _default
+
+
+@contextlib.contextmanager
+def use_tracing(session: Tracing) -> Iterator[Tracing]:
+    """Make ``session`` the default for the ``with`` block, then restore the previous one.
+
+    Neither session is shut down: the caller owns ``session``.
+    """
+    global _default
+    with _lock:
+        previous, _default = _default, session
+    try:
+        yield session
+    finally:
+        with _lock:
+            _default = previous
+
+
+def stats() -> dict[str, KeyStats]:
+    """Aggregated statistics per timing key of the default session."""
+    return get_tracing().stats()
+
+
+@atexit.register
+def _shutdown_default() -> None:
+    if _default is not None:
+        _default.shutdown()
+
+
+# -- recorders ----------------------------------------------------------------------------
+def recorder(*, backend: str | None = None, task: str | None = None,
+             env_count: int | None = None, tracing: Tracing | None = None,
+             attributes: Mapping[str, Any] | None = None) -> Recorder | NoopRecorder:
+    """A recorder of ``tracing`` (default: the default session) for one env/backend.
+
+    ``backend``, ``task``, ``env_count`` and ``attributes`` go on every span it
+    exports. With tracing off it is the shared no-op recorder.
+    """
+    session = tracing if tracing is not None else get_tracing()
+    return session.recorder(backend=backend, task=task, env_count=env_count,
+                            attributes=attributes)
+
+
+class bind:  # noqa: N801 - used like a function: ``with resettrace.bind(rec):``
+    """Make ``recorder`` the current one for the ``with`` block (nestable, per context)."""
+
+    __slots__ = ("_recorder", "_token")
+
+    def __init__(self, recorder: Recorder | NoopRecorder) -> None:
+        if not hasattr(recorder, "scope"):
+            raise TypeError(f"bind() takes a recorder, got {type(recorder).__name__}")
+        self._recorder = recorder
+        self._token: contextvars.Token[Any] | None = None
+
+    def __enter__(self) -> Recorder | NoopRecorder:
+        self._token = _CURRENT.set(self._recorder)
+        return self._recorder
+
+    def __exit__(self, *exc: object) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            _CURRENT.reset(token)
+
+
+def current_recorder(default: Recorder | NoopRecorder | None = None
+                     ) -> Recorder | NoopRecorder:
+    """The recorder bound by :func:`bind`; else ``default`` when given; else the
+    default session's recorder for this thread (the no-op one when tracing is off)."""
+    rec = _get_current()
+    if rec is not None:
+        return rec
+    if default is not None:
+        return default
+    session = _default if _default is not None else get_tracing()
+    return session.thread_recorder()
+
+
+# -- the decorator ------------------------------------------------------------------------
+def count_of(value: Any) -> int:
+    """The env count of a value: an int as is, a bool array's True values, else ``len()``."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        if dtype.kind == "b":
+            return int(value.sum())
+        if getattr(value, "ndim", 1) == 0:
+            return int(value)
+    return len(value)
+
+
+def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | None, what: str
+                    ) -> Callable[[tuple[Any, ...], dict[str, Any]], Any] | None:
+    """A function of ``(args, kwargs)`` reading ``spec`` from a call of ``fn``.
+
+    ``spec``: an argument name, optionally followed by an attribute path
+    (``"self.num_envs"``), or a callable taking the call's arguments.
+    """
+    if spec is None:
+        return None
+    if callable(spec):
+        return lambda args, kwargs: spec(*args, **kwargs)
+    if not isinstance(spec, str) or not spec:
+        raise TypeError(f"{what} must be an argument name or a callable, got {spec!r}")
+    name, *path = spec.split(".")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [p.name for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if params and name not in {p.name for p in params}:
+        raise ValueError(f"{what} {spec!r}: {getattr(fn, '__qualname__', fn)!r} has no "
+                         f"argument {name!r} (arguments: {', '.join(p.name for p in params)})")
+    at = positional.index(name) if name in positional else -1
+    default = next((p.default for p in params if p.name == name), inspect.Parameter.empty)
+
+    def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if 0 <= at < len(args):
+            value = args[at]
+        elif name in kwargs:
+            value = kwargs[name]
+        elif default is not inspect.Parameter.empty:
+            value = default
+        else:
+            raise LookupError(f"argument {name!r} not passed")
+        for attr in path:
+            value = getattr(value, attr)
+        return value
+
+    return read
+
+
+def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
+           env_count: str | Callable[..., Any] | None = None) -> Callable[[F], F]:
+    """Record every call of the decorated function under ``phase``, with the current
+    recorder (:func:`current_recorder`).
+
+    ``count`` (the envs the call resets) and ``env_count`` (envs in the batch, set on
+    the recorder's attributes on its first call) are an argument name, an attribute
+    path from one (``"self.done"``), or a callable taking the call's arguments; the
+    value counts by :func:`count_of`. A count that cannot be read is left out (logged
+    once), never raised. An unknown phase raises ``ValueError`` here, at decoration.
+    """
+    resolved = CATALOG.resolve(phase)
+
+    def decorate(fn: F) -> F:
+        read_count = argument_reader(fn, count, "count")
+        read_envs = argument_reader(fn, env_count, "env_count")
+        from resettrace.catalog import ATTR_ENV_COUNT
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            rec = _get_current()
+            if rec is None:
+                rec = current_recorder()
+            if not rec.enabled:
+                return fn(*args, **kwargs)
+            c = NO_COUNT
+            if read_count is not None:
+                try:
+                    c = count_of(read_count(args, kwargs))
+                except Exception as e:  # never break the user's call over a count
+                    note_once(f"count:{resolved.span}", "cannot read the count of %r "
+                              "(%s: %s); recorded without one", resolved.span,
+                              type(e).__name__, e)
+            if read_envs is not None and ATTR_ENV_COUNT not in rec.attributes:
+                try:
+                    rec.attributes[ATTR_ENV_COUNT] = count_of(  # type: ignore[index]
+                        read_envs(args, kwargs))
+                except Exception as e:
+                    note_once(f"env_count:{resolved.span}", "cannot read the env count of "
+                              "%r (%s: %s)", resolved.span, type(e).__name__, e)
+            with rec.scope(resolved, c):
+                return fn(*args, **kwargs)
+
+        wrapper.__resettrace_phase__ = resolved  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
