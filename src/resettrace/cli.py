@@ -3,6 +3,7 @@
 ``resettrace bench collector``  the env step breakdown (the main job)
 ``resettrace bench overhead``   tracing off vs timing vs trace, side by side
 ``resettrace bench set-state-ab`` the shipped set_state vs the published path vs the engine floor
+``resettrace run [--instrument SPEC] -- COMMAND ...``  an unmodified command, traced
 
 Tracing settings come from ``RESETTRACE`` / ``RESETTRACE_*`` / ``OTEL_*`` (see
 ``resettrace.config``). The CLI owns the tracing session it creates and shuts it
@@ -92,7 +93,7 @@ def _overhead(args: argparse.Namespace) -> int:
     result = run_overhead(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(render_overhead(result))
     if args.json:
-        from resettrace.bench.tables import write_json
+        from resettrace.tables import write_json
 
         write_json(Path(args.json), result)
         print(f"\nwrote {args.json}")
@@ -122,11 +123,60 @@ def _set_state_ab(args: argparse.Namespace) -> int:
         return 2
     print(render_set_state_ab(result, per_key=not args.no_per_key))
     if args.json:
-        from resettrace.bench.tables import write_json
+        from resettrace.tables import write_json
 
         write_json(Path(args.json), result)
         print(f"\nwrote {args.json}")
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Exec COMMAND with resettrace's ``sitecustomize`` first on ``PYTHONPATH``."""
+    from resettrace import _run as run_dir
+    from resettrace.config import ENV_MODE
+    from resettrace.instrument import (
+        ENV_INSTRUMENT,
+        ENV_RUN_JSON,
+        ENV_RUN_SUMMARY,
+        InstrumentError,
+        check_spec,
+    )
+
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("resettrace run: no command given (resettrace run [--instrument SPEC] -- "
+              "python train.py ...)", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    spec = args.instrument or env.get(ENV_INSTRUMENT, "").strip() or None
+    if spec:
+        try:
+            check_spec(spec)
+        except InstrumentError as e:
+            print(f"resettrace run: {e}", file=sys.stderr)
+            return 2
+        env[ENV_INSTRUMENT] = str(Path(spec).resolve())
+    here = str(Path(run_dir.__file__).resolve().parent)
+    env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in
+                                                  env.get("PYTHONPATH", "").split(os.pathsep)
+                                                  if p])
+    if not env.get(ENV_MODE, "").strip():
+        env[ENV_MODE] = "timing"  # running under resettrace means: record
+    env[ENV_RUN_SUMMARY] = "0" if args.no_summary else "1"
+    if args.stats_json:
+        env[ENV_RUN_JSON] = str(Path(args.stats_json).resolve()).replace("%7Bpid%7D", "{pid}")
+    else:
+        env.pop(ENV_RUN_JSON, None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        print(f"resettrace run: cannot run {command[0]!r}: {e.strerror or e}", file=sys.stderr)
+        return 127
+    return 0  # pragma: no cover - exec does not return
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,6 +233,23 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--no-per-key", action="store_true", help="print the summary tables only")
     a.add_argument("--json", default=None, help="write the result as JSON")
     a.set_defaults(func=_set_state_ab)
+
+    r = sub.add_parser(
+        "run", help="run an unmodified command with tracing installed",
+        description="Run COMMAND with resettrace installed in each of its Python processes "
+                    "(a sitecustomize on PYTHONPATH): the spec's functions are recorded, "
+                    "RESETTRACE defaults to 'timing', and the main process prints its "
+                    "stats to stderr at exit. RESETTRACE_EXPORTER and the other variables "
+                    "work as usual.")
+    r.add_argument("--instrument", metavar="SPEC", default=None,
+                   help="TOML spec of attributes, phases and functions to record "
+                        "(default: $RESETTRACE_INSTRUMENT)")
+    r.add_argument("--no-summary", action="store_true", help="print no stats at exit")
+    r.add_argument("--stats-json", metavar="PATH", default=None,
+                   help="write the main process's stats to PATH at exit ({pid} in PATH: "
+                        "every process writes its own)")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    r.set_defaults(func=_run)
     return p
 
 

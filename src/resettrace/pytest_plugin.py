@@ -23,7 +23,6 @@ Option ``--resettrace-json PATH``
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,24 +121,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = config.stash.get(_JSON_PATH, None)
     if path is None:
         return
+    from resettrace.tables import write_json
+
     results = config.stash[_RESULTS]
-    _write_json(path, {"tests": {nodeid: {"stats": stats}
+    write_json(path, {"tests": {nodeid: {"stats": stats}
                                  for nodeid, stats in results.items()}})
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` (parents created, replaced atomically); strict JSON:
-    NaN or infinity raises ``ValueError``, array-likes are written as lists."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, allow_nan=False, default=_json_default))
-    tmp.replace(path)
-
-
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,

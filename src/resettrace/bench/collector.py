@@ -29,7 +29,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.bench.tables import STAT_FIELDS, format_table, write_csv, write_json
+from resettrace.tables import STAT_FIELDS, format_table, write_csv, write_json
 
 log = logging.getLogger(__name__)
 

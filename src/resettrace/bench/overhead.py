@@ -28,8 +28,8 @@ import numpy as np
 
 from resettrace import catalog as C
 from resettrace.bench.collector import render_export
-from resettrace.bench.tables import format_table
 from resettrace.config import Config
+from resettrace.tables import format_table
 from resettrace.testing.receivers import ReceiverProcess
 from resettrace.tracing.recorder import NOOP_RECORDER
 

@@ -54,7 +54,7 @@ import numpy as np
 
 from resettrace import catalog as C
 from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
-from resettrace.bench.tables import format_table
+from resettrace.tables import format_table
 from resettrace.tracing.recorder import Recorder
 
 __all__ = ["SetStateABConfig", "run_set_state_ab", "render_set_state_ab", "VARIANTS",

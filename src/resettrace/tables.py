@@ -1,4 +1,4 @@
-"""Plain-text tables and the timing.json / timing.csv writers."""
+"""Plain-text tables and the timing.json / timing.csv writers (standard library only)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,15 @@ def write_csv(path: Path, stats: Mapping[str, Mapping[str, Any]]) -> None:
         for key, s in stats.items():
             share = s.get("share_of_parent")
             w.writerow([key] + [s[k] for k in STAT_FIELDS] + ["" if share is None else share])
+
+
+def render_stats(stats: Mapping[str, Any], title: str = "resettrace stats") -> str:
+    """A table of per-key stats (``KeyStats`` or their dicts) in the stats' order."""
+    rows = []
+    for key, s in stats.items():
+        d = s if isinstance(s, Mapping) else s.as_dict()
+        share = d.get("share_of_parent")
+        rows.append([key, d["count"], d["mean_ms"], d["p50_ms"], d["p90_ms"], d["p99_ms"],
+                     d["total_ms"], float("nan") if share is None else 100.0 * share])
+    return format_table(title, ["key", "count", "mean", "p50", "p90", "p99", "total",
+                                "% of parent"], rows)

@@ -1,0 +1,443 @@
+"""Zero-code tracing: wrap existing functions and methods from a spec.
+
+A spec (a TOML file or the same as a mapping) names span attributes, phases of
+your own and the functions to record::
+
+    [attributes]                       # on every span (backend, task, env_count or any key)
+    backend = "mylab-mujoco"
+
+    [[phases]]                         # phases of your own (register_phase's arguments)
+    span = "dr_reset.terrain_sample"
+    parent = "dr_reset"
+
+    [instrument]                       # "module:Qualified.name" = phase, or a table
+    "mylab.env:MyEnv.step" = "env_step"
+    "mylab.env:MyEnv.reset_done" = { phase = "reset_done", count = "self.done" }
+    "mylab.backend:MyBackend.set_state" = { phase = "set_state", count = "env_ids",
+                                            env_count = "self.num_envs" }
+
+Each target is wrapped with :func:`resettrace.traced` (``count`` and ``env_count``
+as there). A module already imported is patched at once; any other when it is
+first imported (a ``sys.meta_path`` hook), so the spec can be installed before the
+training code starts. Errors in the spec and targets that cannot exist (unknown
+module, missing attribute, unknown phase) raise :class:`InstrumentError` naming
+them: at once where possible, else when the module is imported.
+
+:func:`instrument` returns an ``undo()`` that restores every original. The
+``RESETTRACE_INSTRUMENT=SPEC`` variable makes ``import resettrace`` install the
+spec (what ``resettrace run`` sets up, with a ``sitecustomize`` on ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+import threading
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK, CATALOG, Phase
+from resettrace.tracing.api import traced
+from resettrace.tracing.session import default_attributes
+
+log = logging.getLogger(__name__)
+
+__all__ = ["instrument", "instrument_from_env", "check_spec", "InstrumentError", "load_spec",
+           "Target", "ENV_INSTRUMENT", "arrange_run_summary"]
+
+ENV_INSTRUMENT = "RESETTRACE_INSTRUMENT"
+#: short attribute names of the spec's ``[attributes]`` table
+ATTRIBUTE_ALIASES = {"backend": ATTR_BACKEND, "task": ATTR_TASK, "env_count": ATTR_ENV_COUNT}
+_SECTIONS = ("attributes", "phases", "instrument")
+_PHASE_FIELDS = ("span", "parent", "key", "gap_key", "description")
+_TARGET_FIELDS = ("phase", "count", "env_count")
+
+
+class InstrumentError(ValueError):
+    """A spec, or one of its targets, that cannot be installed."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ``"module:Qualified.name"`` to record under ``phase``."""
+
+    module: str
+    qualname: str
+    phase: Phase
+    count: str | None = None
+    env_count: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+# -- the spec -------------------------------------------------------------------------------
+def load_spec(spec: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
+    """The spec as a dict: a mapping as it is, a path read as TOML."""
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    path = Path(spec)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InstrumentError(f"cannot read the instrument spec {str(path)!r}: "
+                              f"{e.strerror or e}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InstrumentError(f"instrument spec {str(path)!r} is not valid TOML: {e}") from None
+
+
+def _sections(spec: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
+    data = load_spec(spec)
+    unknown = set(data) - set(_SECTIONS)
+    if unknown:
+        raise InstrumentError(f"unknown instrument spec section(s): {', '.join(sorted(unknown))}"
+                              f" (sections: {', '.join(_SECTIONS)})")
+    return data
+
+
+def _attributes(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise InstrumentError("[attributes] must be a table of name = value")
+    out: dict[str, Any] = {}
+    for name, value in raw.items():
+        if not isinstance(value, str | int | float | bool):
+            raise InstrumentError(f"[attributes] {name!r}: a string, number or boolean, "
+                                  f"got {value!r}")
+        out[ATTRIBUTE_ALIASES.get(name) or str(name)] = value
+    return out
+
+
+def _register(raw: Any) -> list[Phase]:
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        raise InstrumentError("[[phases]] must be a list of tables (span, parent, key, ...)")
+    phases = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise InstrumentError(f"phases[{i}] must be a table, got {item!r}")
+        unknown = set(item) - set(_PHASE_FIELDS)
+        missing = {"span", "parent"} - set(item)
+        if unknown or missing:
+            raise InstrumentError(f"phases[{i}]: " + "; ".join(
+                ([f"unknown field(s) {', '.join(sorted(unknown))}"] if unknown else [])
+                + ([f"missing {', '.join(sorted(missing))}"] if missing else []))
+                + f" (fields: {', '.join(_PHASE_FIELDS)})")
+        try:
+            phases.append(CATALOG.register(item["span"], parent=item["parent"] or None,
+                                           key=item.get("key"), gap_key=item.get("gap_key"),
+                                           description=item.get("description", "")))
+        except (TypeError, ValueError) as e:
+            raise InstrumentError(f"phases[{i}]: {e}") from None
+    return phases
+
+
+def _targets(raw: Any) -> list[Target]:
+    if not isinstance(raw, Mapping):
+        raise InstrumentError('[instrument] must be a table of "module:Qualified.name" = phase')
+    out = []
+    for name, value in raw.items():
+        module, sep, qualname = str(name).partition(":")
+        if not sep or not module or not qualname or " " in name:
+            raise InstrumentError(f"instrument target {name!r} must be 'module:Qualified.name'"
+                                  " (e.g. 'mylab.env:MyEnv.step')")
+        fields: Mapping[str, Any] = {"phase": value} if isinstance(value, str) else value
+        if not isinstance(fields, Mapping) or "phase" not in fields:
+            raise InstrumentError(f"instrument target {name!r}: a phase name or a table with "
+                                  f"'phase', got {value!r}")
+        unknown = set(fields) - set(_TARGET_FIELDS)
+        if unknown:
+            raise InstrumentError(f"instrument target {name!r}: unknown field(s) "
+                                  f"{', '.join(sorted(unknown))} (fields: "
+                                  f"{', '.join(_TARGET_FIELDS)})")
+        for field in ("count", "env_count"):
+            if field in fields and not isinstance(fields[field], str):
+                raise InstrumentError(f"instrument target {name!r}: {field} must be an "
+                                      f"argument name or path like 'self.done'")
+        try:
+            phase = CATALOG.resolve(fields["phase"])
+        except (TypeError, ValueError) as e:
+            raise InstrumentError(f"instrument target {name!r}: {e}") from None
+        out.append(Target(module, qualname, phase, fields.get("count"),
+                          fields.get("env_count")))
+    return out
+
+
+# -- patching -------------------------------------------------------------------------------
+class _Patch:
+    """One wrapped attribute and how to put the original back."""
+
+    def __init__(self, target: Target, module: ModuleType) -> None:
+        owner: Any = module
+        parts = target.qualname.split(".")
+        for i, part in enumerate(parts[:-1]):
+            try:
+                owner = getattr(owner, part)
+            except AttributeError:
+                raise InstrumentError(
+                    f"instrument target {target.name!r} not found: "
+                    f"{'.'.join([target.module] + parts[:i])!r} has no attribute {part!r}"
+                ) from None
+        name = parts[-1]
+        raw = owner.__dict__.get(name) if isinstance(owner, type) else None
+        if raw is None:
+            if not hasattr(owner, name):
+                raise InstrumentError(f"instrument target {target.name!r} not found: "
+                                      f"{'.'.join([target.module] + parts[:-1])!r} has no "
+                                      f"attribute {name!r}")
+            raw = getattr(owner, name)
+        self.owner, self.name = owner, name
+        self.had_own = isinstance(owner, type) and name in owner.__dict__ or \
+            not isinstance(owner, type)
+        self.original = raw
+        kind: Callable[[Any], Any] | None = None
+        fn = raw
+        if isinstance(raw, staticmethod | classmethod):
+            kind, fn = type(raw), raw.__func__
+        elif isinstance(owner, type) and not callable(raw):
+            fn = None
+        if fn is None or not callable(fn):
+            raise InstrumentError(f"instrument target {target.name!r} is not a function or "
+                                  f"method ({type(raw).__name__})")
+        if getattr(fn, "__resettrace_phase__", None) is not None:
+            raise InstrumentError(f"instrument target {target.name!r} is already traced")
+        try:
+            wrapped = traced(target.phase, count=target.count, env_count=target.env_count)(fn)
+        except (TypeError, ValueError) as e:
+            raise InstrumentError(f"instrument target {target.name!r}: {e}") from None
+        setattr(owner, name, kind(wrapped) if kind is not None else wrapped)
+
+    def undo(self) -> None:
+        if self.had_own:
+            setattr(self.owner, self.name, self.original)
+        else:  # the method was inherited: drop the wrapper, the base class's shows again
+            delattr(self.owner, self.name)
+
+
+class _Loader(importlib.abc.Loader):
+    """Runs the real loader, then patches the module's targets."""
+
+    def __init__(self, loader: importlib.abc.Loader, hook: _ImportHook) -> None:
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._hook.loaded(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, ... as the real one
+        return getattr(self._loader, name)
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Patches targets of modules that are imported after the spec was installed."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[tuple[Target, _Installed]]] = {}
+        self._busy: set[str] = set()
+        self._lock = threading.RLock()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.pending or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Loader(spec.loader, self)
+        return spec
+
+    def loaded(self, module: ModuleType) -> None:
+        with self._lock:
+            waiting = self.pending.pop(module.__name__, [])
+        for tgt, owner in waiting:
+            owner.patch(tgt, module)
+
+
+_HOOK = _ImportHook()
+
+
+class _Installed:
+    """What one ``instrument()`` call installed: patches, pending targets, attributes."""
+
+    def __init__(self, attributes: dict[str, Any]) -> None:
+        self.patches: list[_Patch] = []
+        self.attributes = attributes
+        self.done = False
+
+    def patch(self, target: Target, module: ModuleType) -> None:
+        if not self.done:
+            self.patches.append(_Patch(target, module))
+
+    def undo(self) -> None:
+        """Restore every original and forget the targets not imported yet."""
+        if self.done:
+            return
+        self.done = True
+        for p in reversed(self.patches):
+            p.undo()
+        self.patches.clear()
+        with _HOOK._lock:
+            for name in list(_HOOK.pending):
+                _HOOK.pending[name] = [(t, o) for t, o in _HOOK.pending[name] if o is not self]
+                if not _HOOK.pending[name]:
+                    del _HOOK.pending[name]
+        defaults = default_attributes()
+        for key, value in self.attributes.items():
+            if defaults.get(key) == value:
+                del defaults[key]
+
+
+def _findable(module: str) -> bool:
+    """Whether ``module``'s top-level package can be imported, without importing anything.
+
+    Searched on ``sys.path`` plus the folder Python adds for the main script, which is
+    not on ``sys.path`` yet while ``sitecustomize`` runs.
+    """
+    top = module.partition(".")[0]
+    if top in sys.modules:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
+    if importlib.util.find_spec(top) is not None:
+        return True
+    main = sys.argv[0] if sys.argv else ""
+    extra = [os.path.dirname(os.path.abspath(main))] if main not in ("", "-c", "-m") \
+        else [os.getcwd()]
+    return importlib.machinery.PathFinder.find_spec(top, extra) is not None
+
+
+def _warn_unpatched() -> None:
+    with _HOOK._lock:
+        names = sorted(t.name for waiting in _HOOK.pending.values() for t, _ in waiting)
+    if names:
+        log.warning("resettrace: instrument target(s) never imported, so never traced: %s",
+                    ", ".join(names))
+
+
+def instrument(spec: Mapping[str, Any] | str | os.PathLike[str]) -> Callable[[], None]:
+    """Install a spec (a mapping or a TOML path); return ``undo``. See the module docstring.
+
+    Phases are registered and attributes set first; then every target of a module
+    already imported is wrapped, and the others when their module is imported.
+    Nothing is left installed when it raises.
+    """
+    data = _sections(spec)
+    attributes = _attributes(data.get("attributes", {}))
+    _register(data.get("phases", []))
+    targets = _targets(data.get("instrument", {}))
+    installed = _Installed(attributes)
+    default_attributes().update(attributes)
+    try:
+        later = []
+        for tgt in targets:
+            module = sys.modules.get(tgt.module)
+            if module is not None:
+                installed.patch(tgt, module)
+                continue
+            if not _findable(tgt.module):
+                raise InstrumentError(f"instrument target {tgt.name!r}: no module named "
+                                      f"{tgt.module!r}")
+            later.append(tgt)
+    except BaseException:
+        installed.undo()
+        raise
+    if later:
+        with _HOOK._lock:
+            for tgt in later:
+                _HOOK.pending.setdefault(tgt.module, []).append((tgt, installed))
+            if _HOOK not in sys.meta_path:
+                sys.meta_path.insert(0, _HOOK)
+                import atexit
+
+                atexit.register(_warn_unpatched)
+    return installed.undo
+
+
+def instrument_from_env(environ: Mapping[str, str] | None = None) -> Callable[[], None] | None:
+    """Install the spec named by ``RESETTRACE_INSTRUMENT`` (once per process)."""
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_INSTRUMENT, "").strip()
+    if not path:
+        return None
+    global _FROM_ENV
+    if _FROM_ENV is None:
+        _FROM_ENV = instrument(path)
+    return _FROM_ENV
+
+
+_FROM_ENV: Callable[[], None] | None = None
+
+
+# -- ``resettrace run``'s exit summary -------------------------------------------------------
+ENV_RUN_SUMMARY = "RESETTRACE_RUN_SUMMARY"
+ENV_RUN_JSON = "RESETTRACE_RUN_JSON"
+
+
+def arrange_run_summary(environ: Mapping[str, str] | None = None) -> None:
+    """At exit, print the default session's stats to stderr (``RESETTRACE_RUN_SUMMARY=1``)
+    and write them as JSON (``RESETTRACE_RUN_JSON=PATH``; ``{pid}`` in PATH is replaced by
+    the process id). Only the command's main process does this unless PATH has ``{pid}``."""
+    import atexit
+    import multiprocessing
+
+    env = os.environ if environ is None else environ
+    summary = env.get(ENV_RUN_SUMMARY, "") == "1"
+    json_path = env.get(ENV_RUN_JSON, "").strip()
+    worker = multiprocessing.parent_process() is not None
+    if worker and "{pid}" not in json_path:
+        summary, json_path = False, ""
+    if summary or json_path:
+        atexit.register(_run_summary, summary, json_path)
+
+
+def _run_summary(summary: bool, json_path: str) -> None:
+    from resettrace.tables import render_stats, write_json
+    from resettrace.tracing.api import get_tracing
+
+    session = get_tracing()
+    stats = session.stats()
+    if json_path:
+        path = Path(json_path.replace("{pid}", str(os.getpid())))
+        try:
+            write_json(path, {"pid": os.getpid(), "mode": session.mode,
+                              "stats": {k: s.as_dict() for k, s in stats.items()}})
+        except (OSError, ValueError) as e:
+            print(f"resettrace run: cannot write {str(path)!r}: {e}", file=sys.stderr)
+    if summary:
+        shown = {k: v for k, v in stats.items() if v.total_ms != 0.0}
+        if shown:
+            idle = len(stats) - len(shown)
+            print("\n" + render_stats(shown, f"resettrace stats (pid {os.getpid()}, "
+                                             f"mode {session.mode}; ms)")
+                  + (f"\n({idle} keys at 0.0 not shown)" if idle else ""), file=sys.stderr)
+        elif session.mode == "off":
+            print("resettrace run: tracing is off (RESETTRACE=off): nothing recorded",
+                  file=sys.stderr)
+        else:
+            print("resettrace run: no instrumented call ran", file=sys.stderr)
+
+
+def check_spec(spec: Mapping[str, Any] | str | os.PathLike[str]) -> int:
+    """Parse a spec and register its phases without patching anything; the target count."""
+    data = _sections(spec)
+    _attributes(data.get("attributes", {}))
+    _register(data.get("phases", []))
+    return len(_targets(data.get("instrument", {})))
