@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from resettrace import catalog as C
-from resettrace.bench.tables import STAT_FIELDS
+from resettrace.tables import STAT_FIELDS
 
 
 def _run(args, env_extra=None, timeout=240):

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import resettrace as rt
-from resettrace.bench.tables import STAT_FIELDS
 from resettrace.catalog import RESET_DONE_COUNT, SET_STATE, SET_STATE_KEYS
+from resettrace.tables import STAT_FIELDS
 
 pytest_plugins = ["pytester"]
 

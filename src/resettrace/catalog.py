@@ -157,6 +157,18 @@ class Catalog:
         return (tuple(p.key for p in phases) + tuple(p.gap_key for p in phases if p.gap_key)
                 + (RESET_DONE_COUNT,))
 
+    def copy(self) -> Catalog:
+        """A new catalog with the same phases (same objects and indices), to grow apart."""
+        other = Catalog()
+        for p in self._phases:
+            other._phases.append(p)
+            other.by_span[p.span] = p
+            other.by_key[p.key] = p
+            if p.gap_key is not None:
+                other.gap_parent[p.gap_key] = p
+        other.version = len(other._phases)
+        return other
+
     # -- registration -----------------------------------------------------------------------
     def register(self, span: str, *, parent: Phase | str | None, key: str | None = None,
                  gap_key: str | None = None, description: str = "") -> Phase:

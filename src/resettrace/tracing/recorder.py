@@ -243,7 +243,8 @@ class Recorder:
             return self._other_thread().scope(phase, count)
         try:
             s = self._scopes[phase.index]  # type: ignore[index]
-        except (AttributeError, IndexError):  # a span name, or a phase registered later
+        except (TypeError, AttributeError, IndexError):  # a name (str.index is a method),
+            # or a phase registered after this recorder was made
             s = self._scope_of(phase)
         s._count = count
         return s

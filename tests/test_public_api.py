@@ -1,0 +1,405 @@
+"""The public recording API on a user's own code: open catalog, scopes by name, bind,
+traced, misuse that never raises, SDK spans, and phases exported by name.
+
+Phases that would change the set_state timing dict are registered in a copy of the
+catalog (``CATALOG.copy()``) handed to the session, so no other test sees them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+import resettrace
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.tracing.recorder import use_clock
+from resettrace.tracing.session import Tracing
+
+MS = 1_000_000
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Iterator[FakeClock]:
+    c = FakeClock()
+    use_clock(c)
+    yield c
+    use_clock(None)
+
+
+@pytest.fixture
+def catalog() -> C.Catalog:
+    return C.CATALOG.copy()
+
+
+@pytest.fixture
+def session(catalog: C.Catalog) -> Iterator[Tracing]:
+    s = Tracing(Config(mode="timing"), catalog=catalog)
+    yield s
+    s.shutdown()
+    assert s.processor is not None
+    s.processor.shutdown()
+
+
+# -- the open catalog ------------------------------------------------------------------------
+def test_register_phase_defaults_and_idempotence(catalog: C.Catalog) -> None:
+    p = catalog.register("dr_reset.plan.terrain_sample", parent="dr_reset.plan")
+    assert p.key == "dr_reset_plan_terrain_sample_ms" and p.parent == "dr_reset.plan"
+    assert catalog.register("dr_reset.plan.terrain_sample", parent=C.DR_RESET_PLAN) is p
+    assert catalog.resolve("dr_reset.plan.terrain_sample") is p
+    assert catalog[p.index] is p and p.index == len(C.PHASES)
+    # the built-ins are untouched, and the process catalog did not change
+    assert C.CATALOG.get("dr_reset.plan.terrain_sample") is None
+
+
+def test_register_phase_conflicts_name_the_problem(catalog: C.Catalog) -> None:
+    catalog.register("user.phase", parent="env_step", key="user_ms")
+    with pytest.raises(ValueError, match=r"already registered.*parent 'dr_reset'"):
+        catalog.register("user.phase", parent="dr_reset", key="user_ms")
+    with pytest.raises(ValueError, match=r"key 'user_ms' is already the timing key of phase "
+                                         r"'user.phase'"):
+        catalog.register("user.other", parent="env_step", key="user_ms")
+    with pytest.raises(ValueError, match="set_state_mask_ms"):
+        catalog.register("user.third", parent="env_step", key="set_state_mask_ms")
+    with pytest.raises(ValueError, match=r"unknown phase 'set_stat'.*set_state"):
+        catalog.register("user.fourth", parent="set_stat")
+    with pytest.raises(ValueError, match="non-empty"):
+        catalog.register("", parent="env_step")
+
+
+def test_process_catalog_register_phase_is_public() -> None:
+    p = resettrace.register_phase("test_public_api.rollout", parent=None,
+                                  description="a root phase of a test")
+    assert resettrace.CATALOG.resolve("test_public_api.rollout") is p
+    assert p.key in resettrace.CATALOG.all_keys()
+    with pytest.raises(ValueError, match="description"):
+        resettrace.register_phase("test_public_api.rollout", parent=None, description="other")
+
+
+def test_registered_set_state_child_is_in_the_closed_timing_dict(
+        session: Tracing, catalog: C.Catalog, clock: FakeClock) -> None:
+    catalog.register("set_state.contact_cache_clear", parent="set_state")
+    rec = resettrace.recorder(tracing=session, backend="mylab")
+    with rec.scope("set_state", 3) as outer:  # a span name, as a user backend would
+        with rec.scope("set_state.mask"):
+            clock.now += 2 * MS
+        with rec.scope("set_state.contact_cache_clear"):
+            clock.now += 3 * MS
+        clock.now += 1 * MS
+    timing = outer.timing()
+    assert list(timing) == list(C.SET_STATE_KEYS[:-1]) + [
+        "set_state_contact_cache_clear_ms", "set_state_internal_gap_ms"]
+    assert timing["set_state_contact_cache_clear_ms"] == 3.0
+    assert timing["set_state_mask_ms"] == 2.0 and timing["set_state_internal_gap_ms"] == 1.0
+    assert sum(timing.values()) == 6.0
+    st = session.stats()
+    assert st["set_state_contact_cache_clear_ms"].total_ms == 3.0
+    assert all(st[k].count == 1 for k in timing)
+
+
+def test_unknown_scope_name_lists_the_closest(session: Tracing) -> None:
+    rec = resettrace.recorder(tracing=session)
+    with pytest.raises(ValueError, match=r"unknown phase 'dr_reset.plann'.*dr_reset.plan"):
+        rec.scope("dr_reset.plann")
+    with pytest.raises(TypeError, match="Phase or a span name"):
+        rec.scope(3)  # type: ignore[arg-type]
+
+
+def test_phase_registered_after_the_recorder_was_made(session: Tracing,
+                                                      catalog: C.Catalog) -> None:
+    rec = resettrace.recorder(tracing=session)
+    late = catalog.register("env_step.late_phase", parent="env_step")
+    with rec.scope(C.ENV_STEP):
+        with rec.scope(late):
+            pass
+    assert session.stats()["env_step_late_phase_ms"].count == 1
+
+
+# -- misuse never raises, statistics stay right ---------------------------------------------
+def test_unexpected_nesting_keeps_accounts_closed(session: Tracing, clock: FakeClock,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    rec = resettrace.recorder(tracing=session)
+    with caplog.at_level(logging.WARNING, logger="resettrace"):
+        with rec.scope(C.DR_RESET, 4) as dr:
+            with rec.scope(C.DR_RESET_PLAN):
+                clock.now += 1 * MS
+            with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):  # a set_state phase, misplaced
+                clock.now += 5 * MS
+    timing = dr.timing()
+    assert timing["dr_reset_plan_ms"] == 1.0 and timing["dr_reset_internal_gap_ms"] == 5.0
+    assert sum(timing.values()) == 6.0
+    st = session.stats()
+    assert st["set_state_forward_kinematic_ms"].total_ms == 5.0  # counted, not lost
+    assert st["dr_reset_internal_gap_ms"].total_ms == 5.0
+    assert "set_state.forward_kinematic" in caplog.text
+
+
+def test_recursion_counts_the_outermost_call_once(session: Tracing, clock: FakeClock) -> None:
+    rec = resettrace.recorder(tracing=session)
+    with rec.scope(C.DR_RESET):
+        with rec.scope(C.DR_RESET_PLAN):
+            clock.now += 1 * MS
+            with rec.scope(C.DR_RESET_PLAN):  # re-entered
+                clock.now += 2 * MS
+    st = session.stats()
+    assert st["dr_reset_plan_ms"].count == 1 and st["dr_reset_plan_ms"].total_ms == 3.0
+    assert st["dr_reset_total_ms"].total_ms == 3.0
+    assert st["dr_reset_internal_gap_ms"].total_ms == 0.0
+
+
+def test_scope_left_by_an_exception_and_unbalanced_exits(session: Tracing,
+                                                         clock: FakeClock) -> None:
+    rec = resettrace.recorder(tracing=session)
+    for _ in range(2):
+        with pytest.raises(KeyError), rec.scope(C.RESET_DONE, 2):
+            with rec.scope(C.RESET_DONE_TERMINAL_OBS):
+                clock.now += 1 * MS
+                raise KeyError("user bug")
+    scope = rec.scope(C.RESET_DONE_OBS_SCATTER)
+    scope.__exit__(None, None, None)  # never entered: ignored
+    st = session.stats()
+    assert st["reset_done_ms"].count == 2 and st["reset_done_terminal_obs_ms"].total_ms == 2.0
+    assert rec.scope(C.RESET_DONE).timing()["reset_done_terminal_obs_ms"] == 1.0
+
+
+def test_a_recorder_used_from_two_threads_keeps_each_trace_whole(session: Tracing) -> None:
+    rec = resettrace.recorder(tracing=session)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def work() -> None:
+        try:
+            barrier.wait()
+            for _ in range(200):
+                with rec.scope(C.DR_RESET, 2):
+                    with rec.scope(C.DR_RESET_PLAN):
+                        pass
+                    with rec.scope(C.SET_STATE, 2):
+                        with rec.scope(C.SET_STATE_MASK):
+                            pass
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    st = session.stats()
+    assert st["dr_reset_total_ms"].count == 400
+    assert st["set_state_mask_ms"].count == 400 and st["dr_reset_plan_ms"].count == 400
+    assert all(st[k].count == 400 for k in C.SET_STATE_KEYS)
+    # each account closes: a gap is never negative
+    assert st["dr_reset_internal_gap_ms"].p50_ms >= 0.0
+
+
+# -- bind and current_recorder --------------------------------------------------------------
+def test_bind_nests_objects_with_their_own_recorders_into_one_trace(session: Tracing) -> None:
+    env_rec = resettrace.recorder(tracing=session, task="mine")
+    backend_rec = resettrace.recorder(tracing=session, backend="mine")
+
+    def set_state() -> None:
+        rec = resettrace.current_recorder(backend_rec)
+        with rec.scope(C.SET_STATE, 1):
+            pass
+
+    assert resettrace.current_recorder(backend_rec) is backend_rec  # nothing bound
+    with resettrace.bind(env_rec):
+        assert resettrace.current_recorder(backend_rec) is env_rec
+        with env_rec.scope(C.DR_RESET):
+            set_state()
+        with resettrace.bind(backend_rec):
+            assert resettrace.current_recorder() is backend_rec
+        assert resettrace.current_recorder() is env_rec
+    assert resettrace.current_recorder(backend_rec) is backend_rec
+    assert session.processor is not None
+    session.processor.force_flush()
+    assert session.processor.traces_seen == 1  # set_state inside dr_reset, not apart
+    with pytest.raises(TypeError):
+        resettrace.bind("not a recorder")  # type: ignore[arg-type]
+
+
+def test_current_recorder_defaults_to_the_sessions_thread_recorder(session: Tracing) -> None:
+    with resettrace.use_tracing(session):
+        main = resettrace.current_recorder()
+        assert main is resettrace.current_recorder() and main.enabled
+        other: list[object] = []
+        t = threading.Thread(target=lambda: other.append(resettrace.current_recorder()))
+        t.start()
+        t.join()
+        assert other[0] is not main
+    off = Tracing(Config(mode="off"))
+    with resettrace.use_tracing(off):
+        assert resettrace.current_recorder() is resettrace.NOOP_RECORDER
+
+
+def test_bundled_env_nests_a_backend_with_its_own_recorder(session: Tracing) -> None:
+    env = resettrace.make_env("g1_walk_flat", num_envs=8, tracing=session, nthread=1)
+    env.backend.recorder = resettrace.recorder(tracing=session, backend="separate")
+    done = np.zeros(8, dtype=bool)
+    done[[1, 5]] = True
+    env.reset_done(done)
+    env.close()
+    assert session.processor is not None
+    session.processor.force_flush()
+    assert session.processor.traces_seen == 1
+    st = session.stats()
+    assert st["dr_reset_set_state_ms"].count == 1 and st["reset_done_count"].mean_ms == 2.0
+
+
+# -- traced ---------------------------------------------------------------------------------
+def test_traced_counts_and_nesting(session: Tracing) -> None:
+    class MyEnv:
+        def __init__(self) -> None:
+            self.done = np.array([True, False, True, True])
+
+        @resettrace.traced("reset_done", count="self.done")
+        def reset_done(self) -> str:
+            return self.dr_reset(np.flatnonzero(self.done))
+
+        @resettrace.traced(C.DR_RESET, count="env_ids")
+        def dr_reset(self, env_ids: np.ndarray) -> str:
+            return set_state(env_ids, k=len(env_ids))
+
+    @resettrace.traced("set_state", count=lambda env_ids, k: k - 1)
+    def set_state(env_ids: np.ndarray, k: int) -> str:
+        return "ok"
+
+    with resettrace.use_tracing(session):
+        assert MyEnv().reset_done() == "ok"
+    st = session.stats()
+    assert st["reset_done_count"].total_ms == 3.0
+    assert st["dr_reset_total_ms"].count == 1 and st["dr_reset_set_state_ms"].count == 1
+    assert resettrace.tracing.api.count_of(np.int64(5)) == 5
+    assert resettrace.tracing.api.count_of([1, 2]) == 2
+    assert resettrace.tracing.api.count_of(7) == 7
+
+
+def test_traced_never_breaks_the_call(session: Tracing) -> None:
+    @resettrace.traced("dr_reset", count="ids")
+    def reset(ids: object) -> int:
+        return 41 + 1
+
+    with resettrace.use_tracing(session):
+        assert reset(object()) == 42  # no len(): recorded without a count
+    assert session.stats()["dr_reset_total_ms"].count == 1
+    with pytest.raises(ValueError, match="unknown phase"):
+        resettrace.traced("no.such.phase")
+    with pytest.raises(ValueError, match="has no argument 'env_ids'"):
+        resettrace.traced("dr_reset", count="env_ids")(lambda ids: None)
+
+
+def test_traced_off_records_nothing_and_returns_the_value() -> None:
+    off = Tracing(Config(mode="off"))
+
+    @resettrace.traced("dr_reset", count="ids")
+    def reset(ids: list[int]) -> list[int]:
+        return ids
+
+    with resettrace.use_tracing(off):
+        assert reset([1, 2]) == [1, 2]
+    assert off.stats() == {}
+
+
+# -- SDK spans from user code ----------------------------------------------------------------
+def test_sdk_spans_aggregate_like_records_and_gaps_use_the_real_parent(
+        catalog: C.Catalog) -> None:
+    catalog.register("set_state.contact_cache_clear", parent="set_state")
+    proc = resettrace.TimingSpanProcessor(catalog=catalog)
+    provider = TracerProvider()
+    provider.add_span_processor(proc)
+    tracer = provider.get_tracer("user")
+    t0 = 1_700_000_000 * 10**9
+    dr = tracer.start_span("dr_reset", start_time=t0)
+    ctx = trace.set_span_in_context(dr)
+    ss = tracer.start_span("set_state", context=ctx, start_time=t0)
+    sctx = trace.set_span_in_context(ss)
+    tracer.start_span("set_state.contact_cache_clear", context=sctx,
+                      start_time=t0).end(end_time=t0 + 2 * MS)
+    tracer.start_span("mylab.unregistered", context=sctx, start_time=t0).end(end_time=t0 + MS)
+    ss.end(end_time=t0 + 5 * MS)
+    # a set_state phase directly under dr_reset: its own key, and inside dr_reset's gap
+    tracer.start_span("set_state.mask", context=ctx, start_time=t0 + 5 * MS).end(
+        end_time=t0 + 6 * MS)
+    dr.end(end_time=t0 + 8 * MS)
+    st = proc.stats()
+    assert st["set_state_contact_cache_clear_ms"].total_ms == 2.0
+    assert st["set_state_internal_gap_ms"].total_ms == 3.0
+    assert st["set_state_mask_ms"].count == 2  # 0.0 from set_state's account + the stray one
+    assert st["set_state_mask_ms"].total_ms == 1.0
+    assert st["dr_reset_internal_gap_ms"].total_ms == 3.0  # 8 - set_state 5
+    assert st["mylab_unregistered_ms"].total_ms == 1.0
+    assert proc.unregistered_spans() == {"mylab.unregistered": "mylab_unregistered_ms"}
+    provider.shutdown()
+
+
+# -- phases reach the export child by name ---------------------------------------------------
+def test_phase_registered_after_the_session_started_exports(tmp_path: Path,
+                                                            catalog: C.Catalog) -> None:
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode="trace", exporters=(f"file:{out}",)), catalog=catalog)
+    rec = session.recorder(backend="mylab")
+    with rec.scope(C.DR_RESET):
+        pass
+    late = catalog.register("dr_reset.terrain_sample", parent="dr_reset")
+    for _ in range(3):
+        with rec.scope(C.DR_RESET, 2):
+            with rec.scope(late):
+                pass
+    session.shutdown()
+    assert session.processor is not None
+    session.processor.shutdown()
+    names = [json.loads(line)["name"] for line in out.read_text().splitlines()]
+    assert names.count("dr_reset.terrain_sample") == 3 and names.count("dr_reset") == 4
+    assert session.export_report()["spans_not_delivered"] == 0
+
+
+# -- house rules ---------------------------------------------------------------------------
+def test_the_library_imports_neither_bench_nor_the_cli() -> None:
+    code = textwrap.dedent("""
+        import importlib, pkgutil, sys
+        import resettrace
+        skip = ("resettrace.bench", "resettrace.cli", "resettrace.testing",
+                "resettrace._run.sitecustomize")
+        def walk(path, prefix):
+            for m in pkgutil.iter_modules(path, prefix):
+                if not m.name.startswith(skip):
+                    module = importlib.import_module(m.name)
+                    if m.ispkg:
+                        walk(module.__path__, m.name + ".")
+        walk(resettrace.__path__, "resettrace.")
+        bad = sorted(m for m in sys.modules if m.startswith(skip))
+        print(",".join(bad))
+        print(len([m for m in sys.modules if m.startswith("resettrace.")]), file=sys.stderr)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={"PATH": "", "RESETTRACE": "off", "RUST_LOG": "error"})
+    assert out.stdout.strip() == "" and int(out.stderr.split()[-1]) > 30
+
+
+def test_the_contract_imports_no_backend() -> None:
+    code = ("import sys, resettrace.contract; "
+            "print([m for m in sys.modules if m.startswith('resettrace.backends')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={"PATH": "", "RESETTRACE": "off"})
+    assert out.stdout.strip() == "[]"
