@@ -125,6 +125,15 @@ class Catalog:
         """The phases whose parent is ``phase``, in catalog order."""
         return tuple(p for p in self._phases if p.parent == phase.span)
 
+    def descendants(self, phase: Phase, *, skip: tuple[Phase, ...] = ()) -> tuple[Phase, ...]:
+        """Every phase below ``phase`` (depth first, catalog order), not below ``skip``."""
+        out: list[Phase] = []
+        for kid in self.children(phase):
+            out.append(kid)
+            if kid not in skip:
+                out.extend(self.descendants(kid, skip=skip))
+        return tuple(out)
+
     def timing_keys(self, phase: Phase) -> tuple[str, ...]:
         """The keys of ``phase``'s closed timing dict: its children's, then its gap."""
         return tuple(self.layout(phase)[2])

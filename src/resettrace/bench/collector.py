@@ -285,26 +285,38 @@ def render_report(result: Mapping[str, Any]) -> str:
     def share(total: float, of: float) -> float:
         return 100.0 * total / of if of > 0 else float("nan")
 
+    cat = C.CATALOG  # built-in and registered phases alike
+    env_keys = (C.ENV_STEP.key,) + cat.timing_keys(C.ENV_STEP)
+    dr_kids = cat.children(C.DR_RESET)
+    tables: list[tuple[str, tuple[str, ...], str | None]] = [
+        ("reset_done stages", (C.RESET_DONE_COUNT,) + cat.timing_keys(C.RESET_DONE),
+         C.RESET_DONE.key),
+        ("DR reset stages", (C.DR_RESET.key,) + cat.timing_keys(C.DR_RESET) + tuple(
+            p.key for p in cat.descendants(C.DR_RESET, skip=(C.SET_STATE,))
+            if p not in dr_kids), C.DR_RESET.key),
+        ("set_state phases (% of dr_reset_set_state_ms)", cat.timing_keys(C.SET_STATE),
+         C.SET_STATE.key),
+    ]
+    shown = set(env_keys).union(*(keys for _, keys, _ in tables))
+    other = tuple(k for k in stats if k not in shown)
+    if other:  # phases registered elsewhere in the tree (or SDK spans outside the catalog)
+        tables.append(("other phases (% of their parent)", other, None))
     rows = []
-    for key in C.ENV_STEP_KEYS:
+    for key in env_keys:
         t = _stat(stats, key)
         rows.append([key, t / steps, share(t, step_total)])
     parts.append(format_table("env step breakdown (ms per env step)", ["key", "ms", "%"], rows))
 
-    for title, keys, parent in (
-        ("reset_done stages", C.RESET_DONE_KEYS, C.RESET_DONE.key),
-        ("DR reset stages", C.DR_RESET_KEYS, C.DR_RESET.key),
-        ("set_state phases (% of dr_reset_set_state_ms)", C.SET_STATE_KEYS, C.SET_STATE.key),
-    ):
-        parent_total = _stat(stats, parent)
+    for title, keys, parent in tables:
         rows = []
         for key in keys:
             s = stats.get(key)
             if s is None:
                 rows.append([key, 0, float("nan"), float("nan"), float("nan"), float("nan")])
                 continue
-            pct = float("nan") if key == C.RESET_DONE_COUNT else share(s["total_ms"],
-                                                                       parent_total)
+            of = parent if parent is not None else cat.parent_key(key)
+            pct = float("nan") if key == C.RESET_DONE_COUNT or of is None else share(
+                s["total_ms"], _stat(stats, of))
             rows.append([key, s["count"], s["mean_ms"], s["p50_ms"], s["p90_ms"], pct])
         parts.append(format_table(title, ["key", "count", "mean", "p50", "p90", "%"], rows))
     exp = result.get("export") or {}
