@@ -239,6 +239,40 @@ def test_bind_nests_objects_with_their_own_recorders_into_one_trace(session: Tra
         resettrace.bind("not a recorder")  # type: ignore[arg-type]
 
 
+def test_scopes_on_another_recorder_join_the_open_trace(session: Tracing,
+                                                        clock: FakeClock) -> None:
+    """A user backend that times itself with its own recorder, called from code that
+    is traced with another one (here: ``traced`` with the thread's default recorder)."""
+    backend_rec = resettrace.recorder(tracing=session, backend="mine")
+
+    class Backend:
+        def set_state(self, ids: list[int]) -> dict[str, float]:
+            with backend_rec.scope("set_state", len(ids)) as outer:
+                with backend_rec.scope("set_state.forward_kinematic"):
+                    clock.now += 2 * MS
+            return outer.timing()
+
+    @resettrace.traced("dr_reset", count="ids")
+    def reset(ids: list[int]) -> dict[str, float]:
+        clock.now += 1 * MS
+        return Backend().set_state(ids)
+
+    with resettrace.use_tracing(session):
+        timing = reset([1, 2, 3])
+        assert resettrace.current_recorder() is session.thread_recorder()
+    assert timing["set_state_forward_kinematic_ms"] == 2.0
+    assert session.processor is not None
+    session.processor.force_flush()
+    assert session.processor.traces_seen == 1
+    st = session.stats()
+    assert st["dr_reset_total_ms"].total_ms == 3.0
+    assert st["dr_reset_internal_gap_ms"].total_ms == 1.0  # set_state is dr_reset's child
+    # alone, the backend's recorder opens its own trace
+    Backend().set_state([0])
+    session.processor.force_flush()
+    assert session.processor.traces_seen == 2
+
+
 def test_current_recorder_defaults_to_the_sessions_thread_recorder(session: Tracing) -> None:
     with resettrace.use_tracing(session):
         main = resettrace.current_recorder()

@@ -5,10 +5,11 @@ Three ways to time your own code, all feeding the same statistics and spans:
 - ``rec = resettrace.recorder(backend="mylab", env_count=4096)`` then
   ``with rec.scope("set_state", k) as s: ...``; ``s.timing()`` is the closed
   timing dict of that run;
-- ``with resettrace.bind(rec):`` makes ``rec`` the *current* recorder of the block
-  (a ``contextvars`` variable: threads and asyncio tasks each see their own), so
+- the *current* recorder (:func:`current_recorder`, a ``contextvars`` variable:
+  threads and asyncio tasks each see their own) is the one whose trace is open, so
   the env, the domain-randomization manager and the backend nest into one trace
-  without passing the recorder around; :func:`current_recorder` returns it;
+  without passing the recorder around; ``with resettrace.bind(rec):`` chooses it
+  for a block before any trace is open (``bind(NOOP_RECORDER)`` silences one);
 - ``@resettrace.traced("dr_reset", count="env_ids")`` records every call of a
   function with the current recorder.
 
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from resettrace.catalog import CATALOG, Phase
 from resettrace.config import Config
-from resettrace.tracing.recorder import NO_COUNT, NoopRecorder, Recorder, note_once
+from resettrace.tracing.recorder import CURRENT, NO_COUNT, NoopRecorder, Recorder, note_once
 
 if TYPE_CHECKING:
     from resettrace.tracing.processor import KeyStats
@@ -42,8 +43,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _lock = threading.Lock()
 _default: Tracing | None = None
-_CURRENT: contextvars.ContextVar[Recorder | NoopRecorder | None] = contextvars.ContextVar(
-    "resettrace_current_recorder", default=None)
+_CURRENT = CURRENT
 _get_current = _CURRENT.get
 
 
@@ -146,8 +146,9 @@ class bind:  # noqa: N801 - used like a function: ``with resettrace.bind(rec):``
 
 def current_recorder(default: Recorder | NoopRecorder | None = None
                      ) -> Recorder | NoopRecorder:
-    """The recorder bound by :func:`bind`; else ``default`` when given; else the
-    default session's recorder for this thread (the no-op one when tracing is off)."""
+    """The recorder whose trace is open in this context, or the one bound by
+    :func:`bind`; else ``default`` when given; else the default session's recorder
+    for this thread (the no-op one when tracing is off)."""
     rec = _get_current()
     if rec is not None:
         return rec
@@ -250,7 +251,7 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
                               type(e).__name__, e)
             if read_envs is not None and ATTR_ENV_COUNT not in rec.attributes:
                 try:
-                    rec.attributes[ATTR_ENV_COUNT] = count_of(  # type: ignore[index]
+                    rec.attributes[ATTR_ENV_COUNT] = count_of(
                         read_envs(args, kwargs))
                 except Exception as e:
                     note_once(f"env_count:{resolved.span}", "cannot read the env count of "

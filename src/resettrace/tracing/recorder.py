@@ -16,6 +16,12 @@ in the trace or -1, ``count`` the envs reset (-1: not given), ``error`` 0 or the
 of the exception type that left the scope (:func:`error_name`). All ints, so a
 trace packs into one ``array('q')`` without a Python loop.
 
+A trace that opens makes its recorder the context's current one (a
+``contextvars`` variable, read by ``resettrace.current_recorder``) until it closes,
+and a scope opened on another recorder of the same thread while a trace is open
+joins that trace: an env, its manager and its backend give one trace whatever
+recorder objects they hold (the open trace's attributes apply).
+
 Misuse never raises here: scopes nest through a stack, so a phase may re-enter
 itself, sit under any parent or be left by an exception; a scope exited without
 being entered is ignored; a recorder used from a thread other than the one that
@@ -26,6 +32,7 @@ is logged once (:func:`note_once`); the statistics treat them in
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -75,6 +82,14 @@ def error_name(code: int) -> str:
 
 _perf_ns = time.perf_counter_ns
 _get_ident = threading.get_ident
+
+#: the current recorder of this context: the one whose trace is open, else the one bound
+#: by ``resettrace.bind`` (None: the default session's recorder of the thread)
+CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("resettrace_current_recorder",
+                                                              default=None)
+_current_get = CURRENT.get
+_current_set = CURRENT.set
+_current_reset = CURRENT.reset
 
 
 class TraceSink(Protocol):
@@ -139,7 +154,11 @@ class Scope:
         stack = self._stack
         records = self._records
         pos = len(records)
-        r = [self._index, stack[-1] if stack else -1, 0, 0, self._count, 0]
+        if stack:
+            r = [self._index, stack[-1], 0, 0, self._count, 0]
+        else:  # a trace opens: its recorder is the current one until it closes
+            r = [self._index, -1, 0, 0, self._count, 0]
+            self._rec._token = _current_set(self._rec)
         stack.append(pos)
         records.append(r)
         r[2] = _perf_ns()  # R_START, last: bookkeeping is not timed
@@ -162,7 +181,14 @@ class Scope:
             note_once("exit-mismatch", "scope %r exited while %r was the innermost open one;"
                       " the innermost one was closed", cat[self._index].span, cat[r[0]].span)
         if not stack:
-            self._rec._flush()
+            rec = self._rec
+            token, rec._token = rec._token, None
+            if token is not None:
+                try:
+                    _current_reset(token)
+                except ValueError:  # closed in another context than it opened in
+                    pass
+            rec._flush()
 
     def timing(self) -> dict[str, float]:
         """Closed timing dict of this scope's last run: its children's keys and the gap."""
@@ -212,6 +238,7 @@ class Recorder:
     """
 
     enabled = True
+    _token: contextvars.Token[Any] | None = None
 
     def __init__(self, sinks: Sequence[TraceSink] = (), *,
                  attributes: Mapping[str, Any] | None = None,
@@ -241,6 +268,10 @@ class Recorder:
         """
         if _get_ident() != self._owner:
             return self._other_thread().scope(phase, count)
+        if not self._stack:  # join a trace already open in this context (another recorder's)
+            cur = _current_get()
+            if cur is not None and cur is not self and cur.enabled and cur._stack:
+                return cur.scope(phase, count)
         try:
             s = self._scopes[phase.index]  # type: ignore[index]
         except (TypeError, AttributeError, IndexError):  # a name (str.index is a method),
