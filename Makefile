@@ -22,9 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q examples/own_env
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests examples
 	$(BIN)/mypy src
 
 bench-overhead: $(STAMP)

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import resettrace
 from resettrace import catalog as C
 from resettrace.config import Config
+from resettrace.tracing import recorder as recorder_module
 from resettrace.tracing.recorder import use_clock
 from resettrace.tracing.session import Tracing
 
@@ -66,7 +67,7 @@ def test_register_phase_defaults_and_idempotence(catalog: C.Catalog) -> None:
     assert p.key == "dr_reset_plan_terrain_sample_ms" and p.parent == "dr_reset.plan"
     assert catalog.register("dr_reset.plan.terrain_sample", parent=C.DR_RESET_PLAN) is p
     assert catalog.resolve("dr_reset.plan.terrain_sample") is p
-    assert catalog[p.index] is p and p.index == len(C.PHASES)
+    assert catalog[p.index] is p and p.index == len(catalog) - 1
     # the built-ins are untouched, and the process catalog did not change
     assert C.CATALOG.get("dr_reset.plan.terrain_sample") is None
 
@@ -136,7 +137,9 @@ def test_phase_registered_after_the_recorder_was_made(session: Tracing,
 
 # -- misuse never raises, statistics stay right ---------------------------------------------
 def test_unexpected_nesting_keeps_accounts_closed(session: Tracing, clock: FakeClock,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+                                                  caplog: pytest.LogCaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recorder_module, "_NOTED", set())  # surprises are logged once
     rec = resettrace.recorder(tracing=session)
     with caplog.at_level(logging.WARNING, logger="resettrace"):
         with rec.scope(C.DR_RESET, 4) as dr:

@@ -34,7 +34,7 @@ from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder, S
 
 if TYPE_CHECKING:
     from resettrace.envs.np_env import NpEnv
-    from resettrace.instrument import instrument
+    from resettrace.instrumentation import instrument
     from resettrace.randomization import RandomizationConfig
     from resettrace.tracing.processor import TimingSpanProcessor
     from resettrace.tracing.session import Tracing
@@ -53,7 +53,7 @@ def __getattr__(name: str) -> Any:
 
         return TimingSpanProcessor
     if name == "instrument":
-        from resettrace.instrument import instrument
+        from resettrace.instrumentation import instrument
 
         return instrument
     raise AttributeError(f"module 'resettrace' has no attribute {name!r}")
@@ -105,6 +105,6 @@ def make_env(task: str, *, backend: str = "mujoco", num_envs: int, model: Any = 
 
 if os.environ.get("RESETTRACE_INSTRUMENT", "").strip():
     # asked for by the user (``resettrace run`` or the variable): wrap the spec's targets
-    from resettrace.instrument import instrument_from_env
+    from resettrace.instrumentation import instrument_from_env
 
     instrument_from_env()

@@ -86,7 +86,8 @@ def _overhead(args: argparse.Namespace) -> int:
     try:
         cfg = OverheadConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
                              ratio=args.ratio, rounds=args.rounds, calls=args.calls,
-                             warmup=args.warmup, model=args.model, nthread=args.nthread)
+                             warmup=args.warmup, repeats=args.repeats, model=args.model,
+                             nthread=args.nthread)
     except ValueError as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
@@ -134,9 +135,10 @@ def _run(args: argparse.Namespace) -> int:
     """Exec COMMAND with resettrace's ``sitecustomize`` first on ``PYTHONPATH``."""
     from resettrace import _run as run_dir
     from resettrace.config import ENV_MODE
-    from resettrace.instrument import (
+    from resettrace.instrumentation import (
         ENV_INSTRUMENT,
         ENV_RUN_JSON,
+        ENV_RUN_OWNER,
         ENV_RUN_SUMMARY,
         InstrumentError,
         check_spec,
@@ -165,6 +167,7 @@ def _run(args: argparse.Namespace) -> int:
     if not env.get(ENV_MODE, "").strip():
         env[ENV_MODE] = "timing"  # running under resettrace means: record
     env[ENV_RUN_SUMMARY] = "0" if args.no_summary else "1"
+    env.pop(ENV_RUN_OWNER, None)  # a run inside a run: its command is a main process again
     if args.stats_json:
         env[ENV_RUN_JSON] = str(Path(args.stats_json).resolve()).replace("%7Bpid%7D", "{pid}")
     else:
@@ -214,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--rounds", type=int, default=100, help="interleaved rounds")
     o.add_argument("--calls", type=int, default=3, help="reset_done calls per mode per round")
     o.add_argument("--warmup", type=int, default=5, help="untimed calls per mode first")
+    o.add_argument("--repeats", type=int, default=5,
+                   help="groups of rounds; each ratio is the median over the groups")
     o.add_argument("--json", default=None, help="write the result as JSON")
     o.set_defaults(func=_overhead)
 

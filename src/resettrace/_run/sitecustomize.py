@@ -14,7 +14,7 @@ import sys
 def _boot() -> None:
     try:
         import resettrace  # noqa: F401  (installs RESETTRACE_INSTRUMENT)
-        from resettrace.instrument import InstrumentError, arrange_run_summary
+        from resettrace.instrumentation import InstrumentError, arrange_run_summary
     except ModuleNotFoundError as e:
         if e.name != "resettrace":
             raise

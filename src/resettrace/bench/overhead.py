@@ -35,7 +35,8 @@ from resettrace.tracing.recorder import NOOP_RECORDER
 
 __all__ = ["OverheadConfig", "run_overhead", "render_overhead", "noop_scope_cost_ns"]
 
-MODES = ("off", "timing", "trace", "otlp")
+MODES = ("off", "off_aa", "timing", "trace", "otlp")
+RATIO_MODES = ("off_aa", "timing", "trace", "otlp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +48,7 @@ class OverheadConfig:
     rounds: int = 100
     calls: int = 3
     warmup: int = 5
+    repeats: int = 5
     model: str | None = None
     nthread: int | None = None
     seed: int = 0
@@ -56,6 +58,8 @@ class OverheadConfig:
             raise ValueError(f"--ratio must be in (0, 1], got {self.ratio}")
         if self.num_envs < 1 or self.rounds < 1 or self.calls < 1 or self.warmup < 0:
             raise ValueError("--num-envs, --rounds and --calls must be >= 1, --warmup >= 0")
+        if not 1 <= self.repeats <= self.rounds:
+            raise ValueError(f"--repeats must be in [1, --rounds], got {self.repeats}")
 
 
 def noop_scope_cost_ns(n: int = 200_000) -> float:
@@ -75,6 +79,45 @@ def noop_scope_cost_ns(n: int = 200_000) -> float:
     return statistics.median(costs)
 
 
+def traced_call_cost_ns(n: int = 100_000) -> dict[str, float]:
+    """Median over 5 repeats of what ``@traced`` adds to one call, warm (ns).
+
+    ``on``: calls nested in an open trace of a recorder without sinks, so this is the
+    training thread's own work (traces are aggregated on a background thread, whose
+    cost the ``timing`` mode of this benchmark includes); ``off``: tracing off.
+    """
+    import resettrace
+    from resettrace.tracing.recorder import Recorder
+    from resettrace.tracing.session import Tracing
+
+    def plain(ids: list[int]) -> int:
+        return 0
+
+    wrapped = resettrace.traced(C.DR_RESET_PAYLOAD_FILTER, count="ids")(plain)
+    ids = [1, 2, 3]
+    batch = 100
+    out: dict[str, float] = {}
+    for mode in ("on", "off"):
+        rec: Any = Recorder(()) if mode == "on" else NOOP_RECORDER
+        costs = []
+        with resettrace.use_tracing(Tracing(Config(mode="off"))), resettrace.bind(rec):
+            for _ in range(6):
+                t0 = time.perf_counter_ns()
+                for _ in range(n // batch):
+                    with rec.scope(C.ENV_STEP):
+                        for _ in range(batch):
+                            wrapped(ids)
+                t1 = time.perf_counter_ns()
+                for _ in range(n // batch):
+                    with rec.scope(C.ENV_STEP):
+                        for _ in range(batch):
+                            plain(ids)
+                t2 = time.perf_counter_ns()
+                costs.append(((t1 - t0) - (t2 - t1)) / (n // batch * batch))
+        out[mode] = statistics.median(costs[1:])  # the first repeat warms up
+    return out
+
+
 def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = None
                  ) -> dict[str, Any]:
     import resettrace
@@ -87,6 +130,7 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
             ReceiverProcess() as receiver:
         sessions = {
             "off": Tracing(Config(mode="off")),
+            "off_aa": Tracing(Config(mode="off")),
             "timing": Tracing(Config(mode="timing")),
             "trace": Tracing(Config(mode="trace",
                                     exporters=(f"file:{Path(tmp) / 'spans.jsonl'}",))),
@@ -102,6 +146,8 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
                                              env_count=cfg.num_envs) for m in MODES}
         rng = np.random.default_rng(cfg.seed)
         times: dict[str, list[int]] = {m: [] for m in MODES}
+        group: list[int] = []  # the repeat each timed call belongs to, per mode in order
+        per = cfg.rounds / cfg.repeats
         mask = np.zeros(cfg.num_envs, dtype=bool)
 
         def one(mode: str, record: bool) -> None:
@@ -119,6 +165,7 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
             for _ in range(cfg.warmup):
                 one(m, False)
         for r in range(cfg.rounds):
+            group.append(min(cfg.repeats - 1, int(r / per)))
             for m in rng.permutation(MODES):
                 for _ in range(cfg.calls):
                     one(str(m), True)
@@ -131,15 +178,24 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
         export = {m: sessions[m].export_report() for m in ("trace", "otlp")}
         export["otlp"]["received_by_receiver"] = receiver.stop()
     p50 = {m: statistics.median(times[m]) / 1e6 for m in MODES}
+    reps: dict[str, list[float]] = {m: [] for m in RATIO_MODES}
+    for g in range(cfg.repeats):
+        rounds = [r for r, gr in enumerate(group) if gr == g]
+        lo, hi = rounds[0] * cfg.calls, (rounds[-1] + 1) * cfg.calls
+        base = statistics.median(times["off"][lo:hi])
+        for m in RATIO_MODES:
+            reps[m].append(statistics.median(times[m][lo:hi]) / base)
     noop_ns = noop_scope_cost_ns()
+    traced = traced_call_cost_ns()
     return {
         "config": asdict(cfg) | {"k": k},
         "modes": {m: {"reset_done_p50_ms": p50[m],
                       "reset_done_p90_ms": float(np.percentile(times[m], 90)) / 1e6,
                       "calls": len(times[m])} for m in MODES},
-        "ratios": {"timing_vs_off": p50["timing"] / p50["off"],
-                   "trace_vs_off": p50["trace"] / p50["off"],
-                   "otlp_vs_off": p50["otlp"] / p50["off"]},
+        "ratios": {f"{m}_vs_off": statistics.median(reps[m]) for m in RATIO_MODES},
+        "repeats": {f"{m}_vs_off": reps[m] for m in RATIO_MODES},
+        "aa_spread": max(abs(x - 1.0) for x in reps["off_aa"]),
+        "traced_ns": traced,
         "noop_scope_ns": noop_ns,
         "scopes_per_reset": scopes,
         "noop_share": noop_ns * scopes / (p50["off"] * 1e6),
@@ -163,9 +219,16 @@ def render_overhead(result: dict[str, Any]) -> str:
         f"reset_done with tracing off / timing / trace / otlp: {cfg['num_envs']} envs, "
         f"k={cfg['k']} ({100 * cfg['ratio']:.0f}%) per call, {cfg['backend']}",
         ["mode", "p50 ms", "p90 ms", "vs off", "calls"], rows)
-    r = result["ratios"]
-    lines = [table, "", f"timing_vs_off {r['timing_vs_off']:.3f}   "
-             f"trace_vs_off {r['trace_vs_off']:.3f}   otlp_vs_off {r['otlp_vs_off']:.3f}",
+    r, reps = result["ratios"], result["repeats"]
+    ratio_rows = [[name, r[name], min(reps[name]), max(reps[name]), len(reps[name])]
+                  for name in r]
+    lines = [table, "", format_table(
+        f"ratios: median of {cfg['repeats']} interleaved repeats (p50 of the mode / p50 of "
+        "off in each)", ["ratio", "median", "min", "max", "repeats"], ratio_rows),
+             f"A/A spread (largest |off_aa/off - 1| over the repeats): "
+             f"{100 * result['aa_spread']:.1f}%",
+             f"@traced adds {result['traced_ns']['on']:.0f} ns per call warm with tracing on, "
+             f"{result['traced_ns']['off']:.0f} ns with tracing off",
              f"noop scope {result['noop_scope_ns']:.0f} ns x {result['scopes_per_reset']} "
              f"scopes = {100 * result['noop_share']:.3f}% of reset_done (off)"]
     for mode, exp in result["export"].items():

@@ -161,6 +161,11 @@ def current_recorder(default: Recorder | NoopRecorder | None = None
 # -- the decorator ------------------------------------------------------------------------
 def count_of(value: Any) -> int:
     """The env count of a value: an int as is, a bool array's True values, else ``len()``."""
+    t = type(value)
+    if t is int:
+        return value
+    if t is list or t is tuple:
+        return len(value)
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):
@@ -238,6 +243,9 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rec = _get_current()
             if rec is None:
+                session = _default
+                if session is not None and session.processor is None:
+                    return fn(*args, **kwargs)  # tracing off, nothing bound: the fast path
                 rec = current_recorder()
             if not rec.enabled:
                 return fn(*args, **kwargs)

@@ -13,8 +13,11 @@ your own and the functions to record::
     [instrument]                       # "module:Qualified.name" = phase, or a table
     "mylab.env:MyEnv.step" = "env_step"
     "mylab.env:MyEnv.reset_done" = { phase = "reset_done", count = "self.done" }
-    "mylab.backend:MyBackend.set_state" = { phase = "set_state", count = "env_ids",
-                                            env_count = "self.num_envs" }
+
+    [instrument."mylab.backend:MyBackend.set_state"]  # a table on lines of its own (TOML's
+    phase = "set_state"                               # inline tables fit on one line)
+    count = "env_ids"
+    env_count = "self.num_envs"
 
 Each target is wrapped with :func:`resettrace.traced` (``count`` and ``env_count``
 as there). A module already imported is patched at once; any other when it is
@@ -188,7 +191,9 @@ class _Patch:
                     f"{'.'.join([target.module] + parts[:i])!r} has no attribute {part!r}"
                 ) from None
         name = parts[-1]
-        raw = owner.__dict__.get(name) if isinstance(owner, type) else None
+        raw = None
+        if isinstance(owner, type):  # the class's own or an inherited one, undecorated
+            raw = next((k.__dict__[name] for k in owner.__mro__ if name in k.__dict__), None)
         if raw is None:
             if not hasattr(owner, name):
                 raise InstrumentError(f"instrument target {target.name!r} not found: "
@@ -205,6 +210,9 @@ class _Patch:
             kind, fn = type(raw), raw.__func__
         elif isinstance(owner, type) and not callable(raw):
             fn = None
+        if isinstance(fn, type):  # a wrapper function would break isinstance and subclassing
+            raise InstrumentError(f"instrument target {target.name!r} is a class, not a "
+                                  f"function or method (e.g. '{target.name}.__init__')")
         if fn is None or not callable(fn):
             raise InstrumentError(f"instrument target {target.name!r} is not a function or "
                                   f"method ({type(raw).__name__})")
@@ -325,6 +333,8 @@ def _findable(module: str) -> bool:
 
 
 def _warn_unpatched() -> None:
+    if _run_worker():
+        return  # a helper process of a ``resettrace run`` command: its main one speaks
     with _HOOK._lock:
         names = sorted(t.name for waiting in _HOOK.pending.values() for t, _ in waiting)
     if names:
@@ -346,16 +356,19 @@ def instrument(spec: Mapping[str, Any] | str | os.PathLike[str]) -> Callable[[],
     installed = _Installed(attributes)
     default_attributes().update(attributes)
     try:
+        for tgt in targets:
+            if tgt.module not in sys.modules and not _findable(tgt.module):
+                raise InstrumentError(f"instrument target {tgt.name!r}: no module named "
+                                      f"{tgt.module!r}")
+        # after every check: looking up a submodule may have imported its package (and
+        # whatever that imports), so which modules are loaded is only known now
         later = []
         for tgt in targets:
             module = sys.modules.get(tgt.module)
             if module is not None:
                 installed.patch(tgt, module)
-                continue
-            if not _findable(tgt.module):
-                raise InstrumentError(f"instrument target {tgt.name!r}: no module named "
-                                      f"{tgt.module!r}")
-            later.append(tgt)
+            else:
+                later.append(tgt)
     except BaseException:
         installed.undo()
         raise
@@ -371,11 +384,25 @@ def instrument(spec: Mapping[str, Any] | str | os.PathLike[str]) -> Callable[[],
     return installed.undo
 
 
+def _is_cli() -> bool:
+    """Whether this process is the ``resettrace`` command itself (its console script or
+    ``python -m resettrace.cli``), started before its own module runs."""
+    if os.path.basename(sys.argv[0] if sys.argv else "").partition(".")[0] == "resettrace":
+        return True
+    argv = list(getattr(sys, "orig_argv", ()))
+    return any(a == "-m" and argv[i + 1:i + 2] == ["resettrace.cli"] or a == "-mresettrace.cli"
+               for i, a in enumerate(argv))
+
+
 def instrument_from_env(environ: Mapping[str, str] | None = None) -> Callable[[], None] | None:
-    """Install the spec named by ``RESETTRACE_INSTRUMENT`` (once per process)."""
+    """Install the spec named by ``RESETTRACE_INSTRUMENT`` (once per process).
+
+    Not in the ``resettrace`` command's own process: ``resettrace run`` checks the spec
+    and hands it to its command, whose modules it may not even find.
+    """
     env = os.environ if environ is None else environ
     path = env.get(ENV_INSTRUMENT, "").strip()
-    if not path:
+    if not path or _is_cli():
         return None
     global _FROM_ENV
     if _FROM_ENV is None:
@@ -389,26 +416,39 @@ _FROM_ENV: Callable[[], None] | None = None
 # -- ``resettrace run``'s exit summary -------------------------------------------------------
 ENV_RUN_SUMMARY = "RESETTRACE_RUN_SUMMARY"
 ENV_RUN_JSON = "RESETTRACE_RUN_JSON"
+#: pid of the command's main process: the first process of a ``resettrace run`` that
+#: arranges the summary sets it, and every process it starts inherits it
+ENV_RUN_OWNER = "RESETTRACE_RUN_OWNER"
+
+
+def _run_worker() -> bool:
+    """Whether this process was started by the main process of a ``resettrace run``
+    (a multiprocessing worker, its resource tracker, a subprocess, a fork)."""
+    owner = os.environ.get(ENV_RUN_OWNER, "").strip()
+    return bool(owner) and owner != str(os.getpid())
 
 
 def arrange_run_summary(environ: Mapping[str, str] | None = None) -> None:
     """At exit, print the default session's stats to stderr (``RESETTRACE_RUN_SUMMARY=1``)
     and write them as JSON (``RESETTRACE_RUN_JSON=PATH``; ``{pid}`` in PATH is replaced by
-    the process id). Only the command's main process does this unless PATH has ``{pid}``."""
+    the process id). Only the command's main process does this unless PATH has ``{pid}``:
+    the first process to arrange it sets ``RESETTRACE_RUN_OWNER`` to its pid, so every
+    process it starts, whichever way, knows it is not the main one."""
     import atexit
-    import multiprocessing
 
     env = os.environ if environ is None else environ
     summary = env.get(ENV_RUN_SUMMARY, "") == "1"
     json_path = env.get(ENV_RUN_JSON, "").strip()
-    worker = multiprocessing.parent_process() is not None
-    if worker and "{pid}" not in json_path:
-        summary, json_path = False, ""
+    if not os.environ.get(ENV_RUN_OWNER, "").strip():
+        os.environ[ENV_RUN_OWNER] = str(os.getpid())
     if summary or json_path:
         atexit.register(_run_summary, summary, json_path)
 
 
 def _run_summary(summary: bool, json_path: str) -> None:
+    # asked at exit, not at start-up: a forked child inherits the atexit handlers too
+    if _run_worker() and "{pid}" not in json_path:
+        return
     from resettrace.tables import render_stats, write_json
     from resettrace.tracing.api import get_tracing
 
