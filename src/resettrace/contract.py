@@ -11,9 +11,10 @@ arrays of xyz + wxyz.
 actuators at the new joint positions and refreshes their kinematics, touching no
 other row. It validates every input before any engine call and raises
 ``ValueError`` naming the problem. With tracing on it returns
-``{"timing": {key: ms}}`` with exactly :data:`~resettrace.catalog.SET_STATE_KEYS`
-(0.0 where a phase does not apply; the gap closes the account); with tracing off
-it returns ``None``.
+``{"timing": {key: ms}}`` with the keys of ``CATALOG.timing_keys(SET_STATE)``: the
+16 :data:`~resettrace.catalog.SET_STATE_KEYS`, a key per registered child of
+``set_state`` before the gap (0.0 where a phase does not apply; the gap closes the
+account); with tracing off it returns ``None``.
 
 This module imports no backend: each backend module ends with a ``TYPE_CHECKING`` block
 assigning its class to ``type[SimBackend]``, so a type checker proves that backend
