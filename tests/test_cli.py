@@ -64,20 +64,25 @@ def test_collector_defaults_to_timing_and_rejects_bad_arguments(tmp_path) -> Non
 
 def test_overhead_json(tmp_path) -> None:
     path = tmp_path / "overhead.json"
-    r = _run(["bench", "overhead", "--num-envs", "64", "--rounds", "3", "--calls", "2",
-              "--warmup", "1", "--nthread", "1", "--json", str(path)])
+    r = _run(["bench", "overhead", "--num-envs", "64", "--rounds", "4", "--calls", "2",
+              "--repeats", "2", "--warmup", "1", "--nthread", "1", "--json", str(path)])
     assert r.returncode == 0, r.stderr
     data = json.loads(path.read_text())
-    assert set(data["modes"]) == {"off", "timing", "trace", "otlp"}
+    assert set(data["modes"]) == {"off", "off_aa", "timing", "trace", "otlp"}
     for mode in data["modes"].values():
-        assert mode["reset_done_p50_ms"] > 0 and mode["calls"] == 6
-    assert set(data["ratios"]) == {"timing_vs_off", "trace_vs_off", "otlp_vs_off"}
+        assert mode["reset_done_p50_ms"] > 0 and mode["calls"] == 8
+    names = {"off_aa_vs_off", "timing_vs_off", "trace_vs_off", "otlp_vs_off"}
+    assert set(data["ratios"]) == names and set(data["repeats"]) == names
+    assert all(len(v) == 2 for v in data["repeats"].values())
+    assert data["aa_spread"] >= 0 and data["traced_ns"]["on"] > 0
     assert 0 < data["noop_share"] < 0.5
     assert data["scopes_per_reset"] >= 15
     otlp = data["export"]["otlp"]
     assert otlp["exporters"]["otlp"]["undelivered"] == 0
     assert otlp["received_by_receiver"] == otlp["exporters"]["otlp"]["delivered"] > 0
-    assert "timing_vs_off" in r.stdout
+    assert "timing_vs_off" in r.stdout and "A/A spread" in r.stdout
+    bad = _run(["bench", "overhead", "--rounds", "2", "--repeats", "3"])
+    assert bad.returncode == 2 and "--repeats" in bad.stderr
 
 
 def test_collector_numba_ab_table_and_json(tmp_path) -> None:
