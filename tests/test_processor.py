@@ -164,3 +164,32 @@ def test_catalog_is_consistent() -> None:
         assert phase.key.endswith("_ms")
         assert phase.parent is None or phase.parent in C.BY_SPAN
     assert C.SET_STATE.key == "dr_reset_set_state_ms"
+
+
+def test_traces_of_several_shapes_keep_arrival_order_and_exact_totals(clock: FakeClock) -> None:
+    """Traces are folded in bulk per shape; samples still come out in arrival order,
+    and count / total / max stay exact beyond the reservoir."""
+    proc = TimingSpanProcessor(max_samples=1000)
+    small = TimingSpanProcessor(max_samples=50)
+    rec = Recorder([proc, small])
+    expected = []
+    for i in range(300):
+        with rec.scope(C.ENV_STEP):
+            clock.now += (i + 1) * MS
+            if i % 3 == 0:  # another shape: a reset inside the step
+                with rec.scope(C.RESET_DONE, i):
+                    clock.now += MS
+                expected.append(i + 2.0)
+            else:
+                expected.append(i + 1.0)
+    st = proc.stats()
+    env = st[C.ENV_STEP.key]
+    assert env.count == 300 and env.total_ms == sum(expected) and env.max_ms == max(expected)
+    assert proc.samples()[C.ENV_STEP.key] == expected  # every one, in arrival order
+    few = small.stats()[C.ENV_STEP.key]
+    assert few.count == 300 and few.total_ms == env.total_ms and few.max_ms == env.max_ms
+    kept = small.samples()[C.ENV_STEP.key]
+    assert len(kept) == 50 and set(kept) <= set(expected)
+    assert st["reset_done_count"].count == 100
+    assert st["reset_done_count"].total_ms == sum(range(0, 300, 3))
+    assert st["env_step_other_ms"].total_ms == sum(expected) - 100.0

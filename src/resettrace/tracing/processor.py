@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from resettrace.catalog import (
@@ -57,7 +58,6 @@ from resettrace.tracing.recorder import (
     R_PHASE,
     R_START,
     Record,
-    closed_timing,
     note_once,
 )
 
@@ -72,7 +72,9 @@ _MAX_OPEN_PARENTS = 10_000
 #: queued traces that wake the aggregation thread
 _DRAIN_BATCH = 32
 #: traces aggregated between two GIL hand-backs of the aggregation thread
-_DRAIN_CHUNK = 8
+_DRAIN_CHUNK = 32
+#: buffered traces that are folded into samples at once (and at every read)
+_FOLD_TRACES = 1024
 
 _LIVE: weakref.WeakSet[TimingSpanProcessor] = weakref.WeakSet()
 
@@ -145,6 +147,110 @@ class _Series:
                 self.samples[j] = v
 
 
+    def add_many(self, values: np.ndarray) -> None:
+        """``add`` of every value in order (one numpy pass; same reservoir rule)."""
+        m = len(values)
+        if not m:
+            return
+        self.total += float(values.sum())
+        self.max = max(self.max, float(values.max()))
+        free = self._cap - len(self.samples)
+        if free > 0:
+            head = values[:free].tolist()
+            self.samples.extend(head)
+            self.count += len(head)
+            values = values[free:]
+            m = len(values)
+            if not m:
+                return
+        # item i (0-based, after count items) replaces slot randrange(count + i + 1)
+        slots = [self._rng.randrange(self.count + i + 1) for i in range(m)]
+        self.count += m
+        cap, samples = self._cap, self.samples
+        for slot, v in zip(slots, values.tolist(), strict=True):
+            if slot < cap:
+                samples[slot] = v
+
+
+class _Plan:
+    """How one shape of trace (its phases and parent links) becomes samples.
+
+    Traces from one code path share a shape, so the rules of the module docstring are
+    worked out once per shape, as a matrix: each row is one sample of one key, a
+    combination (+1 / -1) of the trace's record durations. A trace then costs a list of
+    durations; folding many of them is one integer matrix product.
+    """
+
+    __slots__ = ("version", "keys", "matrix", "count_at", "rows", "seqs", "counts")
+
+    def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
+        self.version = catalog.version
+        n = len(records)
+        phases = [catalog[r[R_PHASE]] for r in records]
+        skip = _recursive(records) if len(set(phases)) < n else [False] * n
+        rows: list[tuple[str, dict[int, int]]] = []
+        declared: list[list[int]] = [[] for _ in range(n)]  # declared children per record
+        for i in range(n):
+            p = records[i][R_PARENT]
+            if p >= 0 and phases[i].parent == phases[p].span:
+                declared[p].append(i)
+        self.count_at: list[int] = []
+        for i in range(n):
+            phase = phases[i]
+            p = records[i][R_PARENT]
+            parent = phases[p] if p >= 0 else None
+            if parent is not None and phase.parent == parent.span:
+                if parent is SET_STATE and not skip[p]:
+                    continue  # a sample of its parent's closed account below
+            elif parent is not None and not skip[i]:
+                note_once("nesting", "phase %r was recorded under %r, not under its "
+                          "registered parent %r; its time stays in that phase's gap",
+                          phase.span, parent.span, phase.parent)
+            if skip[i]:
+                continue  # a phase inside itself: its time is in the outer call's
+            rows.append((phase.key, {i: 1}))
+            if phase is SET_STATE:
+                _, key_of, zeros = catalog.layout(phase)
+                sums: dict[str, dict[int, int]] = {k: {} for k in zeros}
+                for j in declared[i]:
+                    sums[key_of[records[j][R_PHASE]]][j] = 1
+                gap = {i: 1}
+                for j in declared[i]:
+                    gap[j] = -1
+                sums[phase.gap_key] = gap  # type: ignore[index]
+                rows.extend(sums.items())
+            elif phase.gap_key is not None:
+                gap = {i: 1}
+                for j in declared[i]:
+                    gap[j] = -1
+                rows.append((phase.gap_key, gap))
+            if phase is RESET_DONE:
+                self.count_at.append(i)
+        self.keys = [k for k, _ in rows]
+        self.matrix = np.zeros((len(rows), n), dtype=np.int64)
+        for j, (_, cols) in enumerate(rows):
+            for col, sign in cols.items():
+                self.matrix[j, col] = sign
+        self.rows: list[list[int]] = []
+        self.seqs: list[int] = []
+        self.counts: list[tuple[int, int]] = []
+
+
+def _recursive(records: Sequence[Record]) -> list[bool]:
+    """Per record: does its phase also open one of its ancestors?"""
+    out = [False] * len(records)
+    for i, r in enumerate(records):
+        j = r[R_PARENT]
+        while j >= 0:
+            if records[j][R_PHASE] == r[R_PHASE]:
+                out[i] = True
+                note_once("recursion", "phase index %d was entered inside itself; it "
+                          "counts once, for the outermost call", r[R_PHASE])
+                break
+            j = records[j][R_PARENT]
+    return out
+
+
 class TimingSpanProcessor(SpanProcessor):
     """Aggregates catalog spans and recorder traces into per-key statistics.
 
@@ -172,6 +278,10 @@ class TimingSpanProcessor(SpanProcessor):
         self.traces_seen = 0
         self.records_seen = 0
         self._pending: deque[Sequence[Record]] = deque()
+        # traces of one shape share a plan; their durations wait in it until folded
+        self._plans: dict[tuple[int, ...], _Plan] = {}
+        self._seq = 0
+        self._buffered = 0
         self._wake = threading.Event()
         self._worker: threading.Thread | None = None
         self._stopped = False
@@ -227,53 +337,58 @@ class TimingSpanProcessor(SpanProcessor):
                 time.sleep(0)  # hand the GIL back to the training thread between chunks
 
     def _aggregate(self, records: Sequence[Record]) -> None:
-        """Add one trace's phases (see the module docstring for the rules)."""
+        """Buffer one trace's durations under the plan of its shape (see :class:`_Plan`)."""
         n = len(records)
         self.traces_seen += 1
         self.records_seen += n
-        cat = self.catalog
-        phases = [cat[r[R_PHASE]] for r in records]
-        skip = self._recursive(records) if len(set(phases)) < n else None
-        declared_ns = [0] * n  # per record: summed durations of its declared children
-        for i in range(n - 1, -1, -1):  # children come after their parent
-            r = records[i]
-            phase = phases[i]
-            d = r[R_END] - r[R_START]
-            p = r[R_PARENT]
-            parent = phases[p] if p >= 0 else None
-            if parent is not None and phase.parent == parent.span:
-                declared_ns[p] += d
-                if parent is SET_STATE and (skip is None or not skip[p]):
-                    continue  # added with its parent's closed account below
-            elif parent is not None and (skip is None or not skip[i]):
-                note_once("nesting", "phase %r was recorded under %r, not under its "
-                          "registered parent %r; its time stays in that phase's gap",
-                          phase.span, None if parent is None else parent.span, phase.parent)
-            if skip is not None and skip[i]:
-                continue  # a phase inside itself: its time is in the outer call's
-            self._add(phase.key, d * 1e-6)
-            if phase is SET_STATE:
-                for key, value in closed_timing(records, i, phase, cat).items():
-                    self._add(key, value)
-            elif phase.gap_key is not None:
-                self._add(phase.gap_key, (d - declared_ns[i]) * 1e-6)
-            if phase is RESET_DONE and r[R_COUNT] >= 0:
-                self._add(RESET_DONE_COUNT, float(r[R_COUNT]))
+        shape = tuple([r[R_PHASE] << 32 | (r[R_PARENT] + 1) for r in records])
+        plan = self._plans.get(shape)
+        if plan is None or plan.version != self.catalog.version:
+            if plan is not None:
+                self._fold()
+                self._plans.clear()
+            plan = self._plans[shape] = _Plan(records, self.catalog)
+        seq = self._seq = self._seq + 1
+        plan.seqs.append(seq)
+        plan.rows.append([r[R_END] - r[R_START] for r in records])
+        for i in plan.count_at:
+            c = records[i][R_COUNT]
+            if c >= 0:
+                plan.counts.append((seq, c))
+        self._buffered += 1
+        if self._buffered >= _FOLD_TRACES:
+            self._fold()
 
-    @staticmethod
-    def _recursive(records: Sequence[Record]) -> list[bool]:
-        """Per record: does its phase also open one of its ancestors?"""
-        out = [False] * len(records)
-        for i, r in enumerate(records):
-            j = r[R_PARENT]
-            while j >= 0:
-                if records[j][R_PHASE] == r[R_PHASE]:
-                    out[i] = True
-                    note_once("recursion", "phase index %d was entered inside itself; it "
-                              "counts once, for the outermost call", r[R_PHASE])
-                    break
-                j = records[j][R_PARENT]
-        return out
+    def _fold(self) -> None:
+        """Turn the buffered traces into samples, in arrival order (caller holds the lock)."""
+        if not self._buffered:
+            return
+        self._buffered = 0
+        parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for plan in self._plans.values():
+            if not plan.rows:
+                continue
+            seqs = np.array(plan.seqs, dtype=np.int64)
+            values = np.array(plan.rows, dtype=np.int64) @ plan.matrix.T  # exact ns sums
+            for j, key in enumerate(plan.keys):
+                parts.setdefault(key, []).append((seqs, values[:, j] * 1e-6))
+            if plan.counts:
+                cs = np.array(plan.counts, dtype=np.int64)
+                parts.setdefault(RESET_DONE_COUNT, []).append((cs[:, 0], cs[:, 1] * 1.0))
+            plan.rows.clear()
+            plan.seqs.clear()
+            plan.counts.clear()
+        for key, chunks in parts.items():
+            if len(chunks) == 1:
+                ordered = chunks[0][1]
+            else:
+                seqs = np.concatenate([c[0] for c in chunks])
+                ordered = np.concatenate([c[1] for c in chunks])[np.argsort(seqs,
+                                                                            kind="stable")]
+            s = self._series.get(key)
+            if s is None:
+                s = self._series[key] = _Series(self._max_samples, self._rng)
+            s.add_many(ordered)
 
     # -- SpanProcessor ------------------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -352,10 +467,14 @@ class TimingSpanProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self._drain()
+        with self._lock:
+            self._fold()
         return True
 
     def shutdown(self) -> None:
         self._drain()
+        with self._lock:
+            self._fold()
         self._stopped = True
         self._wake.set()
 
@@ -364,6 +483,7 @@ class TimingSpanProcessor(SpanProcessor):
         """Statistics per key seen so far (in catalog order, then the rest)."""
         self._drain()
         with self._lock:
+            self._fold()
             snapshot = {k: (s.count, s.total, s.max, sorted(s.samples))
                         for k, s in self._series.items()}
         out: dict[str, KeyStats] = {}
@@ -384,12 +504,14 @@ class TimingSpanProcessor(SpanProcessor):
         """The kept samples per key, in arrival order (all of them below ``max_samples``)."""
         self._drain()
         with self._lock:
+            self._fold()
             return {k: list(self._series[k].samples)
                     for k in _ordered(self._series, self._order())}
 
     def clear(self) -> None:
         self._drain()
         with self._lock:
+            self._fold()
             self._series.clear()
             self._open_children.clear()
             self.traces_seen = self.records_seen = 0
