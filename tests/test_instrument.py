@@ -321,17 +321,19 @@ def test_submodule_of_a_package_imported_later(resettrace: Any,
     assert resettrace.stat("env_step_total_ms")["count"] == 1
 
 
-def test_submodule_loaded_by_the_lookup_is_patched_at_once(
+def test_the_lookup_imports_nothing_and_a_package_importing_its_target_patches_it(
         resettrace: Any, make_module: Callable[..., Any], tmp_path: Path) -> None:
-    """Checking that ``pkg.sub.env`` exists imports ``pkg.sub``, whose ``__init__``
-    imports ``env``: that module must be patched, not wait for an import that is done."""
+    """Checking that ``pkg.sub.env`` exists imports nothing; importing ``pkg.sub``, whose
+    ``__init__`` imports ``env``, patches it."""
     name = make_module("pkg.sub.env", ENV_SOURCE, load=False)
     package, sub = name.split(".")[0], name.rpartition(".")[0]
     (tmp_path / package / "sub" / "__init__.py").write_text("from . import " + name.split(".")[-1])
     importlib.import_module(package)
     assert sub not in sys.modules
     with installed({"instrument": {f"{name}:Env.step": "env_step"}}):
-        mod = sys.modules[name]  # imported by the lookup
+        assert sub not in sys.modules and name not in sys.modules
+        importlib.import_module(sub)
+        mod = sys.modules[name]
         assert _traced(mod.Env.__dict__["step"])
         mod.Env(2).step([1])
     assert not _traced(mod.Env.__dict__["step"])
@@ -887,3 +889,48 @@ def test_resettrace_instrument_variable_without_run(tmp_path: Path) -> None:
     assert stats["reset_done_ms"][0] == 2
     assert stats["reset_done_count"] == [2, 3.0]
     assert r.stderr == ""
+
+
+def test_run_in_trace_mode_from_another_folder_exports_every_span(tmp_path: Path) -> None:
+    """The export child (and any helper of resettrace's own) is not a user process: it
+    must not install the spec, whose modules it cannot find from its folder."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    _write(proj, {"ti_run_env.py": RUN_MODULE, "train.py": RUN_SCRIPT, "spec.toml": RUN_SPEC})
+    spans = tmp_path / "spans.jsonl"
+    r = _resettrace_run(["--no-summary", "--instrument", str(proj / "spec.toml"), "--",
+                         sys.executable, str(proj / "train.py")], tmp_path,
+                        RESETTRACE="trace", RESETTRACE_EXPORTER=f"file:{spans}")
+    assert r.returncode == 0, r.stderr
+    assert "died" not in r.stderr and "not delivered" not in r.stderr
+    names = [json.loads(line)["name"] for line in spans.read_text().splitlines()]
+    assert names.count("env_step") == 4 and names.count("set_state") == 4
+
+
+def test_a_subprocess_from_another_folder_does_not_fail_over_the_spec(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    script = ("import subprocess, sys\n"
+              "import ti_run_env\n"
+              "r = subprocess.run([sys.executable, '-c', 'print(40 + 2)'], cwd='/',\n"
+              "                   capture_output=True, text=True)\n"
+              "print(r.returncode, r.stdout.strip(), r.stderr.strip())\n")
+    _write(proj, {"ti_run_env.py": RUN_MODULE, "main.py": script, "spec.toml": RUN_SPEC})
+    r = _resettrace_run(["--no-summary", "--instrument", "spec.toml", "--", sys.executable,
+                         "main.py"], proj)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0 42"
+
+
+def test_a_target_module_that_imports_resettrace_itself_gets_a_clear_error(
+        tmp_path: Path) -> None:
+    _write(tmp_path, {"ti_self.py": "import resettrace\n\nclass Env:\n    def step(self):"
+                                    "\n        return 1\n",
+                      "spec.toml": '[instrument]\n"ti_self:Env.step" = "env_step"\n'})
+    r = subprocess.run([sys.executable, "-c", "import ti_self"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env=_env(RESETTRACE="timing", RESETTRACE_INSTRUMENT="spec.toml"))
+    assert r.returncode != 0 and "still being imported" in r.stderr
+    ok = _resettrace_run(["--no-summary", "--instrument", "spec.toml", "--", sys.executable,
+                          "-c", "import ti_self; assert ti_self.Env().step() == 1"], tmp_path)
+    assert ok.returncode == 0, ok.stderr

@@ -440,3 +440,139 @@ def test_the_contract_imports_no_backend() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={"PATH": "", "RESETTRACE": "off"})
     assert out.stdout.strip() == "[]"
+
+
+# -- misuse found in review: each of these failed before its fix ----------------------------
+def test_a_thread_with_a_copied_context_records_its_own_trace(session: Tracing) -> None:
+    import contextvars
+
+    rec = resettrace.recorder(tracing=session)
+    errors: list[BaseException] = []
+
+    def physics() -> None:
+        try:
+            with resettrace.current_recorder().scope(C.DR_RESET_PLAN):
+                pass
+        except BaseException as e:  # noqa: BLE001 (a RecursionError before the fix)
+            errors.append(e)
+
+    with rec.scope(C.DR_RESET):
+        ctx = contextvars.copy_context()  # as asyncio.to_thread does
+        t = threading.Thread(target=ctx.run, args=(physics,))
+        t.start()
+        t.join()
+    assert errors == []
+    assert session.stats()["dr_reset_plan_ms"].count == 1
+
+
+def test_a_second_exit_neither_ends_the_trace_early_nor_loses_it(session: Tracing,
+                                                                 clock: FakeClock) -> None:
+    rec = resettrace.recorder(tracing=session)
+    with rec.scope(C.ENV_STEP):
+        s = rec.scope(C.APPLY_ACTION)
+        with s:
+            clock.now += 1 * MS
+        s.__exit__(None, None, None)  # again: ignored
+        with rec.scope(C.UPDATE_STATE):
+            clock.now += 2 * MS
+        # an inner scope left open is closed with its parent
+        rec.scope(C.PHYSICS).__enter__()
+        clock.now += 4 * MS
+    st = session.stats()
+    assert session.processor is not None and session.processor.traces_seen == 1
+    assert st["env_step_total_ms"].total_ms == 7.0 and st["physics_ms"].total_ms == 4.0
+    assert st["env_step_other_ms"].total_ms == 0.0
+
+
+def test_a_scope_never_exited_does_not_grow_the_trace_forever(
+        session: Tracing, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recorder_module, "MAX_TRACE_RECORDS", 50)
+    rec = resettrace.recorder(tracing=session)
+    rec.scope(C.ENV_STEP).__enter__()  # never exited
+    for _ in range(200):
+        with rec.scope(C.APPLY_ACTION):
+            pass
+    assert len(rec._records) <= 50
+    assert session.processor is not None
+    session.processor.force_flush()
+    assert session.processor.traces_seen >= 3
+
+
+def test_an_env_with_the_noop_recorder_records_nothing_anywhere() -> None:
+    default = Tracing(Config(mode="timing"))
+    with resettrace.use_tracing(default):
+        env = resettrace.make_env("g1_walk_flat", num_envs=8, nthread=1)
+        env.use_recorder(resettrace.NOOP_RECORDER)
+        env.reset_done(np.arange(8) % 2 == 0)
+        env.step(np.zeros((8, env.action_dim)))
+        env.close()
+    assert default.stats() == {}
+    default.shutdown()
+
+
+def test_the_noop_recorder_refuses_unknown_names_too() -> None:
+    with pytest.raises(ValueError, match="unknown phase 'set_stat'"):
+        resettrace.NOOP_RECORDER.scope("set_stat")
+    assert resettrace.NOOP_RECORDER.scope("set_state").timing() is None
+
+
+def test_recursion_is_transparent_and_accounts_close(session: Tracing, clock: FakeClock) -> None:
+    rec = resettrace.recorder(tracing=session)
+    with rec.scope(C.SET_STATE, 2) as outer:
+        clock.now += 1 * MS
+        with rec.scope(C.SET_STATE):  # a backend calling itself
+            with rec.scope(C.SET_STATE_MASK):
+                clock.now += 2 * MS
+    st = session.stats()
+    assert outer.timing()["set_state_internal_gap_ms"] == 3.0  # the direct account
+    assert st["set_state_mask_ms"].count == 1 and st["set_state_mask_ms"].total_ms == 2.0
+    assert st["set_state_internal_gap_ms"].total_ms == 1.0
+    assert st["dr_reset_set_state_ms"].count == 1 and st["dr_reset_set_state_ms"].total_ms == 3.0
+
+
+def test_trace_shapes_and_open_sdk_parents_stay_bounded(session: Tracing) -> None:
+    from resettrace.tracing import processor as processor_module
+
+    rec = resettrace.recorder(tracing=session)
+    for k in range(1, 400):  # 399 shapes
+        with rec.scope(C.DR_RESET):
+            for _ in range(k % 97 + 1):
+                with rec.scope(C.DR_RESET_PLAN):
+                    pass
+            with rec.scope(C.SET_STATE):
+                pass
+    proc = session.processor
+    assert proc is not None
+    st = proc.stats()
+    assert st["dr_reset_total_ms"].count == 399 and st["dr_reset_plan_ms"].count == sum(
+        k % 97 + 1 for k in range(1, 400))
+    assert len(proc._plans) <= processor_module._MAX_PLANS
+
+    sdk = resettrace.TimingSpanProcessor()
+    provider = TracerProvider()
+    provider.add_span_processor(sdk)
+    tracer = provider.get_tracer("user")
+    train = tracer.start_span("my.training.loop")
+    ctx = trace.set_span_in_context(train)
+    for _ in range(500):
+        tracer.start_span("reset_done", context=ctx).end()
+    assert len(sdk._open_children) == 0  # nothing waits on a parent that closes no account
+    train.end()
+    assert sdk.stats()["reset_done_ms"].count == 500
+    provider.shutdown()
+
+
+def test_attributes_set_after_the_first_trace_reach_the_span_file(tmp_path: Path) -> None:
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode="trace", exporters=(f"file:{out}",)))
+    rec = session.recorder()
+    with rec.scope(C.ENV_STEP):
+        pass
+    rec.attributes[C.ATTR_ENV_COUNT] = 4096  # as traced(env_count=...) does
+    with rec.scope(C.ENV_STEP):
+        pass
+    session.shutdown()
+    assert session.processor is not None
+    session.processor.shutdown()
+    spans = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [s["attributes"].get(C.ATTR_ENV_COUNT) for s in spans] == [None, 4096]

@@ -144,7 +144,7 @@ def _register(raw: Any) -> list[Phase]:
     return phases
 
 
-def _targets(raw: Any) -> list[Target]:
+def _targets(raw: Any, extra_spans: Sequence[str] = ()) -> list[Target]:
     if not isinstance(raw, Mapping):
         raise InstrumentError('[instrument] must be a table of "module:Qualified.name" = phase')
     out = []
@@ -166,10 +166,14 @@ def _targets(raw: Any) -> list[Target]:
             if field in fields and not isinstance(fields[field], str):
                 raise InstrumentError(f"instrument target {name!r}: {field} must be an "
                                       f"argument name or path like 'self.done'")
-        try:
-            phase = CATALOG.resolve(fields["phase"])
-        except (TypeError, ValueError) as e:
-            raise InstrumentError(f"instrument target {name!r}: {e}") from None
+        phase: Any = fields["phase"]
+        if phase in extra_spans:
+            phase = None  # registered by this spec: resolved after registration
+        else:
+            try:
+                phase = CATALOG.resolve(phase)
+            except (TypeError, ValueError) as e:
+                raise InstrumentError(f"instrument target {name!r}: {e}") from None
         out.append(Target(module, qualname, phase, fields.get("count"),
                           fields.get("env_count")))
     return out
@@ -287,7 +291,15 @@ class _Installed:
     def __init__(self, attributes: dict[str, Any]) -> None:
         self.patches: list[_Patch] = []
         self.attributes = attributes
+        self.previous: dict[str, Any] = {}
         self.done = False
+
+    def set_attributes(self) -> None:
+        defaults = default_attributes()
+        missing = object()
+        self.previous = {k: defaults.get(k, missing) for k in self.attributes}
+        self._missing = missing
+        defaults.update(self.attributes)
 
     def patch(self, target: Target, module: ModuleType) -> None:
         if not self.done:
@@ -308,28 +320,48 @@ class _Installed:
                     del _HOOK.pending[name]
         defaults = default_attributes()
         for key, value in self.attributes.items():
-            if defaults.get(key) == value:
-                del defaults[key]
+            if key in self.previous and defaults.get(key) == value:
+                before = self.previous[key]
+                if before is self._missing:
+                    del defaults[key]
+                else:
+                    defaults[key] = before
 
 
 def _findable(module: str) -> bool:
-    """Whether ``module``'s top-level package can be imported, without importing anything.
+    """Whether ``module`` can be imported, found without importing anything.
 
     Searched on ``sys.path`` plus the folder Python adds for the main script, which is
-    not on ``sys.path`` yet while ``sitecustomize`` runs.
+    not on ``sys.path`` yet while ``sitecustomize`` runs; submodules in their package's
+    folders (the package's ``__path__`` once it is imported).
     """
-    top = module.partition(".")[0]
-    if top in sys.modules:
-        try:
-            return importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            return False
-    if importlib.util.find_spec(top) is not None:
-        return True
+    parts = module.split(".")
     main = sys.argv[0] if sys.argv else ""
     extra = [os.path.dirname(os.path.abspath(main))] if main not in ("", "-c", "-m") \
         else [os.getcwd()]
-    return importlib.machinery.PathFinder.find_spec(top, extra) is not None
+    spec = None
+    for i in range(len(parts)):
+        name = ".".join(parts[:i + 1])
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            spec = loaded.__spec__
+            if spec is None:
+                return hasattr(loaded, "__path__") or i == len(parts) - 1
+            continue
+        try:
+            if i == 0:
+                spec = importlib.util.find_spec(name) if name in sys.builtin_module_names \
+                    else importlib.machinery.PathFinder.find_spec(name, sys.path + extra)
+            else:
+                where = spec.submodule_search_locations if spec is not None else None
+                if where is None:
+                    return False
+                spec = importlib.machinery.PathFinder.find_spec(name, list(where))
+        except (ImportError, ValueError):
+            return False
+        if spec is None:
+            return False
+    return True
 
 
 def _warn_unpatched() -> None:
@@ -342,29 +374,44 @@ def _warn_unpatched() -> None:
                     ", ".join(names))
 
 
-def instrument(spec: Mapping[str, Any] | str | os.PathLike[str]) -> Callable[[], None]:
+def instrument(spec: Mapping[str, Any] | str | os.PathLike[str], *,
+               strict: bool = True) -> Callable[[], None]:
     """Install a spec (a mapping or a TOML path); return ``undo``. See the module docstring.
 
-    Phases are registered and attributes set first; then every target of a module
-    already imported is wrapped, and the others when their module is imported.
-    Nothing is left installed when it raises.
+    The spec and its targets are checked first (a module that cannot be found is an
+    error unless ``strict=False``: then it waits, and is reported at exit if never
+    imported); then its phases are registered, every target of a module already
+    imported is wrapped, and the others when their module is imported. Nothing is left
+    installed when it raises, but phases stay registered (a catalog only grows).
     """
     data = _sections(spec)
     attributes = _attributes(data.get("attributes", {}))
-    _register(data.get("phases", []))
-    targets = _targets(data.get("instrument", {}))
-    installed = _Installed(attributes)
-    default_attributes().update(attributes)
-    try:
-        for tgt in targets:
-            if tgt.module not in sys.modules and not _findable(tgt.module):
+    raw_phases, raw_targets = data.get("phases", []), data.get("instrument", {})
+    spans = [str(p.get("span")) for p in raw_phases if isinstance(p, Mapping)] \
+        if isinstance(raw_phases, Sequence) and not isinstance(raw_phases, str) else []
+    # everything that can be checked is checked before anything is registered or patched
+    for tgt in _targets(raw_targets, spans):
+        if tgt.module not in sys.modules and not _findable(tgt.module):
+            if strict:
                 raise InstrumentError(f"instrument target {tgt.name!r}: no module named "
                                       f"{tgt.module!r}")
-        # after every check: looking up a submodule may have imported its package (and
-        # whatever that imports), so which modules are loaded is only known now
+    _register(raw_phases)
+    targets = _targets(raw_targets)
+    installed = _Installed(attributes)
+    try:
+        # after every check: looking up a module never imports it, but a module may be
+        # loaded meanwhile, so which ones are is only known now
         later = []
         for tgt in targets:
             module = sys.modules.get(tgt.module)
+            if module is not None and getattr(module.__spec__, "_initializing", False):
+                if strict:
+                    raise InstrumentError(
+                        f"instrument target {tgt.name!r}: module {tgt.module!r} was still "
+                        "being imported when the spec was installed (it imports resettrace "
+                        "itself); install the spec before it: resettrace run, or import "
+                        "resettrace first")
+                module = None  # never patched: reported at exit
             if module is not None:
                 installed.patch(tgt, module)
             else:
@@ -372,6 +419,7 @@ def instrument(spec: Mapping[str, Any] | str | os.PathLike[str]) -> Callable[[],
     except BaseException:
         installed.undo()
         raise
+    installed.set_attributes()
     if later:
         with _HOOK._lock:
             for tgt in later:
@@ -406,7 +454,12 @@ def instrument_from_env(environ: Mapping[str, str] | None = None) -> Callable[[]
         return None
     global _FROM_ENV
     if _FROM_ENV is None:
-        _FROM_ENV = instrument(path)
+        # the first process is the program; the ones it starts (workers, subprocesses,
+        # from other folders) never fail over a module they cannot find
+        strict = not _run_worker()
+        if not os.environ.get(ENV_RUN_OWNER, "").strip():
+            os.environ[ENV_RUN_OWNER] = str(os.getpid())
+        _FROM_ENV = instrument(path, strict=strict)
     return _FROM_ENV
 
 

@@ -6,9 +6,11 @@ finished, ``reset_done``: copy the terminal observations, reset the finished row
 through the domain-randomization manager, scatter the reset observations and the
 episode bookkeeping back into the batch. Every stage is a catalog phase.
 
-It instruments itself with resettrace's public API, as a user's env would: its
-scopes open the trace, and the domain-randomization manager, the task and the
-backend record into it through ``resettrace.current_recorder``.
+It instruments itself with resettrace's public API, as a user's env would:
+``step`` and ``reset_done`` bind the env's recorder (``resettrace.bind``; the open
+trace's, if the caller has one), so the domain-randomization manager, the task and
+the backend record into the same trace through ``resettrace.current_recorder``,
+and an env whose recorder is the no-op one records nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from resettrace import catalog as C
 from resettrace.contract import SimBackend
 from resettrace.envs.dr import DomainRandomizationManager
 from resettrace.tasks.base import Task
-from resettrace.tracing.api import current_recorder
+from resettrace.tracing.api import bind, current_recorder
 from resettrace.tracing.recorder import NoopRecorder, Recorder
 
 __all__ = ["NpEnv"]
@@ -81,7 +83,7 @@ class NpEnv:
                              f" got {action.shape}")
         rec = current_recorder(self.recorder)
         task = self.task
-        with rec.scope(C.ENV_STEP):
+        with bind(rec), rec.scope(C.ENV_STEP):
             with rec.scope(C.APPLY_ACTION):
                 task.action_to_ctrl(action, self.ctrl)
                 self.last_action[...] = action
@@ -104,7 +106,7 @@ class NpEnv:
         ids = np.flatnonzero(done)
         k = ids.size
         rec = current_recorder(self.recorder)
-        with rec.scope(C.RESET_DONE, k):
+        with bind(rec), rec.scope(C.RESET_DONE, k):
             with rec.scope(C.RESET_DONE_TERMINAL_OBS):
                 self.terminal_obs[ids] = self.obs[ids]
             with rec.scope(C.RESET_DONE_RESET_CALL):

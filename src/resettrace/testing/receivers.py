@@ -474,7 +474,10 @@ class ReceiverProcess:
         import subprocess
         import sys
 
+        from resettrace.tracing.export_process import helper_environment
+
         self._proc = subprocess.Popen([sys.executable, "-m", "resettrace.testing.receivers"],
+                                      env=helper_environment(),
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline().strip()

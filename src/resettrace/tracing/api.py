@@ -172,7 +172,7 @@ def count_of(value: Any) -> int:
         return value
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
-        if dtype.kind == "b":
+        if getattr(dtype, "kind", None) == "b" or str(dtype) == "torch.bool":
             return int(value.sum())
         if getattr(value, "ndim", 1) == 0:
             return int(value)

@@ -51,7 +51,25 @@ from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Rec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProcessExporter", "main"]
+__all__ = ["ProcessExporter", "main", "helper_environment"]
+
+
+def helper_environment() -> dict[str, str]:
+    """This process's environment for a helper process of resettrace's own (the export
+    child): without ``RESETTRACE_INSTRUMENT`` and ``resettrace run``'s ``sitecustomize``,
+    which are for the user's processes."""
+    env = dict(os.environ)
+    for name in list(env):
+        if name == "RESETTRACE_INSTRUMENT" or name.startswith("RESETTRACE_RUN_"):
+            del env[name]
+    run_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_run")
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+            if p and os.path.abspath(p) != run_dir]
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
 
 _FRAME = struct.Struct("<IB")
 _REGISTER = struct.Struct("<Iq")
@@ -102,6 +120,7 @@ class ProcessExporter:
         self._head_written = 0  # bytes of the first frame already in the pipe
         self._rids: dict[int, int] = {}
         self._keep: list[Recorder] = []  # registered recorders stay alive: ids stay unique
+        self._sent_attrs: list[dict[str, Any]] = []
         self._errors_sent = 1
         self._phases_sent = 0
         self._flush_seq = 0
@@ -113,7 +132,7 @@ class ProcessExporter:
 
     # -- child process ----------------------------------------------------------------------
     def _start(self) -> None:
-        env = dict(os.environ)
+        env = helper_environment()
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("RUST_LOG", "error")
         self._proc = subprocess.Popen(
@@ -159,6 +178,8 @@ class ProcessExporter:
             rid = self._rids.get(id(recorder))
             if rid is None:
                 rid = self._register(recorder)
+            elif recorder.attributes != self._sent_attrs[rid]:
+                self._register(recorder, rid)  # attributes set after its first trace
             if self._errors_sent < len(_ERROR_NAMES):
                 self._send_error_names()
             if self._phases_sent < len(self._catalog):
@@ -182,10 +203,15 @@ class ProcessExporter:
                     or _now() - self._last_write >= _WRITE_DELAY_S):
                 self._pump()
 
-    def _register(self, recorder: Recorder) -> int:
-        rid = len(self._keep)
-        self._rids[id(recorder)] = rid
-        self._keep.append(recorder)
+    def _register(self, recorder: Recorder, rid: int | None = None) -> int:
+        """Send the recorder's attributes (again, under ``rid``, when they changed)."""
+        if rid is None:
+            rid = len(self._keep)
+            self._rids[id(recorder)] = rid
+            self._keep.append(recorder)
+            self._sent_attrs.append(dict(recorder.attributes))
+        else:
+            self._sent_attrs[rid] = dict(recorder.attributes)
         attrs = json.dumps(recorder.attributes).encode()
         self._frame(b"R", _REGISTER.pack(rid, recorder.epoch_offset_ns) + attrs, 0, force=True)
         return rid

@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,8 +73,10 @@ _MAX_OPEN_PARENTS = 10_000
 _DRAIN_BATCH = 32
 #: traces aggregated between two GIL hand-backs of the aggregation thread
 _DRAIN_CHUNK = 32
-#: buffered traces that are folded into samples at once (and at every read)
-_FOLD_TRACES = 1024
+#: buffered records that are folded into samples at once (and at every read)
+_FOLD_RECORDS = 32_768
+#: trace shapes whose plans are kept (traces of more shapes: the plans start afresh)
+_MAX_PLANS = 256
 
 _LIVE: weakref.WeakSet[TimingSpanProcessor] = weakref.WeakSet()
 
@@ -176,67 +178,78 @@ class _Plan:
     """How one shape of trace (its phases and parent links) becomes samples.
 
     Traces from one code path share a shape, so the rules of the module docstring are
-    worked out once per shape, as a matrix: each row is one sample of one key, a
-    combination (+1 / -1) of the trace's record durations. A trace then costs a list of
-    durations; folding many of them is one integer matrix product.
+    worked out once per shape: each sample row is one sample of one key, a sum of some
+    of the trace's record durations minus some others. A trace then costs a list of
+    durations; folding many of them is a few numpy column sums per row.
+
+    A phase entered inside itself is transparent: it adds no sample, and its children
+    count as children of its own parent.
     """
 
-    __slots__ = ("version", "keys", "matrix", "count_at", "rows", "seqs", "counts")
+    __slots__ = ("version", "keys", "plus", "minus", "count_at", "rows", "seqs", "counts")
 
     def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
         self.version = catalog.version
         n = len(records)
         phases = [catalog[r[R_PHASE]] for r in records]
-        skip = _recursive(records) if len(set(phases)) < n else [False] * n
-        rows: list[tuple[str, dict[int, int]]] = []
+        skip = _recursive(records, phases) if len(set(phases)) < n else [False] * n
+        parent_of = [-1] * n  # the effective parent: recursive records are skipped over
+        for i in range(n):
+            p = records[i][R_PARENT]
+            parent_of[i] = parent_of[p] if p >= 0 and skip[p] else p
         declared: list[list[int]] = [[] for _ in range(n)]  # declared children per record
         for i in range(n):
-            p = records[i][R_PARENT]
-            if p >= 0 and phases[i].parent == phases[p].span:
+            p = parent_of[i]
+            if p >= 0 and not skip[i] and phases[i].parent == phases[p].span:
                 declared[p].append(i)
+        rows: list[tuple[str, list[int], list[int]]] = []
         self.count_at: list[int] = []
         for i in range(n):
+            if skip[i]:
+                continue  # a phase inside itself: its time is in the outer call's
             phase = phases[i]
-            p = records[i][R_PARENT]
+            p = parent_of[i]
             parent = phases[p] if p >= 0 else None
             if parent is not None and phase.parent == parent.span:
-                if parent is SET_STATE and not skip[p]:
+                if parent is SET_STATE:
                     continue  # a sample of its parent's closed account below
-            elif parent is not None and not skip[i]:
+            elif parent is not None:
                 note_once("nesting", "phase %r was recorded under %r, not under its "
                           "registered parent %r; its time stays in that phase's gap",
                           phase.span, parent.span, phase.parent)
-            if skip[i]:
-                continue  # a phase inside itself: its time is in the outer call's
-            rows.append((phase.key, {i: 1}))
+            rows.append((phase.key, [i], []))
+            kids = declared[i]
             if phase is SET_STATE:
                 _, key_of, zeros = catalog.layout(phase)
-                sums: dict[str, dict[int, int]] = {k: {} for k in zeros}
-                for j in declared[i]:
-                    sums[key_of[records[j][R_PHASE]]][j] = 1
-                gap = {i: 1}
-                for j in declared[i]:
-                    gap[j] = -1
-                sums[phase.gap_key] = gap  # type: ignore[index]
-                rows.extend(sums.items())
+                sums: dict[str, list[int]] = {k: [] for k in zeros}
+                for j in kids:
+                    sums[key_of[records[j][R_PHASE]]].append(j)
+                rows.extend((key, cols, []) for key, cols in sums.items()
+                            if key != phase.gap_key)
+                rows.append((phase.gap_key, [i], kids))  # type: ignore[arg-type]
             elif phase.gap_key is not None:
-                gap = {i: 1}
-                for j in declared[i]:
-                    gap[j] = -1
-                rows.append((phase.gap_key, gap))
+                rows.append((phase.gap_key, [i], kids))
             if phase is RESET_DONE:
                 self.count_at.append(i)
-        self.keys = [k for k, _ in rows]
-        self.matrix = np.zeros((len(rows), n), dtype=np.int64)
-        for j, (_, cols) in enumerate(rows):
-            for col, sign in cols.items():
-                self.matrix[j, col] = sign
+        self.keys = [k for k, _, _ in rows]
+        self.plus = [np.array(c, dtype=np.intp) for _, c, _ in rows]
+        self.minus = [np.array(c, dtype=np.intp) for _, _, c in rows]
         self.rows: list[list[int]] = []
         self.seqs: list[int] = []
         self.counts: list[tuple[int, int]] = []
 
+    def values(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Per sample row: its key and its values (ms) for every buffered trace."""
+        d = np.array(self.rows, dtype=np.int64)
+        m = len(d)
+        for key, plus, minus in zip(self.keys, self.plus, self.minus, strict=True):
+            v = d[:, plus].sum(axis=1) if len(plus) else np.zeros(m, np.int64)
+            if len(minus):
+                v = v - d[:, minus].sum(axis=1)
+            yield key, v * 1e-6
 
-def _recursive(records: Sequence[Record]) -> list[bool]:
+
+def _recursive(records: Sequence[Record], phases: Sequence[Phase]) -> list[bool]:
     """Per record: does its phase also open one of its ancestors?"""
     out = [False] * len(records)
     for i, r in enumerate(records):
@@ -244,8 +257,8 @@ def _recursive(records: Sequence[Record]) -> list[bool]:
         while j >= 0:
             if records[j][R_PHASE] == r[R_PHASE]:
                 out[i] = True
-                note_once("recursion", "phase index %d was entered inside itself; it "
-                          "counts once, for the outermost call", r[R_PHASE])
+                note_once("recursion", "phase %r was entered inside itself; it counts "
+                          "once, for the outermost call", phases[i].span)
                 break
             j = records[j][R_PARENT]
     return out
@@ -272,7 +285,9 @@ class TimingSpanProcessor(SpanProcessor):
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._series: dict[str, _Series] = {}
-        # ended children of still-open SDK spans: span id -> [(phase, ms)]
+        # open SDK spans that close an account (a gap or set_state's dict) by span id, and
+        # the ended declared children of those: span id -> [(phase, ms)]
+        self._accounts: OrderedDict[int, Phase] = OrderedDict()
         self._open_children: OrderedDict[int, list[tuple[Phase, float]]] = OrderedDict()
         #: recorder traces and records aggregated so far
         self.traces_seen = 0
@@ -344,8 +359,8 @@ class TimingSpanProcessor(SpanProcessor):
         shape = tuple([r[R_PHASE] << 32 | (r[R_PARENT] + 1) for r in records])
         plan = self._plans.get(shape)
         if plan is None or plan.version != self.catalog.version:
-            if plan is not None:
-                self._fold()
+            if plan is not None or len(self._plans) >= _MAX_PLANS:
+                self._fold()  # a phase was registered, or too many shapes: start afresh
                 self._plans.clear()
             plan = self._plans[shape] = _Plan(records, self.catalog)
         seq = self._seq = self._seq + 1
@@ -355,8 +370,8 @@ class TimingSpanProcessor(SpanProcessor):
             c = records[i][R_COUNT]
             if c >= 0:
                 plan.counts.append((seq, c))
-        self._buffered += 1
-        if self._buffered >= _FOLD_TRACES:
+        self._buffered += n
+        if self._buffered >= _FOLD_RECORDS:
             self._fold()
 
     def _fold(self) -> None:
@@ -369,9 +384,8 @@ class TimingSpanProcessor(SpanProcessor):
             if not plan.rows:
                 continue
             seqs = np.array(plan.seqs, dtype=np.int64)
-            values = np.array(plan.rows, dtype=np.int64) @ plan.matrix.T  # exact ns sums
-            for j, key in enumerate(plan.keys):
-                parts.setdefault(key, []).append((seqs, values[:, j] * 1e-6))
+            for key, values in plan.values():
+                parts.setdefault(key, []).append((seqs, values))
             if plan.counts:
                 cs = np.array(plan.counts, dtype=np.int64)
                 parts.setdefault(RESET_DONE_COUNT, []).append((cs[:, 0], cs[:, 1] * 1.0))
@@ -392,7 +406,21 @@ class TimingSpanProcessor(SpanProcessor):
 
     # -- SpanProcessor ------------------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        return None
+        """Remember open spans that close an account, so that only their children wait."""
+        try:
+            phase = self.catalog.get(span.name)
+            if phase is None or (phase.gap_key is None and phase is not SET_STATE):
+                return
+            scope = span.instrumentation_scope
+            if self._skip_scope is not None and scope is not None and \
+                    scope.name == self._skip_scope:
+                return
+            with self._lock:
+                self._accounts[span.get_span_context().span_id] = phase
+                if len(self._accounts) > _MAX_OPEN_PARENTS:
+                    self._accounts.popitem(last=False)
+        except Exception:  # a processor must never break the caller
+            log.exception("TimingSpanProcessor: on_start failed for %r", span.name)
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
@@ -409,24 +437,23 @@ class TimingSpanProcessor(SpanProcessor):
         phase = self.catalog.get(span.name)
         d_ms = (span.end_time - span.start_time) * 1e-6
         ctx = span.get_span_context()
-        parent_id = span.parent.span_id if span.parent is not None else None
+        parent_id = span.parent.span_id if span.parent is not None else -1
         with self._lock:
-            kids = self._open_children.pop(ctx.span_id, None) if ctx else None
+            sid = ctx.span_id if ctx else -1
+            kids = self._open_children.pop(sid, None)
+            self._accounts.pop(sid, None)
+            parent = self._accounts.get(parent_id)
+            declared = phase is not None and parent is not None and phase.parent == parent.span
             if phase is None:
                 self._add(self._derived_key(span.name), d_ms)
-            else:
-                self._account(phase, d_ms, kids)
-                if phase is RESET_DONE:
-                    count = (span.attributes or {}).get(ATTR_RESET_COUNT)
-                    if count is not None:
-                        self._add(RESET_DONE_COUNT, float(count))  # type: ignore[arg-type]
-            if kids:  # children of a span that is not set_state: their own keys
-                for kid, ms in kids:
-                    if kid.parent == SET_STATE.span and phase is not SET_STATE:
-                        self._add(kid.key, ms)
-            if parent_id is None and phase is not None and phase.parent == SET_STATE.span:
-                self._add(phase.key, d_ms)  # a root span: no parent account will add it
-            elif parent_id is not None and phase is not None:
+                return
+            # a declared child of an open set_state is added with set_state's account
+            self._account(phase, d_ms, kids, deferred=declared and parent is SET_STATE)
+            if phase is RESET_DONE:
+                count = (span.attributes or {}).get(ATTR_RESET_COUNT)
+                if count is not None:
+                    self._add(RESET_DONE_COUNT, float(count))  # type: ignore[arg-type]
+            if declared:
                 self._open_children.setdefault(parent_id, []).append((phase, d_ms))
                 if len(self._open_children) > _MAX_OPEN_PARENTS:
                     _, orphans = self._open_children.popitem(last=False)
@@ -434,11 +461,11 @@ class TimingSpanProcessor(SpanProcessor):
                         if kid.parent == SET_STATE.span:
                             self._add(kid.key, ms)
 
-    def _account(self, phase: Phase, d_ms: float, kids: list[tuple[Phase, float]] | None
-                 ) -> None:
+    def _account(self, phase: Phase, d_ms: float, kids: list[tuple[Phase, float]] | None,
+                 *, deferred: bool) -> None:
         """One ended SDK span of ``phase``: its key, and its gap or closed account."""
-        if phase.parent != SET_STATE.span:
-            self._add(phase.key, d_ms)  # set_state's children wait for their parent
+        if not deferred:
+            self._add(phase.key, d_ms)
         if phase.gap_key is None and phase is not SET_STATE:
             return
         declared = [(k, ms) for k, ms in (kids or ()) if k.parent == phase.span]
@@ -514,6 +541,7 @@ class TimingSpanProcessor(SpanProcessor):
             self._fold()
             self._series.clear()
             self._open_children.clear()
+            self._accounts.clear()
             self.traces_seen = self.records_seen = 0
 
 

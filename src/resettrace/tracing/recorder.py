@@ -42,8 +42,8 @@ from typing import Any, Protocol
 from resettrace.catalog import CATALOG, Catalog, Phase
 
 __all__ = [
-    "Recorder", "NoopRecorder", "NOOP_RECORDER", "Record", "TraceSink", "closed_timing",
-    "use_clock", "note_once",
+    "Recorder", "NoopRecorder", "NOOP_RECORDER", "Record", "Scope", "TraceSink", "use_clock",
+    "note_once",
 ]
 
 log = logging.getLogger("resettrace")
@@ -58,6 +58,8 @@ _ERROR_NAMES: list[str] = [""]
 _ERROR_CODES: dict[str, int] = {}
 
 _NOTED: set[str] = set()
+#: records one trace may hold: a scope entered and never exited must not grow it forever
+MAX_TRACE_RECORDS = 100_000
 
 
 def note_once(kind: str, message: str, *args: Any) -> None:
@@ -121,6 +123,8 @@ class NoopRecorder:
     attributes: Mapping[str, Any] = {}
 
     def scope(self, phase: Phase | str, count: int = NO_COUNT) -> _NoopScope:
+        if phase.__class__ is str and phase not in CATALOG.by_span:  # typos fail when off too
+            CATALOG.resolve(phase)
         return _NOOP_SCOPE
 
 
@@ -132,8 +136,10 @@ class Scope:
 
     Use it as a context manager; :meth:`timing` gives the closed timing dict of its
     last run. The open records live on the recorder's stack, so the same scope may
-    be entered again inside itself. It holds direct references to its recorder's
-    lists: every attribute lookup saved here is saved ~20 times per reset.
+    be entered again inside itself. Call ``recorder.scope(...)`` for each use rather
+    than keeping the object: that call routes other threads and open traces. It holds
+    direct references to its recorder's lists: every attribute lookup saved here is
+    saved ~20 times per reset.
     """
 
     __slots__ = ("_rec", "_index", "_count", "_pos", "_stack", "_records", "_layout")
@@ -155,6 +161,9 @@ class Scope:
         stack = self._stack
         records = self._records
         pos = len(records)
+        if pos >= MAX_TRACE_RECORDS:
+            self._rec._overflow()
+            pos = 0
         if stack:
             r = [self._index, stack[-1], 0, 0, self._count, 0]
         else:  # a trace opens: its recorder is the current one until it closes
@@ -172,15 +181,16 @@ class Scope:
             note_once("exit-unopened", "scope %r exited without being entered; ignored",
                       self._rec.catalog[self._index].span)
             return
+        records = self._records
+        pos = stack[-1]
+        r = records[pos]
+        if r[0] != self._index and not self._unwind(t):
+            return  # not open: ignored (a second exit, or never entered)
         self._pos = pos = stack.pop()
-        r = self._records[pos]
+        r = records[pos]
         r[3] = t  # R_END
         if exc_type is not None:
             r[R_ERROR] = error_code(exc_type.__name__)
-        if r[0] != self._index:
-            cat = self._rec.catalog
-            note_once("exit-mismatch", "scope %r exited while %r was the innermost open one;"
-                      " the innermost one was closed", cat[self._index].span, cat[r[0]].span)
         if not stack:
             rec = self._rec
             token, rec._token = rec._token, None
@@ -190,6 +200,24 @@ class Scope:
                 except ValueError:  # closed in another context than it opened in
                     pass
             rec._flush()
+
+    def _unwind(self, t: int) -> bool:
+        """This scope exits while inner ones are still open: close those at ``t`` too.
+        False (nothing closed) when no record of this phase is open."""
+        stack, records = self._stack, self._records
+        at = next((k for k in range(len(stack) - 1, -1, -1)
+                   if records[stack[k]][0] == self._index), -1)
+        cat = self._rec.catalog
+        if at < 0:
+            note_once("exit-unopened", "scope %r exited while not open (a second exit?); "
+                      "ignored", cat[self._index].span)
+            return False
+        note_once("exit-mismatch", "scope %r exited while %r inside it was still open; the "
+                  "inner scopes were closed with it", cat[self._index].span,
+                  cat[records[stack[-1]][0]].span)
+        while len(stack) > at + 1:
+            records[stack.pop()][3] = t
+        return True
 
     def timing(self) -> dict[str, float]:
         """Closed timing dict of this scope's last run: its children's keys and the gap.
@@ -224,35 +252,6 @@ class Scope:
         return out
 
 
-# the name the hot path used before ``Scope`` was public
-_Scope = Scope
-
-
-def closed_timing(records: Sequence[Record], pos: int, phase: Phase,
-                  catalog: Catalog = CATALOG) -> dict[str, float]:
-    """Every child key of the record at ``pos`` (0.0 when not run), then its gap key.
-
-    The gap is the record's duration minus the sum of its declared children, so the
-    values add up to the record's duration exactly; a child of another phase recorded
-    under it (unexpected nesting) stays inside the gap.
-    """
-    _, key_of, zeros = catalog.layout(phase)
-    out = zeros.copy()
-    record = records[pos]
-    total_ns = 0
-    for j in range(pos + 1, len(records)):
-        r = records[j]
-        if r[1] == pos:  # R_PARENT: a direct child
-            key = key_of.get(r[0])
-            if key is not None:
-                d = r[3] - r[2]
-                total_ns += d
-                out[key] += d * 1e-6
-    if phase.gap_key:
-        out[phase.gap_key] = (record[3] - record[2] - total_ns) * 1e-6
-    return out
-
-
 class Recorder:
     """Records nested phase scopes for one env (and its backend) on one thread.
 
@@ -275,6 +274,7 @@ class Recorder:
         self._last: list[Record] = []
         self._stack: list[int] = []
         self._scopes: list[Scope] = []
+        self._named: dict[str, Scope] = {}
         self._grow()
         self._owner = _get_ident()
         self._threads: dict[int, Recorder] = {}
@@ -291,17 +291,23 @@ class Recorder:
         ``count`` is the envs it resets (an attribute); an unknown name raises
         ``ValueError`` listing the closest registered names.
         """
-        if _get_ident() != self._owner:
+        ident = _get_ident()
+        if ident != self._owner:
             return self._other_thread().scope(phase, count)
-        if not self._stack:  # join a trace already open in this context (another recorder's)
+        if not self._stack:  # join a trace this thread has open (another recorder's)
             cur = _current_get()
-            if cur is not None and cur is not self and cur.enabled and cur._stack:
+            if (cur is not None and cur is not self and cur.enabled and cur._stack
+                    and cur._owner == ident):
                 return cur.scope(phase, count)
-        try:
-            s = self._scopes[phase.index]  # type: ignore[index]
-        except (TypeError, AttributeError, IndexError):  # a name (str.index is a method),
-            # or a phase registered after this recorder was made
-            s = self._scope_of(phase)
+        if phase.__class__ is str:
+            s = self._named.get(phase)
+            if s is None:
+                s = self._scope_of(phase)
+        else:
+            try:
+                s = self._scopes[phase.index]  # type: ignore[index]
+            except (AttributeError, IndexError):  # a phase registered after this recorder
+                s = self._scope_of(phase)
         s._count = count
         return s
 
@@ -309,7 +315,26 @@ class Recorder:
         p = self.catalog.resolve(phase)
         if p.index >= len(self._scopes):
             self._grow()
-        return self._scopes[p.index]
+        s = self._scopes[p.index]
+        self._named[p.span] = s
+        return s
+
+    def _overflow(self) -> None:
+        """A trace reached :data:`MAX_TRACE_RECORDS` (a scope never exited?): close what
+        is open now and hand the trace on, so memory stays bounded."""
+        note_once("overflow", "a trace reached %d records (a scope entered and never "
+                  "exited?); its open scopes were closed", MAX_TRACE_RECORDS)
+        t = _perf_ns()
+        for pos in self._stack:
+            self._records[pos][3] = t
+        self._stack.clear()
+        token, self._token = self._token, None
+        if token is not None:
+            try:
+                _current_reset(token)
+            except ValueError:
+                pass
+        self._flush()
 
     def _other_thread(self) -> Recorder:
         ident = _get_ident()
