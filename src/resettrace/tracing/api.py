@@ -218,6 +218,7 @@ def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | Non
             value = getattr(value, attr)
         return value
 
+    read.position = at if not path else -1  # type: ignore[attr-defined]
     return read
 
 
@@ -237,6 +238,8 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
     def decorate(fn: F) -> F:
         read_count = argument_reader(fn, count, "count")
         read_envs = argument_reader(fn, env_count, "env_count")
+        # a plain positional argument is read in place (the common case: ``env_ids``)
+        at = getattr(read_count, "position", -1)
         from resettrace.catalog import ATTR_ENV_COUNT
 
         @functools.wraps(fn)
@@ -252,7 +255,8 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
             c = NO_COUNT
             if read_count is not None:
                 try:
-                    c = count_of(read_count(args, kwargs))
+                    v = args[at] if 0 <= at < len(args) else read_count(args, kwargs)
+                    c = v if type(v) is int else count_of(v)
                 except Exception as e:  # never break the user's call over a count
                     note_once(f"count:{resolved.span}", "cannot read the count of %r "
                               "(%s: %s); recorded without one", resolved.span,
