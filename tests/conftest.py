@@ -6,8 +6,19 @@ from collections.abc import Iterator
 
 import pytest
 
+from helpers import FakeClock
 from resettrace.config import Config
+from resettrace.tracing.recorder import use_clock
 from resettrace.tracing.session import Tracing
+
+
+@pytest.fixture
+def clock() -> Iterator[FakeClock]:
+    """The recorder's clock replaced by a :class:`~helpers.FakeClock` for the test."""
+    c = FakeClock()
+    use_clock(c)
+    yield c
+    use_clock(None)
 
 
 @pytest.fixture

@@ -14,3 +14,13 @@ def stand_rows(backend, k: int, rng: np.random.Generator | None = None):
         q[:, 7:] += rng.uniform(-0.05, 0.05, (k, backend.nq - 7))
         v[:] = rng.uniform(-0.5, 0.5, v.shape)
     return q, v
+
+
+class FakeClock:
+    """perf_counter_ns stand-in for the recorder: tests advance ``now`` by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now

@@ -2,35 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
+from helpers import FakeClock
 from resettrace import catalog as C
 from resettrace.tracing.processor import TimingSpanProcessor, parent_key, percentile
-from resettrace.tracing.recorder import Recorder, use_clock
+from resettrace.tracing.recorder import Recorder
 
 MS = 1_000_000  # ns
 
 
-class FakeClock:
-    """perf_counter_ns stand-in: returns the scripted times in order."""
-
-    def __init__(self) -> None:
-        self.now = 0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Iterator[FakeClock]:
-    c = FakeClock()
-    use_clock(c)
-    yield c
-    use_clock(None)
 
 
 def test_percentile_matches_linear_interpolation() -> None:

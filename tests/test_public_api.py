@@ -22,29 +22,15 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 import resettrace
+from helpers import FakeClock
 from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.tracing import recorder as recorder_module
-from resettrace.tracing.recorder import use_clock
 from resettrace.tracing.session import Tracing
 
 MS = 1_000_000
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Iterator[FakeClock]:
-    c = FakeClock()
-    use_clock(c)
-    yield c
-    use_clock(None)
 
 
 @pytest.fixture

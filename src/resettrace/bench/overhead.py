@@ -97,7 +97,6 @@ def traced_call_cost_ns(n: int = 100_000) -> dict[str, float]:
     wrapped = resettrace.traced(C.DR_RESET_PAYLOAD_FILTER, count="ids")(plain)
     ids = [1, 2, 3]
     batch = 100
-    out: dict[str, float] = {}
     scope_rec = Recorder(())
     phase = C.DR_RESET_PAYLOAD_FILTER
 
@@ -105,41 +104,28 @@ def traced_call_cost_ns(n: int = 100_000) -> dict[str, float]:
         with scope_rec.scope(phase, 3):
             return 0
 
-    bare = []
-    for _ in range(6):
-        t0 = time.perf_counter_ns()
-        for _ in range(n // batch):
-            with scope_rec.scope(C.ENV_STEP):
-                for _ in range(batch):
-                    scoped(ids)
-        t1 = time.perf_counter_ns()
-        for _ in range(n // batch):
-            with scope_rec.scope(C.ENV_STEP):
-                for _ in range(batch):
-                    plain(ids)
-        t2 = time.perf_counter_ns()
-        bare.append(((t1 - t0) - (t2 - t1)) / (n // batch * batch))
-    out["scope"] = statistics.median(bare[1:])
+    def added_ns(rec: Any, fn: Callable[[list[int]], int]) -> float:
+        """Median over 5 repeats (after one warm-up) of fn's cost over ``plain``'s."""
+        costs = []
+        for _ in range(6):
+            spent = []
+            for f in (fn, plain):
+                t0 = time.perf_counter_ns()
+                for _ in range(n // batch):
+                    with rec.scope(C.ENV_STEP):  # calls nested in an open trace
+                        for _ in range(batch):
+                            f(ids)
+                spent.append(time.perf_counter_ns() - t0)
+            costs.append((spent[0] - spent[1]) / (n // batch * batch))
+        return statistics.median(costs[1:])
+
+    out = {"scope": added_ns(scope_rec, scoped)}
     for mode in ("on", "off"):
         rec: Any = Recorder(()) if mode == "on" else NOOP_RECORDER
-        costs = []
         # off: nothing bound and the default session off, as in training with RESETTRACE=off
         bound = resettrace.bind(rec) if mode == "on" else contextlib.nullcontext()
         with resettrace.use_tracing(Tracing(Config(mode="off"))), bound:
-            for _ in range(6):
-                t0 = time.perf_counter_ns()
-                for _ in range(n // batch):
-                    with rec.scope(C.ENV_STEP):
-                        for _ in range(batch):
-                            wrapped(ids)
-                t1 = time.perf_counter_ns()
-                for _ in range(n // batch):
-                    with rec.scope(C.ENV_STEP):
-                        for _ in range(batch):
-                            plain(ids)
-                t2 = time.perf_counter_ns()
-                costs.append(((t1 - t0) - (t2 - t1)) / (n // batch * batch))
-        out[mode] = statistics.median(costs[1:])  # the first repeat warms up
+            out[mode] = added_ns(rec, wrapped)
     return out
 
 
