@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 
@@ -120,3 +121,17 @@ def test_cli_reports_contradictory_settings_without_a_traceback() -> None:
                        text=True, timeout=120)
     assert r.returncode == 2
     assert "contradictory sampling" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("raw", ["inf", "-inf", "nan", "-1", "0", "Infinity"])
+def test_non_finite_or_negative_timeouts_warn_and_fall_back(raw: str,
+                                                            caplog: pytest.LogCaptureFixture
+                                                            ) -> None:
+    with caplog.at_level("WARNING"):
+        c = Config.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": raw,
+                             "RESETTRACE_SHUTDOWN_TIMEOUT": raw})
+    assert c.otlp_timeout_s == 2.0 and c.shutdown_timeout_s == 2.0
+    assert "OTEL_EXPORTER_OTLP_TIMEOUT" in caplog.text
+    assert "RESETTRACE_SHUTDOWN_TIMEOUT" in caplog.text
+    with pytest.raises(ValueError, match="finite"):
+        Config(otlp_timeout_s=float(raw) if raw != "Infinity" else math.inf)

@@ -45,13 +45,15 @@ Variables read (all optional):
 ``OTEL_SERVICE_NAME``
     ``service.name`` of exported spans. Default ``resettrace``.
 
-A malformed value is logged as a warning naming the variable and the default used;
+A malformed value (non-finite and negative numbers included) is logged as a warning naming
+the variable and the default used;
 contradictory settings raise ``ValueError``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -141,16 +143,18 @@ class Config:
             raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
         if self.queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {self.queue_size}")
-        if not self.shutdown_timeout_s > 0:
-            raise ValueError(f"shutdown_timeout_s must be > 0, got {self.shutdown_timeout_s}")
+        if not 0 < self.shutdown_timeout_s < math.inf:
+            raise ValueError("shutdown_timeout_s must be a finite number > 0, got "
+                             f"{self.shutdown_timeout_s}")
         if self.otlp_protocol not in OTLP_PROTOCOLS:
             raise ValueError(f"otlp_protocol must be one of {', '.join(OTLP_PROTOCOLS)}, "
                              f"got {self.otlp_protocol!r}")
         if self.otlp_endpoint is not None and endpoint_problem(self.otlp_endpoint):
             raise ValueError(f"otlp_endpoint {self.otlp_endpoint!r}: "
                              f"{endpoint_problem(self.otlp_endpoint)}")
-        if not self.otlp_timeout_s > 0:
-            raise ValueError(f"otlp_timeout_s must be > 0, got {self.otlp_timeout_s}")
+        if not 0 < self.otlp_timeout_s < math.inf:
+            raise ValueError("otlp_timeout_s must be a finite number > 0, got "
+                             f"{self.otlp_timeout_s}")
 
     @property
     def enabled(self) -> bool:
@@ -249,6 +253,9 @@ def _number(env: Mapping[str, str], name: str, kind: type, default: Any, *,
     except ValueError:
         log.warning("%s=%r is not a valid %s; using the default %r", name, raw, kind.__name__,
                     default)
+        return default
+    if kind is float and not math.isfinite(value):
+        log.warning("%s=%r is not a finite number; using the default %r", name, raw, default)
         return default
     if value < minimum:
         log.warning("%s=%r is below %s; using the default %r", name, raw, minimum, default)
