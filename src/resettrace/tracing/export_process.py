@@ -161,6 +161,7 @@ class ProcessExporter:
                         os.close(stream.fileno())
             proc.stdin = proc.stdout = None
             proc.returncode = 0  # not this process's child: never wait for it
+        self._in = self._out_fd = -1  # the parent's fd numbers: never ours to write
         self._lock = threading.Lock()
         self._dead = False
         self._reset_counters()
@@ -241,7 +242,7 @@ class ProcessExporter:
 
     def _pump(self) -> None:
         """Write what the pipe takes now, never waiting."""
-        if not self._buf or self._dead:
+        if not self._buf or self._dead or self._in < 0:
             return
         try:
             k = os.write(self._in, self._buf)
@@ -265,7 +266,7 @@ class ProcessExporter:
 
     # -- status ---------------------------------------------------------------------------------
     def _read_status(self) -> None:
-        if self._proc is None:
+        if self._proc is None or self._out_fd < 0:
             return
         try:
             while True:
@@ -347,8 +348,11 @@ class ProcessExporter:
                 unsent = sum(s for _, s in self._frames)
                 self.sent_spans -= unsent
                 self.dropped_spans += unsent
+            self._buf.clear()  # counted as dropped: nothing may write them later
+            self._frames.clear()
             with contextlib.suppress(OSError):
                 os.close(self._in)  # EOF: the child exports what it has and leaves
+            self._in = -1  # the fd number may be reused by anything: never write to it again
             while proc.poll() is None and time.monotonic() < deadline:
                 self._read_status()
                 with contextlib.suppress(OSError, ValueError):
@@ -360,6 +364,7 @@ class ProcessExporter:
             self._read_status()
             with contextlib.suppress(OSError):
                 os.close(self._out_fd)
+            self._out_fd = -1
             if proc.stdin is not None:
                 proc.stdin = None
             if proc.stdout is not None:

@@ -1,0 +1,61 @@
+"""Span export loss modes (each failed before its fix): counted exactly, written nowhere else."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.tracing.session import Tracing
+
+
+def _traces(session: Tracing, n: int) -> None:
+    rec = session.recorder(backend="test")
+    for _ in range(n):
+        with rec.scope(C.DR_RESET, 3):
+            with rec.scope(C.DR_RESET_PLAN):
+                pass
+            with rec.scope(C.SET_STATE):
+                pass
+
+
+def test_report_after_a_timed_out_shutdown_writes_to_no_reused_fd(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 'spans.jsonl'}",),
+                             queue_size=100_000))
+    _traces(session, 1)
+    proc = session.process
+    assert proc is not None and proc._proc is not None
+    os.kill(proc._proc.pid, signal.SIGSTOP)  # a child that reads nothing more
+    try:
+        _traces(session, 20_000)  # more than the pipe holds: frames wait in this process
+        assert proc.pending_spans > 0
+        old_fd = proc._in
+        session.shutdown(timeout_s=0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # killed by the shutdown when late
+            os.kill(proc._proc.pid, signal.SIGCONT)
+    victim = tmp_path / "unrelated.bin"
+    fds = []
+    while not fds or fds[-1] < old_fd:  # take the lowest free fds up to the pipe's number
+        fds.append(os.open(victim, os.O_WRONLY | os.O_CREAT))
+    try:
+        assert fds[-1] == old_fd  # the closed pipe's number, now another file's
+        with caplog.at_level(logging.ERROR, logger="resettrace"):
+            first = session.export_report()
+            second = session.export_report()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert victim.stat().st_size == 0
+    assert "died" not in caplog.text
+    produced = 3 * 20_001
+    assert first["spans_sent"] + first["spans_dropped"] == produced
+    assert second["spans_dropped"] == first["spans_dropped"] > 0  # never counted twice
+    assert first["spans_pending"] == 0
