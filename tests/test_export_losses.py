@@ -59,3 +59,27 @@ def test_report_after_a_timed_out_shutdown_writes_to_no_reused_fd(
     assert first["spans_sent"] + first["spans_dropped"] == produced
     assert second["spans_dropped"] == first["spans_dropped"] > 0  # never counted twice
     assert first["spans_pending"] == 0
+
+
+def test_a_shut_down_session_keeps_no_traces_and_the_exporter_no_recorders(
+        tmp_path: Path) -> None:
+    import gc
+
+    session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 'spans.jsonl'}",)))
+    for _ in range(300):  # recorders come and go (one per env, per test, ...)
+        _traces(session, 1)
+    gc.collect()
+    proc = session.process
+    assert proc is not None and len(proc._rids) <= 1 and len(proc._sent_attrs) <= 1
+    survivor = session.recorder()
+    session.shutdown()
+    processor = session.processor
+    assert processor is not None
+    seen = processor.traces_seen
+    for _ in range(2000):  # an env that outlives its session
+        with survivor.scope(C.DR_RESET):
+            pass
+    assert len(processor._pending) == 0 and processor.traces_seen == seen
+    assert processor.stats()["dr_reset_total_ms"].count == 300  # what it had stays readable
+    report = session.export_report()
+    assert report["spans_sent"] + report["spans_dropped"] == 300 * 3 + 2000

@@ -118,9 +118,11 @@ class ProcessExporter:
         self._buf = bytearray()
         self._frames: deque[tuple[int, int]] = deque()  # (frame bytes, spans) not yet written
         self._head_written = 0  # bytes of the first frame already in the pipe
+        # id(recorder) -> its id on the wire, while the recorder lives (a finalizer forgets
+        # it, so a later recorder with the same id() gets a new one and nothing is kept)
         self._rids: dict[int, int] = {}
-        self._keep: list[Recorder] = []  # registered recorders stay alive: ids stay unique
-        self._sent_attrs: list[dict[str, Any]] = []
+        self._next_rid = 0
+        self._sent_attrs: dict[int, dict[str, Any]] = {}
         self._errors_sent = 1
         self._phases_sent = 0
         self._flush_seq = 0
@@ -179,7 +181,7 @@ class ProcessExporter:
             rid = self._rids.get(id(recorder))
             if rid is None:
                 rid = self._register(recorder)
-            elif recorder.attributes != self._sent_attrs[rid]:
+            elif recorder.attributes != self._sent_attrs.get(rid):
                 self._register(recorder, rid)  # attributes set after its first trace
             if self._errors_sent < len(_ERROR_NAMES):
                 self._send_error_names()
@@ -207,15 +209,22 @@ class ProcessExporter:
     def _register(self, recorder: Recorder, rid: int | None = None) -> int:
         """Send the recorder's attributes (again, under ``rid``, when they changed)."""
         if rid is None:
-            rid = len(self._keep)
+            rid = self._next_rid
+            self._next_rid += 1
             self._rids[id(recorder)] = rid
-            self._keep.append(recorder)
-            self._sent_attrs.append(dict(recorder.attributes))
+            self._sent_attrs[rid] = dict(recorder.attributes)
+            weakref.finalize(recorder, self._forget, id(recorder), rid)
         else:
             self._sent_attrs[rid] = dict(recorder.attributes)
         attrs = json.dumps(recorder.attributes).encode()
         self._frame(b"R", _REGISTER.pack(rid, recorder.epoch_offset_ns) + attrs, 0, force=True)
         return rid
+
+    def _forget(self, key: int, rid: int) -> None:
+        """A registered recorder was collected (runs wherever the GC does: no lock)."""
+        if self._rids.get(key) == rid:
+            del self._rids[key]
+            self._sent_attrs.pop(rid, None)
 
     def _send_error_names(self) -> None:
         while self._errors_sent < len(_ERROR_NAMES):

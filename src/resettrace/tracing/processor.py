@@ -322,6 +322,8 @@ class TimingSpanProcessor(SpanProcessor):
         training thread is inside the engine with the GIL released; every read
         (``stats``, ``samples``, ``force_flush``) first aggregates what is queued.
         """
+        if self._stopped:
+            return  # a shut-down session keeps nothing (its recorders may live on)
         pending = self._pending
         pending.append(records)
         if len(pending) >= _DRAIN_BATCH and not self._wake.is_set():
