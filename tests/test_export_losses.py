@@ -83,3 +83,60 @@ def test_a_shut_down_session_keeps_no_traces_and_the_exporter_no_recorders(
     assert processor.stats()["dr_reset_total_ms"].count == 300  # what it had stays readable
     report = session.export_report()
     assert report["spans_sent"] + report["spans_dropped"] == 300 * 3 + 2000
+
+
+FORK_SCRIPT = """
+import json, multiprocessing as mp, os, sys
+import resettrace
+from resettrace import catalog as C
+
+session = resettrace.configure(mode="trace", exporters=("otlp",), otlp_endpoint=sys.argv[1])
+
+def traces(n):
+    rec = resettrace.current_recorder()
+    for _ in range(n):
+        with rec.scope(C.DR_RESET, 2):
+            with rec.scope(C.DR_RESET_PLAN):
+                pass
+            with rec.scope(C.SET_STATE):
+                pass
+
+def worker(out):
+    os.environ["RESETTRACE_WORKER_RANK"] = "3"  # set in the worker, after the fork
+    traces(300)
+    st = resettrace.stats()
+    with open(out, "w") as f:
+        json.dump({"dr_reset": st["dr_reset_total_ms"].count, "pid": os.getpid()}, f)
+
+traces(2)
+resettrace.stats()  # the parent's samples exist before the fork
+p = mp.get_context("fork").Process(target=worker, args=(sys.argv[2],))
+p.start()
+p.join(60)
+sys.exit(p.exitcode)
+"""
+
+
+def test_a_session_inherited_over_fork_is_re_armed_in_the_worker(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from resettrace.testing.receivers import GrpcReceiver
+
+    script = tmp_path / "fork.py"
+    script.write_text(FORK_SCRIPT)
+    out = tmp_path / "worker.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESETTRACE", "OTEL_"))}
+    with GrpcReceiver() as rx:
+        r = subprocess.run([sys.executable, str(script), rx.endpoint, str(out)], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        spans = rx.spans()
+    worker = json.loads(out.read_text())
+    assert worker["dr_reset"] == 300  # its own calls only, not the parent's two
+    mine = [s for s in spans if s.resource["process.pid"] == worker["pid"]]
+    assert len(mine) == 900  # every span of the worker arrived: flushed as it left
+    assert {s.resource["resettrace.worker.rank"] for s in mine} == {3}
+    parent = [s for s in spans if s.resource["process.pid"] != worker["pid"]]
+    assert len(parent) == 6 and {s.resource["resettrace.worker.rank"] for s in parent} == {0}

@@ -387,6 +387,7 @@ ATTR_RESET_COUNT = "resettrace.reset.count"  # envs reset by this call
 ATTR_BACKEND = "resettrace.backend.name"
 ATTR_TASK = "resettrace.task.name"
 ATTR_EXPORT_DROPPED = "resettrace.export.dropped"
+ATTR_WORKER_RANK = "resettrace.worker.rank"  # resource attribute of a worker process
 
 #: Instrumentation scope of the spans resettrace materialises from its own records.
 INSTRUMENTATION_SCOPE = "resettrace.recorder"

@@ -308,13 +308,20 @@ def _slowest(env: Mapping[str, str]) -> int | None:
 
 
 def _rank(env: Mapping[str, str]) -> int:
+    rank = env_worker_rank(env)
+    return 0 if rank is None else rank
+
+
+def env_worker_rank(env: Mapping[str, str] | None = None) -> int | None:
+    """``RESETTRACE_WORKER_RANK``, else ``RANK``, when one holds a valid rank; else None."""
+    env = os.environ if env is None else env
     for name in (ENV_WORKER_RANK, "RANK"):
         raw = env.get(name)
         if raw is not None and raw.strip():
             value = _number({name: raw}, name, int, -1, minimum=0)
             if value >= 0:
                 return int(value)
-    return 0
+    return None
 
 
 def _otlp_protocol(env: Mapping[str, str]) -> str:

@@ -46,7 +46,7 @@ from collections import deque
 from itertools import chain
 from typing import Any
 
-from resettrace.catalog import ATTR_EXPORT_DROPPED, CATALOG, Catalog
+from resettrace.catalog import ATTR_EXPORT_DROPPED, ATTR_WORKER_RANK, CATALOG, Catalog
 from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, error_name
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ class ProcessExporter:
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
         self._dead = False
+        self._forked = False
         self._reset_counters()
         _LIVE.add(self)
         self._start()
@@ -134,6 +135,13 @@ class ProcessExporter:
 
     # -- child process ----------------------------------------------------------------------
     def _start(self) -> None:
+        if self._forked:  # a forked worker: its rank is read now, when it first exports
+            from resettrace.config import env_worker_rank
+
+            rank = env_worker_rank()
+            if rank is not None:
+                self._settings["resource"] = dict(self._settings["resource"],
+                                                  **{ATTR_WORKER_RANK: rank})
         env = helper_environment()
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("RUST_LOG", "error")
@@ -164,6 +172,7 @@ class ProcessExporter:
             proc.stdin = proc.stdout = None
             proc.returncode = 0  # not this process's child: never wait for it
         self._in = self._out_fd = -1  # the parent's fd numbers: never ours to write
+        self._forked = True
         self._lock = threading.Lock()
         self._dead = False
         self._reset_counters()

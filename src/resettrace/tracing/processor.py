@@ -303,10 +303,19 @@ class TimingSpanProcessor(SpanProcessor):
         _LIVE.add(self)
 
     def _after_fork_in_child(self) -> None:
-        """Threads do not survive a fork: start a fresh aggregation thread when needed."""
+        """A forked worker counts its own calls only: nothing of the parent's is kept
+        (queue, buffered traces, samples), and threads, which do not survive a fork, are
+        started afresh when needed."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._worker = None
+        self._pending = deque()
+        self._plans = {}
+        self._buffered = 0
+        self._series = {}
+        self._open_children = OrderedDict()
+        self._accounts = OrderedDict()
+        self.traces_seen = self.records_seen = 0
 
     # -- aggregation ------------------------------------------------------------------------
     def _add(self, key: str, value: float) -> None:

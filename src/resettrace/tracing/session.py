@@ -31,7 +31,14 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK, CATALOG, Catalog
+from resettrace.catalog import (
+    ATTR_BACKEND,
+    ATTR_ENV_COUNT,
+    ATTR_TASK,
+    ATTR_WORKER_RANK,
+    CATALOG,
+    Catalog,
+)
 from resettrace.config import DEFAULT_EXPORTERS, Config
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
@@ -47,7 +54,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Tracing", "ATTR_WORKER_RANK", "default_attributes"]
 
-ATTR_WORKER_RANK = "resettrace.worker.rank"
 IN_PROCESS_EXPORTERS = ("memory",)
 
 #: span attributes every recorder of every session starts with (``instrument()``'s
@@ -288,8 +294,25 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _arm_worker_exit() -> None:
+    """multiprocessing workers leave through os._exit, where atexit never runs: flush
+    every session from multiprocessing's own exit path instead (once per process)."""
+    global _finalize_pid
+    pid = os.getpid()
+    if _finalize_pid != pid:
+        from multiprocessing import util
+
+        util.Finalize(None, shutdown_all, exitpriority=100)
+        _finalize_pid = pid
+
+
+def _armed_after_fork(session: Tracing) -> None:
+    # runs in a forked multiprocessing worker, after multiprocessing cleared the finalizers
+    _arm_worker_exit()
+
+
 def _register_exit_hooks(session: Tracing) -> None:
-    global _atexit_pid, _finalize_pid, _sigterm_installed
+    global _atexit_pid, _sigterm_installed
     import atexit
     import multiprocessing
 
@@ -299,12 +322,12 @@ def _register_exit_hooks(session: Tracing) -> None:
         if _atexit_pid is None:
             atexit.register(shutdown_all)
             _atexit_pid = pid
-        if multiprocessing.parent_process() is not None and _finalize_pid != pid:
-            # multiprocessing workers leave through os._exit: atexit never runs there
-            from multiprocessing import util
+        if multiprocessing.parent_process() is not None:
+            _arm_worker_exit()
+        # a session inherited by a forked multiprocessing worker is flushed when it leaves
+        from multiprocessing import util
 
-            util.Finalize(None, shutdown_all, exitpriority=100)
-            _finalize_pid = pid
+        util.register_after_fork(session, _armed_after_fork)
         if (session.config.handle_sigterm and not _sigterm_installed
                 and threading.current_thread() is threading.main_thread()
                 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
