@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -113,3 +114,35 @@ def test_collector_numba_ab_table_and_json(tmp_path) -> None:
                   "--nthread", "1"])
     assert plain.returncode == 0, plain.stderr
     assert "numba A/B" not in plain.stdout
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_collector_with_its_report_and_timing_json(
+        tmp_path, signum, code) -> None:
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESETTRACE", "OTEL_"))}
+    env["RESETTRACE"] = "trace"
+    p = subprocess.Popen([sys.executable, "-m", "resettrace.cli", "bench", "collector",
+                          "--num-envs", "16", "--warmup", "1", "--steps", "1000000",
+                          "--nthread", "1", "--out", str(out)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr is not None
+        for line in p.stderr:  # the first progress line: timed steps are running
+            if line.startswith("step "):
+                break
+        p.send_signal(signum)
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == code, stderr
+    assert "Traceback" not in stderr and "interrupted by" in stderr
+    data = json.loads((out / "timing.json").read_text())
+    done = data["interrupted"]["steps_done"]
+    assert data["interrupted"]["signal"] == signal.Signals(signum).name and done > 0
+    assert data["stats"]["env_step_total_ms"]["count"] >= done
+    spans = (out / "spans.jsonl").read_text().splitlines()
+    delivered = data["export"]["exporters"][f"file:{out / 'spans.jsonl'}"]["delivered"]
+    assert len(spans) == delivered > 0 and data["export"]["spans_not_delivered"] == 0
+    assert "interrupted by" in stdout

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ def _collector(args: argparse.Namespace) -> int:
     from resettrace.bench import collector
     from resettrace.bench.collector import (
         CollectorConfig,
+        Interrupted,
         progress_printer,
         render_report,
         write_outputs,
@@ -44,6 +46,12 @@ def _collector(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        raise Interrupted(signum)
+
+    # before the session: its own SIGTERM hook then stays out of the way
+    signal.signal(signal.SIGTERM, on_sigterm)
     overrides: dict[str, Any] = {}
     try:
         env_cfg = Config.from_env()
@@ -67,6 +75,10 @@ def _collector(args: argparse.Namespace) -> int:
         tracing.shutdown()
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
+    stopped = result.get("interrupted")
+    if stopped:  # flush and report what was done; a second signal ends the process
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     tracing.shutdown()
     result["export"] = tracing.export_report()
     print(render_report(result))
@@ -77,6 +89,11 @@ def _collector(args: argparse.Namespace) -> int:
                   if spec.partition(":")[0] in PATH_KINDS]
     if paths:
         print("\noutputs:\n" + "\n".join(f"  {p}" for p in paths))
+    if stopped:
+        signum = signal.SIGINT if stopped["signal"] == "SIGINT" else signal.SIGTERM
+        print(f"resettrace: interrupted by {stopped['signal']} after {stopped['steps_done']} "
+              f"of {cfg.steps} timed steps", file=sys.stderr)
+        return 128 + int(signum)
     return 0
 
 
@@ -262,7 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="resettrace: %(levelname)s: %(message)s")
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt as e:  # before or after the timed part: no traceback
+        print("resettrace: interrupted", file=sys.stderr)
+        return 128 + int(getattr(e, "signum", signal.SIGINT))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -67,9 +68,22 @@ class CollectorConfig:
             raise ValueError(f"--action-noise must be >= 0, got {self.action_noise}")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Raised by the CLI's SIGTERM handler: the run stops and reports what it did."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def run_collector(cfg: CollectorConfig, tracing: Any,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the benchmark under ``tracing`` (mode ``timing`` or ``trace``); return the result."""
+    """Run the benchmark under ``tracing`` (mode ``timing`` or ``trace``); return the result.
+
+    Interrupted (``KeyboardInterrupt``, or :class:`Interrupted` from a SIGTERM handler),
+    it stops and returns the result of the steps done, with ``result["interrupted"] =
+    {"signal", "steps_done"}``.
+    """
     import resettrace
 
     if tracing.processor is None:
@@ -86,17 +100,20 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
     shape = (cfg.num_envs, env.action_dim)
     actions = np.empty(shape)
     say = progress or (lambda _msg: None)
+    interrupted: dict[str, Any] | None = None
+    done_steps = resets = 0
+    t0 = time.perf_counter()
     try:
         for _ in range(cfg.warmup):
             env.step(rng.normal(0.0, cfg.action_noise, shape))
         tracing.processor.clear()  # statistics of the timed steps only
-        resets = 0
         last_report = t0 = time.perf_counter()
         for i in range(cfg.steps):
             rng.standard_normal(out=actions)
             actions *= cfg.action_noise
             _, _, done, _ = env.step(actions)
             resets += int(done.sum())
+            done_steps = i + 1
             now = time.perf_counter()
             if now - last_report >= 2.0 or i + 1 == cfg.steps:
                 last_report = now
@@ -104,22 +121,30 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
                 say(f"step {i + 1}/{cfg.steps} ({100 * (i + 1) / cfg.steps:.0f}%), "
                     f"{rate:,.0f} env/s, resets {100 * resets / ((i + 1) * cfg.num_envs):.2f}%"
                     " of envs per step")
-        wall = time.perf_counter() - t0
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through the CLI's handler
+        name = str(e) if isinstance(e, Interrupted) else "SIGINT"
+        interrupted = {"signal": name, "steps_done": done_steps}
+        say(f"interrupted by {name} after {done_steps} of {cfg.steps} timed steps")
     finally:
+        wall = time.perf_counter() - t0
         env.close()
     # statistics are complete now; span export finishes when the session shuts down
     tracing.processor.force_flush()
     stats = {k: s.as_dict() for k, s in tracing.stats().items()}
-    return {
+    steps = max(done_steps, 1)
+    result = {
         "config": {**asdict(cfg), "mode": tracing.mode},
-        "env_per_s": cfg.num_envs * cfg.steps / wall,
+        "env_per_s": cfg.num_envs * done_steps / wall if done_steps else 0.0,
         "wall_s": wall,
-        "reset_fraction": resets / (cfg.steps * cfg.num_envs),
+        "reset_fraction": resets / (steps * cfg.num_envs),
         "stats": {k: {f: s[f] for f in STAT_FIELDS} | {"share_of_parent": s["share_of_parent"]}
                   for k, s in stats.items()},
         "samples": tracing.samples(),
         "export": tracing.export_report(),
     }
+    if interrupted is not None:
+        result["interrupted"] = interrupted
+    return result
 
 
 VARIANTS = ("numpy", "numba")
@@ -278,6 +303,10 @@ def render_report(result: Mapping[str, Any]) -> str:
     cfg = result["config"]
     steps = max(1, int(_stat(stats, C.ENV_STEP.key, "count")))
     step_total = _stat(stats, C.ENV_STEP.key)
+    stopped = result.get("interrupted")
+    if stopped:
+        cfg = dict(cfg, steps=f"{stopped['steps_done']} of {cfg['steps']} (interrupted by "
+                              f"{stopped['signal']})")
     parts = [f"{cfg['task']} on {cfg['backend']}: {cfg['num_envs']} envs, {cfg['steps']} steps, "
              f"mode {cfg['mode']}: {result['env_per_s']:,.0f} env/s, "
              f"{100 * result['reset_fraction']:.2f}% of envs reset per step"]
