@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
@@ -28,7 +29,9 @@ def test_span_file_has_one_json_object_per_span(tmp_path) -> None:
     assert root["parent_id"] is None and len(root["trace_id"]) == 32 and len(root["span_id"]) == 16
     for x in lines:
         assert set(x) == {"name", "trace_id", "span_id", "parent_id", "start_ns", "end_ns",
-                          "status", "attributes"}
+                          "status", "attributes", "resource"}
+        assert x["resource"]["process.pid"] == os.getpid()  # the training process's
+        assert x["resource"]["resettrace.worker.rank"] == 0
         assert x["trace_id"] == root["trace_id"]
         assert x["attributes"][C.ATTR_RESET_COUNT] == 2
         assert x["attributes"][C.ATTR_ENV_COUNT] == 8

@@ -140,3 +140,72 @@ def test_a_session_inherited_over_fork_is_re_armed_in_the_worker(tmp_path: Path)
     assert {s.resource["resettrace.worker.rank"] for s in mine} == {3}
     parent = [s for s in spans if s.resource["process.pid"] != worker["pid"]]
     assert len(parent) == 6 and {s.resource["resettrace.worker.rank"] for s in parent} == {0}
+
+
+def test_two_sessions_given_one_span_file_never_corrupt_it(
+        tmp_path: Path) -> None:
+    import json
+
+    path = tmp_path / "spans.jsonl"
+    a = Tracing(Config(mode="trace", exporters=(f"file:{path}",)))
+    b = Tracing(Config(mode="trace", exporters=(f"file:{path}",)))
+    for i in range(400):  # interleaved, as two workers would
+        _traces(a if i % 2 else b, 1)
+    a.force_flush()
+    b.force_flush()
+    for s in (a, b):
+        s.shutdown()
+    files = sorted(tmp_path.glob("spans*.jsonl"))
+    assert [f.name for f in files] == ["spans.jsonl", f"spans.p{os.getpid()}.jsonl"]
+    lines = [json.loads(x) for f in files for x in f.read_text().splitlines()]
+    assert len(lines) == 1200  # nothing truncated, nothing interleaved
+    for s in (a, b):
+        report = s.export_report()
+        assert report["spans_not_delivered"] == 0 and report["spans_sent"] == 600
+
+
+def test_span_file_paths_take_pid_and_rank(tmp_path: Path) -> None:
+    session = Tracing(Config(mode="trace", worker_rank=5,
+                             exporters=(f"file:{tmp_path / 'spans-{pid}-{rank}.jsonl'}",)))
+    _traces(session, 3)
+    session.shutdown()
+    assert (tmp_path / f"spans-{os.getpid()}-5.jsonl").read_text().count("\n") == 9
+
+
+FULL_DISK_SCRIPT = """
+import json, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (700_000, 700_000))  # the disk fills mid-run
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.tracing.session import Tracing
+session = Tracing(Config(mode="trace", exporters=("file:" + sys.argv[1],)))
+rec = session.recorder()
+for _ in range(2000):
+    with rec.scope(C.DR_RESET, 3):
+        with rec.scope(C.DR_RESET_PLAN):
+            pass
+session.shutdown()
+print(json.dumps(session.export_report()))
+"""
+
+
+def test_a_full_disk_leaves_whole_lines_and_counts_exactly(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "spans.jsonl"
+    script = tmp_path / "full.py"
+    script.write_text(FULL_DISK_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESETTRACE", "OTEL_"))}
+    r = subprocess.run([sys.executable, str(script), str(path)], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout.splitlines()[-1])
+    text = path.read_text()
+    assert text.endswith("\n") and len(text) <= 700_000
+    lines = [json.loads(x) for x in text.splitlines()]  # every line whole
+    file_report = report["exporters"][f"file:{path}"]
+    assert file_report["delivered"] == len(lines) > 0
+    assert file_report["undelivered"] == 4000 - len(lines) > 0

@@ -415,6 +415,14 @@ def _collector() -> Any:
     return _Collect()
 
 
+def _batch_size() -> int:
+    """Spans per export call: ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512)."""
+    from resettrace.config import _number
+
+    return int(_number(os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", int, _BATCH_SPANS,
+                       minimum=1))
+
+
 class _Child:
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -428,6 +436,7 @@ class _Child:
         self.flushed = 0
         self.batch_since = 0.0
         self.stop = False
+        self.batch_size = _batch_size()
         self.tracer: Any = None
         self.collect = _collector()
 
@@ -448,7 +457,9 @@ class _Child:
         self.tracer = provider.get_tracer(INSTRUMENTATION_SCOPE)
         for spec in settings["exporters"]:
             try:
-                self.exporters.append((spec, make_exporter(spec, config)))
+                self.exporters.append((spec, make_exporter(
+                    spec, config, pid=settings["parent_pid"],
+                    rank=int(settings["resource"].get(ATTR_WORKER_RANK, config.worker_rank)))))
             except Exception as e:  # a bad exporter must not stop the others
                 print(f"resettrace export process: cannot create {spec!r}: {e}",
                       file=sys.stderr)
@@ -502,16 +513,19 @@ class _Child:
         self.batch_since = 0.0
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        for spec, exporter in self.exporters:
-            try:
-                ok = exporter.export(spans) == SpanExportResult.SUCCESS
-            except Exception as e:
-                print(f"resettrace export process: {spec!r} failed: {e}", file=sys.stderr)
-                ok = False
-            if ok:
-                self.exported[spec] += len(spans)
-            else:
-                self.failed[spec] += len(spans)
+        size = self.batch_size
+        for start in range(0, len(spans), size):  # batches are capped: a backlog is many
+            batch = spans[start:start + size]
+            for spec, exporter in self.exporters:
+                try:
+                    ok = exporter.export(batch) == SpanExportResult.SUCCESS
+                except Exception as e:
+                    print(f"resettrace export process: {spec!r} failed: {e}", file=sys.stderr)
+                    ok = False
+                if ok:
+                    self.exported[spec] += len(batch)
+                else:
+                    self.failed[spec] += len(batch)
         self.status()
 
     def status(self, final: bool = False) -> None:

@@ -3,7 +3,11 @@
 ``file:PATH``
     :class:`JsonLinesSpanExporter`: one JSON object per span and line with
     ``name``, ``trace_id``, ``span_id``, ``parent_id`` (hex, ``null`` for a root),
-    ``start_ns``, ``end_ns`` (Unix epoch nanoseconds), ``status`` and ``attributes``.
+    ``start_ns``, ``end_ns`` (Unix epoch nanoseconds), ``status``, ``attributes`` and
+    ``resource`` (service, host, pid and worker rank of the process).
+
+File paths may hold ``{pid}`` and ``{rank}``; a file is written by one process only
+(another process given the same path writes ``NAME.pPID.SUFFIX`` and says so).
 ``perfetto:PATH`` / ``otlp-json:PATH``
     :mod:`resettrace.tracing.file_formats`: Chrome trace JSON, OTLP-JSON.
 ``otlp``
@@ -17,16 +21,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
-from collections.abc import Sequence
-from pathlib import Path
-from typing import IO, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from resettrace.catalog import ATTR_WORKER_RANK
 from resettrace.config import Config
+from resettrace.tracing.file_formats import _BufferedFileExporter
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,7 @@ __all__ = ["JsonLinesSpanExporter", "span_to_dict", "make_exporter"]
 def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
     ctx = span.get_span_context()
     parent = span.parent
+    resource = span.resource.attributes if span.resource is not None else {}
     return {
         "name": span.name,
         "trace_id": format(ctx.trace_id, "032x") if ctx else None,
@@ -45,65 +50,62 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
         "end_ns": span.end_time,
         "status": span.status.status_code.name,
         "attributes": dict(span.attributes or {}),
+        "resource": {k: resource[k] for k in _RESOURCE_KEYS if k in resource},
     }
 
 
-class JsonLinesSpanExporter(SpanExporter):
-    """Appends spans to a file as JSON lines; the file is created on first export."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._file: IO[str] | None = None
-        self._lock = threading.Lock()
-        self._closed = False
-        self.exported_spans = 0
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._closed:
-            return SpanExportResult.FAILURE
-        try:
-            lines = "".join(json.dumps(span_to_dict(s), separators=(",", ":")) + "\n"
-                            for s in spans)
-            with self._lock:
-                if self._file is None:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    self._file = self.path.open("w", encoding="utf-8")
-                self._file.write(lines)
-                self.exported_spans += len(spans)
-        except OSError as e:
-            log.error("resettrace: cannot write spans to %s: %s", self.path, e)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        with self._lock:
-            if self._file is not None:
-                self._file.flush()
-        return True
-
-    def shutdown(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+#: resource attributes written on every JSON line: which process a span came from
+_RESOURCE_KEYS = ("service.name", "host.name", "process.pid", ATTR_WORKER_RANK)
 
 
-def make_exporter(spec: str, config: Config | None = None) -> SpanExporter:
-    """An exporter from one ``RESETTRACE_EXPORTER`` item (already validated by Config)."""
+class JsonLinesSpanExporter(_BufferedFileExporter):
+    """Spans as JSON lines, written in complete lines: a write that fails (a full disk)
+    is counted as not delivered and truncated away, so the file always ends on a whole
+    line. The file belongs to one process (see :func:`claim_path`)."""
+
+    def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
+        data = "".join(json.dumps(span_to_dict(s), separators=(",", ":"), default=str) + "\n"
+                       for s in spans).encode()
+        return data, _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
+def expand_path(path: str, *, pid: int, rank: int) -> str:
+    """A span file path with ``{pid}`` and ``{rank}`` replaced."""
+    return path.replace("{pid}", str(pid)).replace("{rank}", str(rank))
+
+
+def make_exporter(spec: str, config: Config | None = None, *, pid: int | None = None,
+                  rank: int | None = None) -> SpanExporter:
+    """An exporter from one ``RESETTRACE_EXPORTER`` item (already validated by Config).
+
+    File paths may hold ``{pid}`` and ``{rank}``: ``pid`` (default this process) and
+    ``rank`` (default the config's worker rank) fill them in.
+    """
     kind, _, arg = spec.partition(":")
+    pid = os.getpid() if pid is None else pid
+    if rank is None:
+        rank = config.worker_rank if config is not None else 0
+    if arg:
+        arg = expand_path(arg, pid=pid, rank=rank)
+    # every export call is written at once: its spans count as delivered only when on disk
+    # (the export process already hands them over in batches)
+    whole = {"pid": pid, "max_pending": 1, "write_interval_s": 0.0}
     if kind == "file":
-        return JsonLinesSpanExporter(arg)
+        return JsonLinesSpanExporter(arg, **whole)  # type: ignore[arg-type]
     if kind == "memory":
         return InMemorySpanExporter()
     if kind == "perfetto":
         from resettrace.tracing.file_formats import ChromeTraceSpanExporter
 
-        return ChromeTraceSpanExporter(arg)
+        return ChromeTraceSpanExporter(arg, **whole)  # type: ignore[arg-type]
     if kind == "otlp-json":
         from resettrace.tracing.file_formats import OtlpJsonSpanExporter
 
-        return OtlpJsonSpanExporter(arg)
+        return OtlpJsonSpanExporter(arg, **whole)  # type: ignore[arg-type]
     if kind == "otlp":
         return make_otlp_exporter(config if config is not None else Config())
     raise ValueError(f"unknown exporter {spec!r}")

@@ -68,6 +68,7 @@ Note that the SDK's ``SimpleSpanProcessor.force_flush`` does not call the export
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import math
@@ -104,6 +105,46 @@ _PRODUCER = "resettrace"
 _UNKNOWN_SERVICE = "unknown_service"
 
 
+def claim_path(path: Path, pid: int | None = None) -> tuple[Path, IO[bytes]]:
+    """Open ``path`` empty for writing, held by this process alone (an exclusive ``flock``).
+
+    When another live process holds it (several workers given one path), this one writes
+    ``NAME.pPID.SUFFIX`` beside it instead and logs a warning naming both, so that no
+    process truncates or interleaves another's file. ``pid``: the process the file is for
+    (the training process, for the export child); default this one.
+    """
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # opened without truncating (another process may own it) and without O_APPEND (the
+    # exporters rewrite their tail in place)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    f = open(fd, "wb", buffering=0)  # noqa: SIM115 - kept open by the exporter
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        mine = path.with_name(f"{path.stem}.p{os.getpid() if pid is None else pid}"
+                              f"{path.suffix}")
+        if mine == path:
+            raise
+        log.warning("resettrace: %s is being written by another process; this one writes "
+                    "%s instead", path, mine)
+        return claim_path(mine, pid)
+    f.truncate(0)
+    return path, f
+
+
+def write_all(f: IO[bytes], data: bytes) -> None:
+    """Write every byte (an unbuffered file may take fewer per call), or raise."""
+    view = memoryview(data)
+    while view:
+        n = f.write(view)
+        if not n:
+            raise OSError(f"no byte written to {getattr(f, 'name', f)}")
+        view = view[n:]
+
+
 class _BufferedFileExporter(SpanExporter):
     """Buffers spans and appends them to one file in robust, complete writes.
 
@@ -114,12 +155,13 @@ class _BufferedFileExporter(SpanExporter):
 
     def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
                  write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, pid: int | None = None) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         if not write_interval_s >= 0:
             raise ValueError(f"write_interval_s must be >= 0, got {write_interval_s}")
         self.path = Path(path)
+        self._pid = pid
         self.max_pending = max_pending
         self.write_interval_s = write_interval_s
         self._clock = clock
@@ -187,8 +229,7 @@ class _BufferedFileExporter(SpanExporter):
         self._last_write = self._clock()
         try:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                f = self.path.open("wb")
+                self.path, f = claim_path(self.path, self._pid)
                 try:
                     self._end = 0
                     self._append(f, self._header(spans))
@@ -211,11 +252,17 @@ class _BufferedFileExporter(SpanExporter):
 
     def _append(self, f: IO[bytes], data: bytes) -> None:
         # Rewrite from the end of the last good write: the file is complete after each call,
-        # and the bytes of an earlier failed write are overwritten or truncated away.
+        # and the bytes of a failed write (a full disk) are truncated away at once.
         f.seek(self._end)
-        f.write(data + self._suffix())
+        try:
+            write_all(f, data + self._suffix())
+        except OSError:
+            with contextlib.suppress(OSError):
+                f.truncate(self._end)
+                f.seek(self._end)
+                write_all(f, self._suffix())
+            raise
         f.truncate()
-        f.flush()
         self._end += len(data)
 
 
@@ -250,9 +297,9 @@ class ChromeTraceSpanExporter(_BufferedFileExporter):
     def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
                  write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
                  time_origin_ns: int | None = None, max_tracks: int = DEFAULT_MAX_TRACKS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, pid: int | None = None) -> None:
         super().__init__(path, max_pending=max_pending, write_interval_s=write_interval_s,
-                         clock=clock)
+                         clock=clock, pid=pid)
         if max_tracks < 1:
             raise ValueError(f"max_tracks must be >= 1, got {max_tracks}")
         self.max_tracks = max_tracks
@@ -362,9 +409,9 @@ class OtlpJsonSpanExporter(_BufferedFileExporter):
 
     def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
                  write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, pid: int | None = None) -> None:
         super().__init__(path, max_pending=max_pending, write_interval_s=write_interval_s,
-                         clock=clock)
+                         clock=clock, pid=pid)
         # The OTLP encoder pulls in protobuf: loaded only when this exporter is used.
         from google.protobuf.json_format import MessageToDict
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
