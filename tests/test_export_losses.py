@@ -209,3 +209,39 @@ def test_a_full_disk_leaves_whole_lines_and_counts_exactly(tmp_path: Path) -> No
     file_report = report["exporters"][f"file:{path}"]
     assert file_report["delivered"] == len(lines) > 0
     assert file_report["undelivered"] == 4000 - len(lines) > 0
+
+
+def test_jaeger_json_holds_whole_traces_in_jaeger_ui_form(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The document Jaeger's UI upload converts in the browser (no server): whole traces
+    even when export calls are cut short (7 spans a call, 3 spans a trace)."""
+    import json
+    import time
+
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "7")
+    path = tmp_path / "traces.json"
+    t0 = time.time_ns() // 1000
+    session = Tracing(Config(mode="trace", exporters=(f"jaeger-json:{path}",),
+                             service_name="mylab"))
+    _traces(session, 50)
+    session.shutdown()
+    doc = json.loads(path.read_text())
+    assert len(doc["data"]) == 50
+    for trace in doc["data"]:
+        spans = trace["spans"]
+        assert len(spans) == 3 and {s["traceID"] for s in spans} == {trace["traceID"]}
+        ids = {s["spanID"] for s in spans}
+        root = [s for s in spans if not s["references"]]
+        assert len(root) == 1 and root[0]["operationName"] == "dr_reset"
+        for s in spans:
+            assert s["processID"] in trace["processes"]
+            assert t0 <= s["startTime"] <= time.time_ns() // 1000 and s["duration"] >= 0
+            for ref in s["references"]:
+                assert ref["refType"] == "CHILD_OF" and ref["spanID"] in ids
+            tags = {t["key"]: t for t in s["tags"]}
+            assert tags["resettrace.reset.count"] == {"key": "resettrace.reset.count",
+                                                     "type": "int64", "value": 3}
+        process = trace["processes"][root[0]["processID"]]
+        assert process["serviceName"] == "mylab"
+        assert {t["key"] for t in process["tags"]} >= {"process.pid", "resettrace.worker.rank"}
+    assert session.export_report()["spans_not_delivered"] == 0

@@ -9,8 +9,10 @@ Variables read (all optional):
 ``RESETTRACE_EXPORTER``
     Comma-separated span sinks for ``trace`` mode: ``otlp`` (OTLP to a collector),
     ``file:PATH`` (JSON lines, one span per line), ``perfetto:PATH`` (Chrome trace
-    JSON for Perfetto / chrome://tracing), ``otlp-json:PATH`` (OTLP-JSON, loadable
-    in Jaeger's UI) or ``memory`` (tests). Default ``file:resettrace-spans.jsonl``
+    JSON for Perfetto / chrome://tracing), ``otlp-json:PATH`` (OTLP-JSON, which
+    Jaeger's UI sends to a running Jaeger to convert), ``jaeger-json:PATH`` (Jaeger UI
+    JSON: opens in Jaeger's UI with no server) or ``memory`` (tests). Paths may hold
+    ``{pid}`` and ``{rank}``. Default ``file:resettrace-spans.jsonl``
     (none when spans go to a tracer provider passed in code).
 ``RESETTRACE_SAMPLE_EVERY``
     Export 1 trace in K (default 1: every trace).
@@ -79,8 +81,8 @@ ENV_OTLP_PROTOCOL = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_P
 ENV_OTLP_TIMEOUT = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 
 #: exporter kinds; those in PATH_KINDS take ``kind:PATH``
-EXPORTER_KINDS = ("otlp", "file", "perfetto", "otlp-json", "memory")
-PATH_KINDS = ("file", "perfetto", "otlp-json")
+EXPORTER_KINDS = ("otlp", "file", "perfetto", "otlp-json", "jaeger-json", "memory")
+PATH_KINDS = ("file", "perfetto", "otlp-json", "jaeger-json")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_EXPORTERS = ("file:resettrace-spans.jsonl",)
 DEFAULT_OTLP_ENDPOINT = {"grpc": "http://localhost:4317",
@@ -206,7 +208,7 @@ def exporter_problem(spec: str) -> str | None:
     kind, sep, arg = spec.partition(":")
     if kind not in EXPORTER_KINDS:
         return f"unknown exporter {spec!r}; known: otlp, file:PATH, perfetto:PATH, " \
-               "otlp-json:PATH, memory"
+               "otlp-json:PATH, jaeger-json:PATH, memory"
     if kind in PATH_KINDS and not arg:
         return f"exporter {spec!r} needs a path: {kind}:PATH"
     if kind not in PATH_KINDS and sep:

@@ -415,6 +415,26 @@ def _collector() -> Any:
     return _Collect()
 
 
+def _batches(spans: list[Any], size: int) -> list[list[Any]]:
+    """``spans`` in batches of at most ``size`` (a backlog is many calls), cut between
+    traces where one fits (file formats then get whole traces; spans come trace by trace)."""
+    out: list[list[Any]] = []
+    start = 0
+    n = len(spans)
+    while start < n:
+        end = min(start + size, n)
+        if end < n:
+            cut = end
+            tid = spans[end].get_span_context().trace_id
+            while cut > start and spans[cut - 1].get_span_context().trace_id == tid:
+                cut -= 1
+            if cut > start:
+                end = cut
+        out.append(spans[start:end])
+        start = end
+    return out
+
+
 def _batch_size() -> int:
     """Spans per export call: ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512)."""
     from resettrace.config import _number
@@ -513,9 +533,7 @@ class _Child:
         self.batch_since = 0.0
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        size = self.batch_size
-        for start in range(0, len(spans), size):  # batches are capped: a backlog is many
-            batch = spans[start:start + size]
+        for batch in _batches(spans, self.batch_size):
             for spec, exporter in self.exporters:
                 try:
                     ok = exporter.export(batch) == SpanExportResult.SUCCESS

@@ -8,8 +8,8 @@
 
 File paths may hold ``{pid}`` and ``{rank}``; a file is written by one process only
 (another process given the same path writes ``NAME.pPID.SUFFIX`` and says so).
-``perfetto:PATH`` / ``otlp-json:PATH``
-    :mod:`resettrace.tracing.file_formats`: Chrome trace JSON, OTLP-JSON.
+``perfetto:PATH`` / ``otlp-json:PATH`` / ``jaeger-json:PATH``
+    :mod:`resettrace.tracing.file_formats`: Chrome trace JSON, OTLP-JSON, Jaeger UI JSON.
 ``otlp``
     OpenTelemetry's OTLP exporter (gRPC or HTTP/protobuf) to a collector.
 ``memory``
@@ -106,6 +106,10 @@ def make_exporter(spec: str, config: Config | None = None, *, pid: int | None = 
         from resettrace.tracing.file_formats import OtlpJsonSpanExporter
 
         return OtlpJsonSpanExporter(arg, **whole)  # type: ignore[arg-type]
+    if kind == "jaeger-json":
+        from resettrace.tracing.file_formats import JaegerJsonSpanExporter
+
+        return JaegerJsonSpanExporter(arg, **whole)  # type: ignore[arg-type]
     if kind == "otlp":
         return make_otlp_exporter(config if config is not None else Config())
     raise ValueError(f"unknown exporter {spec!r}")

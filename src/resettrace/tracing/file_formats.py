@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ChromeTraceSpanExporter",
+    "JaegerJsonSpanExporter",
     "OtlpJsonSpanExporter",
     "otlp_json_ids_to_hex",
     "DEFAULT_MAX_PENDING",
@@ -427,3 +428,90 @@ class OtlpJsonSpanExporter(_BufferedFileExporter):
 
 def _nothing() -> None:
     return None
+
+
+# --- Jaeger UI JSON ------------------------------------------------------------------------------
+
+def _jaeger_tag(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"key": key, "type": "bool", "value": value}
+    if isinstance(value, int):
+        return {"key": key, "type": "int64", "value": value}
+    if isinstance(value, float):
+        return {"key": key, "type": "float64", "value": value}
+    return {"key": key, "type": "string", "value": str(_json_value(value))}
+
+
+class JaegerJsonSpanExporter(_BufferedFileExporter):
+    """Writes Jaeger UI JSON: ``{"data": [{traceID, spans, processes}, ...]}``.
+
+    Jaeger's UI loads such a file with its JSON upload and converts it in the browser, so
+    it opens with no Jaeger server (an ``otlp-json`` file is sent to a running Jaeger's
+    ``/api/transform`` instead). Times are microseconds (Jaeger's unit: spans under 1 us
+    show as 0us). Each export call adds one entry per trace; the export process hands
+    over whole traces.
+    """
+
+    _SUFFIX = b"\n]}\n"
+
+    def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
+                 write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic, pid: int | None = None) -> None:
+        super().__init__(path, max_pending=max_pending, write_interval_s=write_interval_s,
+                         clock=clock, pid=pid)
+        self._entries = 0
+
+    def _header(self, spans: Sequence[ReadableSpan]) -> bytes:
+        self._entries = 0
+        return b'{"data":['
+
+    def _suffix(self) -> bytes:
+        return self._SUFFIX
+
+    def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
+        traces: dict[int, list[ReadableSpan]] = {}
+        for span in spans:
+            ctx = span.get_span_context()
+            traces.setdefault(ctx.trace_id if ctx is not None else 0, []).append(span)
+        entries = []
+        for trace_id, members in traces.items():
+            tid = _hex_trace(trace_id)
+            processes: dict[str, dict[str, Any]] = {}
+            by_resource: dict[int, str] = {}
+            out = []
+            for span in members:
+                key = id(span.resource)
+                pid = by_resource.get(key)
+                if pid is None:
+                    pid = by_resource[key] = f"p{len(by_resource) + 1}"
+                    attrs = span.resource.attributes if span.resource is not None else {}
+                    processes[pid] = {
+                        "serviceName": str(attrs.get(SERVICE_NAME, _UNKNOWN_SERVICE)),
+                        "tags": [_jaeger_tag(k, v) for k, v in attrs.items()
+                                 if k != SERVICE_NAME]}
+                ctx = span.get_span_context()
+                start = span.start_time or 0
+                end = span.end_time if span.end_time is not None else start
+                tags = [_jaeger_tag(k, v) for k, v in (span.attributes or {}).items()]
+                if span.status.status_code is StatusCode.ERROR:
+                    tags.append(_jaeger_tag("error", True))
+                    if span.status.description:
+                        tags.append(_jaeger_tag("otel.status_description",
+                                                span.status.description))
+                refs = [] if span.parent is None else [
+                    {"refType": "CHILD_OF", "traceID": tid,
+                     "spanID": _hex_span(span.parent.span_id)}]
+                out.append({"traceID": tid,
+                            "spanID": _hex_span(ctx.span_id) if ctx is not None else "",
+                            "operationName": span.name, "references": refs,
+                            "startTime": start // 1000, "duration": (end - start) // 1000,
+                            "tags": tags, "logs": [], "processID": pid, "warnings": None})
+            entries.append(_dumps({"traceID": tid, "spans": out, "processes": processes}))
+        sep = b",\n" if self._entries else b"\n"
+        data = sep + b",\n".join(entries)
+        added = len(entries)
+
+        def commit() -> None:
+            self._entries += added
+
+        return data, commit
