@@ -245,3 +245,35 @@ def test_jaeger_json_holds_whole_traces_in_jaeger_ui_form(tmp_path: Path,
         assert process["serviceName"] == "mylab"
         assert {t["key"] for t in process["tags"]} >= {"process.pid", "resettrace.worker.rank"}
     assert session.export_report()["spans_not_delivered"] == 0
+
+
+def test_a_backlog_after_a_paused_child_is_sent_in_capped_batches_and_counted_right() -> None:
+    import time
+
+    from resettrace.testing.receivers import GrpcReceiver
+
+    with GrpcReceiver() as rx:
+        session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
+                                 queue_size=100_000, shutdown_timeout_s=30))
+        _traces(session, 1)
+        proc = session.process
+        assert proc is not None and proc._proc is not None
+        session.force_flush(10)
+        os.kill(proc._proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(30):  # a backlog builds up in the pipe and in this process
+                _traces(session, 500)
+                time.sleep(0.01)
+        finally:
+            os.kill(proc._proc.pid, signal.SIGCONT)
+        assert session.force_flush(30)
+        session.shutdown()
+        received = len(rx.spans())
+        requests = rx.requests
+    report = session.export_report()
+    produced = 3 * 15_001
+    assert report["spans_sent"] + report["spans_dropped"] == produced
+    delivered = report["exporters"]["otlp"]["delivered"]
+    assert delivered == received  # what the receiver holds, no more, no less
+    assert report["exporters"]["otlp"]["undelivered"] == produced - received
+    assert requests >= received / 512  # no request above the batch cap
