@@ -459,6 +459,8 @@ class _Child:
         self.batch_size = _batch_size()
         self.tracer: Any = None
         self.collect = _collector()
+        #: OTLP encoded straight from the records (every exporter is ``otlp``); else None
+        self.wire: Any = None
 
     def setup(self, settings: dict[str, Any]) -> None:
         from opentelemetry.sdk.resources import Resource
@@ -475,6 +477,21 @@ class _Child:
         provider = TracerProvider(resource=resource)
         provider.add_span_processor(self.collect)
         self.tracer = provider.get_tracer(INSTRUMENTATION_SCOPE)
+        if os.environ.get("RESETTRACE_OTLP_ENCODER", "wire") != "sdk" and \
+                settings["exporters"] and all(x == "otlp" for x in settings["exporters"]):
+            from resettrace.tracing.otlp_wire import WireEncoder, make_wire_exporter
+
+            wire = make_wire_exporter(config)
+            if wire is not None:  # no SDK span is built: the records are encoded as they are
+                phases = self.phases
+                self.wire = WireEncoder(
+                    dict(resource.attributes),
+                    lambda i: phases.get(i) or f"resettrace.phase.{i}",
+                    lambda code: self.errors.get(code, error_name(code)))
+                for spec in settings["exporters"]:
+                    self.exporters.append((spec, wire))
+                    self.exported[spec] = self.failed[spec] = 0
+                return
         for spec in settings["exporters"]:
             try:
                 self.exporters.append((spec, make_exporter(
@@ -494,6 +511,12 @@ class _Child:
             records = [ints[i:i + RECORD_FIELDS].tolist()
                        for i in range(0, n * RECORD_FIELDS, RECORD_FIELDS)]
             attrs, offset = self.recorders[rid]
+            self.received += n
+            if not self.batch_since:
+                self.batch_since = time.monotonic()
+            if self.wire is not None:
+                self.wire.add_trace(rid, records, offset, {ATTR_EXPORT_DROPPED: dropped})
+                return
             from resettrace.tracing.materialise import build_spans
 
             phases = self.phases
@@ -501,12 +524,11 @@ class _Child:
                         lambda code: self.errors.get(code, error_name(code)),
                         lambda i: phases.get(i) or f"resettrace.phase.{i}",
                         {ATTR_EXPORT_DROPPED: dropped})
-            self.received += n
-            if not self.batch_since:
-                self.batch_since = time.monotonic()
         elif kind == ord("R"):
             rid, offset = _REGISTER.unpack_from(payload)
             self.recorders[rid] = (json.loads(bytes(payload[_REGISTER.size:])), offset)
+            if self.wire is not None:
+                self.wire.set_attributes(rid, self.recorders[rid][0])
         elif kind == ord("P"):
             (index,) = _ERROR.unpack_from(payload)
             self.phases[index] = bytes(payload[_ERROR.size:]).decode()
@@ -525,7 +547,15 @@ class _Child:
         elif kind == ord("C"):
             self.setup(json.loads(bytes(payload)))
 
+    @property
+    def waiting(self) -> int:
+        """Spans received and not yet handed to the exporters."""
+        return self.wire.pending if self.wire is not None else len(self.collect.spans)
+
     def export(self) -> None:
+        if self.wire is not None:
+            self._export_wire()
+            return
         spans = self.collect.spans
         if not spans:
             return
@@ -545,6 +575,26 @@ class _Child:
                 else:
                     self.failed[spec] += len(batch)
         self.status()
+
+    def _export_wire(self) -> None:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.batch_since = 0.0
+        sent = False
+        while (payload := self.wire.take(self.batch_size)) is not None:
+            sent = True
+            for spec, exporter in self.exporters:
+                try:
+                    ok = exporter.export_payload(payload) == SpanExportResult.SUCCESS
+                except Exception as e:
+                    print(f"resettrace export process: {spec!r} failed: {e}", file=sys.stderr)
+                    ok = False
+                if ok:
+                    self.exported[spec] += payload.count
+                else:
+                    self.failed[spec] += payload.count
+        if sent:
+            self.status()
 
     def status(self, final: bool = False) -> None:
         line = json.dumps({"received": self.received, "exported": self.exported,
@@ -588,7 +638,7 @@ class _Child:
                     eof = True
                 self.buf += chunk
                 self.parse()
-            if len(self.collect.spans) >= _BATCH_SPANS or (
+            if self.waiting >= self.batch_size or (
                     self.batch_since and time.monotonic() - self.batch_since >= _BATCH_DELAY_S):
                 self.export()
         self.export()

@@ -1,0 +1,102 @@
+"""The export process's OTLP encoder: the same request, field for field, as the SDK's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+from resettrace.catalog import ATTR_EXPORT_DROPPED, INSTRUMENTATION_SCOPE
+from resettrace.tracing.materialise import build_spans
+from resettrace.tracing.otlp_wire import WireEncoder
+
+RECORDS = [  # env_step > physics, reset_done(k=3) > dr_reset > set_state (error) > mask
+    [0, -1, 1_000, 90_000, -1, 0],
+    [2, 0, 1_100, 40_000, -1, 0],
+    [4, 0, 41_000, 89_000, 3, 0],
+    [9, 2, 42_000, 88_000, -1, 0],
+    [12, 3, 43_000, 80_000, -1, 1],
+    [13, 4, 44_000, 45_500, -1, 0],
+]
+ATTRS = {"resettrace.backend.name": "mujoco", "resettrace.env.count": 1024,
+         "resettrace.task.name": "g1_walk_flat", "mylab.ratio": 0.25, "mylab.flag": True,
+         "mylab.neg": -7}
+OFFSET = 1_700_000_000 * 10**9
+RESOURCE = {"service.name": "resettrace", "process.pid": 42, "resettrace.worker.rank": 3}
+
+
+def _name(i: int) -> str:
+    return f"phase.{i}"
+
+
+def _error(code: int) -> str:
+    return "ValueError"
+
+
+def _sdk_request() -> ExportTraceServiceRequest:
+    class Keep(SpanProcessor):
+        spans: list[Any] = []
+
+        def on_end(self, span: Any) -> None:
+            self.spans.append(span)
+
+    keep = Keep()
+    provider = TracerProvider(resource=Resource(RESOURCE))
+    provider.add_span_processor(keep)
+    tracer = provider.get_tracer(INSTRUMENTATION_SCOPE)
+    build_spans(tracer, RECORDS, ATTRS, OFFSET, _error, _name, {ATTR_EXPORT_DROPPED: 5})
+    return encode_spans(keep.spans)
+
+
+def _wire_request(max_spans: int = 512) -> tuple[ExportTraceServiceRequest, int]:
+    enc = WireEncoder(RESOURCE, _name, _error)
+    enc.set_attributes(7, ATTRS)
+    enc.add_trace(7, RECORDS, OFFSET, {ATTR_EXPORT_DROPPED: 5})
+    payload = enc.take(max_spans)
+    assert payload is not None
+    return ExportTraceServiceRequest.FromString(payload.data), payload.count
+
+
+def _comparable(request: ExportTraceServiceRequest) -> dict[str, Any]:
+    """Spans by name, parents by name, ids and SDK-only flags left out."""
+    (rs,) = request.resource_spans
+    (ss,) = rs.scope_spans
+    names = {s.span_id: s.name for s in ss.spans}
+    spans = {}
+    for s in ss.spans:
+        d = MessageToDict(s)
+        for k in ("traceId", "spanId", "parentSpanId", "flags"):
+            d.pop(k, None)
+        d["attributes"] = sorted(d.get("attributes", []), key=lambda a: a["key"])
+        d["parent"] = names.get(s.parent_span_id)
+        spans[s.name] = d
+    assert len({s.trace_id for s in ss.spans}) == 1
+    resource = sorted(MessageToDict(rs.resource)["attributes"], key=lambda a: a["key"])
+    return {"resource": resource, "scope": ss.scope.name, "spans": spans}
+
+
+def test_the_wire_request_decodes_to_what_the_sdk_sends() -> None:
+    wire, count = _wire_request()
+    assert count == len(RECORDS)
+    assert _comparable(wire) == _comparable(_sdk_request())
+
+
+def test_requests_hold_whole_traces() -> None:
+    enc = WireEncoder(RESOURCE, _name, _error)
+    for _ in range(5):
+        enc.add_trace(0, RECORDS, OFFSET, {})
+    sizes = []
+    while (p := enc.take(13)) is not None:
+        req = ExportTraceServiceRequest.FromString(p.data)
+        spans = req.resource_spans[0].scope_spans[0].spans
+        assert len(spans) == p.count and len({s.trace_id for s in spans}) == p.count // 6
+        sizes.append(p.count)
+    assert sizes == [12, 12, 6]
+    big = WireEncoder(RESOURCE, _name, _error)
+    big.add_trace(0, RECORDS, OFFSET, {})
+    p = big.take(4)  # a trace larger than the cap goes whole
+    assert p is not None and p.count == 6 and big.take(4) is None
