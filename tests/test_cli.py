@@ -146,3 +146,19 @@ def test_a_signal_stops_the_collector_with_its_report_and_timing_json(
     delivered = data["export"]["exporters"][f"file:{out / 'spans.jsonl'}"]["delivered"]
     assert len(spans) == delivered > 0 and data["export"]["spans_not_delivered"] == 0
     assert "interrupted by" in stdout
+
+
+def test_export_bench_json(tmp_path) -> None:
+    path = tmp_path / "export.json"
+    r = _run(["bench", "export", "--num-envs", "4", "--rounds", "2", "--steps", "3",
+              "--warmup", "1", "--nthread", "1", "--json", str(path)])
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(path.read_text())["candidates"]
+    assert set(rows) == {"timing", "timing_aa", "child-wire", "child-sdk", "in-process"}
+    for name in ("child-wire", "child-sdk"):
+        assert rows[name]["spans_delivered"] == rows[name]["spans_received"] \
+            == rows[name]["spans_produced"] > 0
+    assert rows["in-process"]["spans_received"] == rows["in-process"]["spans_produced"] > 0
+    assert rows["timing"]["slowdown"] == 1.0 and "child us/span" in r.stdout
+    bad = _run(["bench", "export", "--rounds", "0"])
+    assert bad.returncode == 2 and "--rounds" in bad.stderr

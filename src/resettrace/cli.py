@@ -3,6 +3,7 @@
 ``resettrace bench collector``  the env step breakdown (the main job)
 ``resettrace bench overhead``   tracing off vs timing vs trace, side by side
 ``resettrace bench set-state-ab`` the shipped set_state vs the published path vs the engine floor
+``resettrace bench export``     span export designs: delivery and training slowdown
 ``resettrace run [--instrument SPEC] -- COMMAND ...``  an unmodified command, traced
 
 Tracing settings come from ``RESETTRACE`` / ``RESETTRACE_*`` / ``OTEL_*`` (see
@@ -110,6 +111,26 @@ def _overhead(args: argparse.Namespace) -> int:
         return 2
     result = run_overhead(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(render_overhead(result))
+    if args.json:
+        from resettrace.tables import write_json
+
+        write_json(Path(args.json), result)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def _export_bench(args: argparse.Namespace) -> int:
+    from resettrace.bench.export import ExportBenchConfig, render_export_bench, run_export_bench
+
+    try:
+        cfg = ExportBenchConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
+                                rounds=args.rounds, steps=args.steps, warmup=args.warmup,
+                                nthread=args.nthread)
+    except ValueError as e:
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    result = run_export_bench(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(render_export_bench(result))
     if args.json:
         from resettrace.tables import write_json
 
@@ -238,6 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="groups of rounds; each ratio is the median over the groups")
     o.add_argument("--json", default=None, help="write the result as JSON")
     o.set_defaults(func=_overhead)
+
+    x = bench.add_parser("export", help="span export designs: throughput, delivery and the "
+                                        "training slowdown, interleaved")
+    common(x, 64)
+    x.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
+    x.add_argument("--steps", type=int, default=100, help="env steps per candidate per round")
+    x.add_argument("--warmup", type=int, default=20, help="untimed steps per candidate first")
+    x.add_argument("--json", default=None, help="write the result as JSON")
+    x.set_defaults(func=_export_bench)
 
     a = bench.add_parser("set-state-ab",
                          help="set_state: published path vs shipped path vs engine floor")

@@ -122,8 +122,11 @@ def decode_request(request: trace_service_pb2.ExportTraceServiceRequest) -> list
 class _Receiver:
     """Thread-safe span store shared by both receivers, plus start/stop plumbing."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.0, *, count_only: bool = False) -> None:
         self.delay_s = float(delay_s)
+        #: only count spans (what a load test needs), keeping none
+        self.count_only = count_only
+        self.counted = 0
         self._cond = threading.Condition()
         self._spans: list[ReceivedSpan] = []
         self._requests = 0
@@ -132,6 +135,12 @@ class _Receiver:
 
     # -- records
     def _record(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
+        if self.count_only:
+            n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+            with self._cond:
+                self._requests += 1
+                self.counted += n
+            return
         decoded = decode_request(request)
         with self._cond:
             self._requests += 1
@@ -219,8 +228,9 @@ class GrpcReceiver(_Receiver):
     (so a client that times out still left its spans here, as with a real slow collector).
     """
 
-    def __init__(self, delay_s: float = 0.0, max_workers: int = 8) -> None:
-        super().__init__(delay_s)
+    def __init__(self, delay_s: float = 0.0, max_workers: int = 8, *,
+                 count_only: bool = False) -> None:
+        super().__init__(delay_s, count_only=count_only)
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
 
@@ -470,13 +480,15 @@ class ReceiverProcess:
     ``endpoint`` is known once started; :meth:`stop` returns the number of spans received.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, count_only: bool = False) -> None:
         import subprocess
         import sys
 
         from resettrace.tracing.export_process import helper_environment
 
-        self._proc = subprocess.Popen([sys.executable, "-m", "resettrace.testing.receivers"],
+        args = ["--count-only"] if count_only else []
+        self._proc = subprocess.Popen([sys.executable, "-m", "resettrace.testing.receivers",
+                                       *args],
                                       env=helper_environment(),
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self._proc.stdout is not None
@@ -509,10 +521,11 @@ def _serve_until_stdin_closes() -> None:
     except (AttributeError, OSError):
         pass
 
-    with GrpcReceiver() as rx:
+    count_only = "--count-only" in sys.argv[1:]
+    with GrpcReceiver(count_only=count_only) as rx:
         print(rx.endpoint, flush=True)
         sys.stdin.read()
-        print(len(rx.spans()), flush=True)
+        print(rx.counted if count_only else len(rx.spans()), flush=True)
 
 
 if __name__ == "__main__":

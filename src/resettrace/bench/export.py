@@ -1,0 +1,208 @@
+"""``resettrace bench export``: what span export costs training, per export design.
+
+One env is stepped under every candidate in turn (its recorder swapped, as in ``bench
+overhead``), ``steps`` env steps per candidate per round, for ``rounds`` rounds in a
+fresh random order each time, so machine noise hits every candidate alike:
+
+``timing``
+    aggregation only, no export: the reference;
+``child-wire``
+    the export child encoding OTLP protobuf straight from the packed records (shipped);
+``child-sdk``
+    the export child building SDK spans and encoding them with the SDK's exporter
+    (``RESETTRACE_OTLP_ENCODER=sdk``);
+``in-process``
+    an SDK ``BatchSpanProcessor`` with the OTLP exporter in the training process (spans
+    built there by resettrace's materialiser thread).
+
+Every exporting candidate sends OTLP/gRPC to its own receiver process on 127.0.0.1 that
+only counts spans, at idle priority (a collector elsewhere takes no CPU from training).
+Reported per candidate: env/s, slowdown against ``timing`` (median over rounds of the
+per-round ratio; ``timing_aa``, a second ``timing`` candidate, is the A/A noise), spans
+produced, delivered and counted by the receiver, and, for the export children, their CPU
+time per span in the steady state (from ``/proc``, after start-up and warm-up).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from resettrace.config import Config
+from resettrace.tables import format_table
+from resettrace.testing.receivers import ReceiverProcess
+
+__all__ = ["ExportBenchConfig", "run_export_bench", "render_export_bench"]
+
+CANDIDATES = ("timing", "timing_aa", "child-wire", "child-sdk", "in-process")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportBenchConfig:
+    task: str = "g1_walk_flat"
+    backend: str = "mujoco"
+    num_envs: int = 64
+    rounds: int = 20
+    steps: int = 100
+    warmup: int = 20
+    nthread: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_envs < 1 or self.rounds < 1 or self.steps < 1 or self.warmup < 0:
+            raise ValueError("--num-envs, --rounds and --steps must be >= 1, --warmup >= 0")
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (``/proc``), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _child_cpu(session: Any) -> float | None:
+    proc = session.process
+    return _cpu_s(proc._proc.pid) if proc is not None and proc._proc is not None else None
+
+
+def _sent(session: Any) -> int:
+    return session.process.sent_spans if session.process is not None else 0
+
+
+def _session(name: str, endpoint: str | None) -> Any:
+    from resettrace.tracing.session import Tracing
+
+    if name.startswith("timing"):
+        return Tracing(Config(mode="timing"))
+    if name == "in-process":
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from resettrace.tracing.exporters import make_otlp_exporter
+
+        cfg = Config(mode="trace", otlp_endpoint=endpoint)
+        provider = TracerProvider(resource=Resource.create({"service.name": "resettrace"}))
+        provider.add_span_processor(BatchSpanProcessor(make_otlp_exporter(cfg)))
+        session = Tracing(Config(mode="trace", queue_size=100_000), tracer_provider=provider)
+        session._bench_provider = provider  # type: ignore[attr-defined]  # ours to shut down
+        return session
+    previous = os.environ.get("RESETTRACE_OTLP_ENCODER")
+    os.environ["RESETTRACE_OTLP_ENCODER"] = "sdk" if name == "child-sdk" else "wire"
+    try:  # the child reads it when it starts
+        return Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=endpoint))
+    finally:
+        if previous is None:
+            os.environ.pop("RESETTRACE_OTLP_ENCODER", None)
+        else:
+            os.environ["RESETTRACE_OTLP_ENCODER"] = previous
+
+
+def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | None = None
+                     ) -> dict[str, Any]:
+    import resettrace
+
+    say = progress or (lambda _m: None)
+    exporting = [c for c in CANDIDATES if not c.startswith("timing")]
+    receivers = {c: ReceiverProcess(count_only=True) for c in exporting}
+    try:
+        sessions = {c: _session(c, receivers[c].endpoint if c in receivers else None)
+                    for c in CANDIDATES}
+        options: dict[str, Any] = {} if cfg.nthread is None else {"nthread": cfg.nthread}
+        env = resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
+                                  seed=cfg.seed, tracing=sessions["timing"], **options)
+        recorders = {c: sessions[c].recorder(backend=cfg.backend, task=cfg.task,
+                                             env_count=cfg.num_envs) for c in CANDIDATES}
+        rng = np.random.default_rng(cfg.seed)
+        shape = (cfg.num_envs, env.action_dim)
+        for c in CANDIDATES:
+            env.use_recorder(recorders[c])
+            for _ in range(cfg.warmup):
+                env.step(rng.normal(0.0, 1.0, shape))
+        # the children's CPU after start-up and warm-up: what follows is the steady state
+        cpu0: dict[str, tuple[float | None, int]] = {}
+        for c in CANDIDATES:
+            sessions[c].force_flush(30.0)
+            cpu0[c] = (_child_cpu(sessions[c]), _sent(sessions[c]))
+        spent: dict[str, list[float]] = {c: [] for c in CANDIDATES}
+        for r in range(cfg.rounds):
+            for c in rng.permutation(CANDIDATES):
+                env.use_recorder(recorders[str(c)])
+                t0 = time.perf_counter()
+                for _ in range(cfg.steps):
+                    env.step(rng.normal(0.0, 1.0, shape))
+                spent[str(c)].append(time.perf_counter() - t0)
+            if (r + 1) % max(1, cfg.rounds // 5) == 0 or r + 1 == cfg.rounds:
+                say(f"round {r + 1}/{cfg.rounds}")
+        env.close()
+        out: dict[str, Any] = {}
+        for c in CANDIDATES:
+            s = sessions[c]
+            s.force_flush(30.0)
+            cpu = _child_cpu(s)
+            start_cpu, start_sent = cpu0[c]
+            steady = None if cpu is None or start_cpu is None else (
+                cpu - start_cpu, _sent(s) - start_sent)
+            provider = getattr(s, "_bench_provider", None)
+            if provider is not None:
+                s.force_flush(30.0)
+                provider.force_flush(30_000)
+            s.shutdown(30.0)
+            if provider is not None:
+                provider.shutdown()
+            report = s.export_report()
+            produced = (report.get("spans_sent", 0) + report["spans_dropped"]
+                        + report.get("spans_built", 0)) if c in receivers else 0
+            out[c] = {"report": report, "steady": steady, "produced": produced}
+        for c, rx in receivers.items():
+            out[c]["received"] = rx.stop()
+    finally:
+        for rx in receivers.values():
+            rx.__exit__()
+    base = spent["timing"]
+    steps = cfg.rounds * cfg.steps
+    rows = {}
+    for c in CANDIDATES:
+        ratios = [t / b for t, b in zip(spent[c], base, strict=True)]
+        info = out[c]
+        delivered = None  # in-process: the SDK's BatchSpanProcessor counts nothing
+        if c in receivers and c != "in-process":
+            delivered = info["report"]["exporters"]["otlp"]["delivered"]
+        produced = info["produced"]
+        steady = info["steady"]
+        rows[c] = {
+            "env_per_s": cfg.num_envs * steps / sum(spent[c]),
+            "slowdown": statistics.median(ratios),
+            "slowdown_min": min(ratios), "slowdown_max": max(ratios),
+            "spans_produced": produced, "spans_delivered": delivered,
+            "spans_received": info.get("received"),
+            "child_cpu_us_per_span": None if steady is None or not steady[1]
+            else 1e6 * steady[0] / steady[1],
+        }
+    return {"config": asdict(cfg), "candidates": rows}
+
+
+def render_export_bench(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+
+    def num(v: Any) -> Any:
+        return float("nan") if v is None else v
+
+    rows = [[c, r["env_per_s"], r["slowdown"], r["slowdown_min"], r["slowdown_max"],
+             num(r["spans_produced"]), num(r["spans_delivered"]), num(r["spans_received"]),
+             num(r["child_cpu_us_per_span"])]
+            for c, r in result["candidates"].items()]
+    return format_table(
+        f"span export: {cfg['num_envs']} envs, {cfg['rounds']} rounds x {cfg['steps']} steps "
+        f"per candidate, interleaved; slowdown = candidate time / timing time per round",
+        ["candidate", "env/s", "slowdown", "min", "max", "produced", "delivered", "received",
+         "child us/span"], rows)
