@@ -553,48 +553,33 @@ class _Child:
         return self.wire.pending if self.wire is not None else len(self.collect.spans)
 
     def export(self) -> None:
-        if self.wire is not None:
-            self._export_wire()
-            return
-        spans = self.collect.spans
-        if not spans:
-            return
-        self.collect.spans = []
+        """Hand what waits to every exporter, in capped batches, and count the outcome."""
         self.batch_since = 0.0
+        if self.wire is not None:  # encoded requests of whole traces
+            batches: list[tuple[Any, int]] = []
+            while (payload := self.wire.take(self.batch_size)) is not None:
+                batches.append((payload, payload.count))
+            send = "export_payload"
+        else:  # SDK spans
+            spans, self.collect.spans = self.collect.spans, []
+            batches = [(b, len(b)) for b in _batches(spans, self.batch_size)]
+            send = "export"
+        if not batches:
+            return
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        for batch in _batches(spans, self.batch_size):
+        for batch, count in batches:
             for spec, exporter in self.exporters:
                 try:
-                    ok = exporter.export(batch) == SpanExportResult.SUCCESS
+                    ok = getattr(exporter, send)(batch) == SpanExportResult.SUCCESS
                 except Exception as e:
                     print(f"resettrace export process: {spec!r} failed: {e}", file=sys.stderr)
                     ok = False
                 if ok:
-                    self.exported[spec] += len(batch)
+                    self.exported[spec] += count
                 else:
-                    self.failed[spec] += len(batch)
+                    self.failed[spec] += count
         self.status()
-
-    def _export_wire(self) -> None:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        self.batch_since = 0.0
-        sent = False
-        while (payload := self.wire.take(self.batch_size)) is not None:
-            sent = True
-            for spec, exporter in self.exporters:
-                try:
-                    ok = exporter.export_payload(payload) == SpanExportResult.SUCCESS
-                except Exception as e:
-                    print(f"resettrace export process: {spec!r} failed: {e}", file=sys.stderr)
-                    ok = False
-                if ok:
-                    self.exported[spec] += payload.count
-                else:
-                    self.failed[spec] += payload.count
-        if sent:
-            self.status()
 
     def status(self, final: bool = False) -> None:
         line = json.dumps({"received": self.received, "exported": self.exported,
