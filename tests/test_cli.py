@@ -162,3 +162,10 @@ def test_export_bench_json(tmp_path) -> None:
     assert rows["timing"]["slowdown"] == 1.0 and "child us/span" in r.stdout
     bad = _run(["bench", "export", "--rounds", "0"])
     assert bad.returncode == 2 and "--rounds" in bad.stderr
+    missing = _run(["bench", "export", "--model", str(tmp_path / "none.xml"), "--rounds", "1"])
+    assert missing.returncode == 2 and "model file not found" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    unwritable = _run(["bench", "export", "--num-envs", "4", "--rounds", "1", "--steps", "1",
+                       "--warmup", "0", "--nthread", "1", "--json", str(tmp_path)])
+    assert unwritable.returncode == 2 and "cannot write" in unwritable.stderr
+    assert "Traceback" not in unwritable.stderr

@@ -98,6 +98,21 @@ def _collector(args: argparse.Namespace) -> int:
     return 0
 
 
+def _save_json(path: str | None, result: Any) -> int:
+    """Write a benchmark's ``--json`` file (if asked): 0, or 2 with one line on failure."""
+    if not path:
+        return 0
+    from resettrace.tables import write_json
+
+    try:
+        write_json(Path(path), result)
+    except OSError as e:
+        print(f"resettrace: cannot write {path}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(f"\nwrote {path}")
+    return 0
+
+
 def _overhead(args: argparse.Namespace) -> int:
     from resettrace.bench.overhead import OverheadConfig, render_overhead, run_overhead
 
@@ -109,14 +124,13 @@ def _overhead(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
-    result = run_overhead(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        result = run_overhead(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except (ValueError, FileNotFoundError) as e:  # a model or task that cannot be used
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
     print(render_overhead(result))
-    if args.json:
-        from resettrace.tables import write_json
-
-        write_json(Path(args.json), result)
-        print(f"\nwrote {args.json}")
-    return 0
+    return _save_json(args.json, result)
 
 
 def _export_bench(args: argparse.Namespace) -> int:
@@ -125,18 +139,17 @@ def _export_bench(args: argparse.Namespace) -> int:
     try:
         cfg = ExportBenchConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
                                 rounds=args.rounds, steps=args.steps, warmup=args.warmup,
-                                nthread=args.nthread)
+                                model=args.model, nthread=args.nthread)
     except ValueError as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
-    result = run_export_bench(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        result = run_export_bench(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except (ValueError, FileNotFoundError) as e:  # a model or task that cannot be used
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
     print(render_export_bench(result))
-    if args.json:
-        from resettrace.tables import write_json
-
-        write_json(Path(args.json), result)
-        print(f"\nwrote {args.json}")
-    return 0
+    return _save_json(args.json, result)
 
 
 def _set_state_ab(args: argparse.Namespace) -> int:
@@ -161,12 +174,7 @@ def _set_state_ab(args: argparse.Namespace) -> int:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
     print(render_set_state_ab(result, per_key=not args.no_per_key))
-    if args.json:
-        from resettrace.tables import write_json
-
-        write_json(Path(args.json), result)
-        print(f"\nwrote {args.json}")
-    return 0
+    return _save_json(args.json, result)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -51,6 +51,7 @@ class ExportBenchConfig:
     rounds: int = 20
     steps: int = 100
     warmup: int = 20
+    model: str | None = None
     nthread: int | None = None
     seed: int = 0
 
@@ -119,7 +120,8 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
                     for c in CANDIDATES}
         options: dict[str, Any] = {} if cfg.nthread is None else {"nthread": cfg.nthread}
         env = resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
-                                  seed=cfg.seed, tracing=sessions["timing"], **options)
+                                  model=cfg.model, seed=cfg.seed, tracing=sessions["timing"],
+                                  **options)
         recorders = {c: sessions[c].recorder(backend=cfg.backend, task=cfg.task,
                                              env_count=cfg.num_envs) for c in CANDIDATES}
         rng = np.random.default_rng(cfg.seed)
