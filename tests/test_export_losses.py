@@ -277,3 +277,27 @@ def test_a_backlog_after_a_paused_child_is_sent_in_capped_batches_and_counted_ri
     assert delivered == received  # what the receiver holds, no more, no less
     assert report["exporters"]["otlp"]["undelivered"] == produced - received
     assert requests >= received / 512  # no request above the batch cap
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_spans_whose_answer_timed_out_are_counted_as_timed_out(protocol: str) -> None:
+    """The receiver took the request but answered after the client's timeout: the spans
+    are not delivered (never acknowledged), and the report says the receiver may hold them."""
+    from resettrace.bench.collector import render_export
+    from resettrace.testing.receivers import GrpcReceiver, HttpReceiver
+
+    rx = GrpcReceiver(delay_s=1.5) if protocol == "grpc" else HttpReceiver(delay_s=1.5)
+    with rx:
+        session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
+                                 otlp_protocol=protocol, otlp_timeout_s=0.3,
+                                 shutdown_timeout_s=10))
+        _traces(session, 4)
+        assert session.force_flush(10)
+        session.shutdown()
+        received = len(rx.wait_for(12, timeout=5))
+    otlp = session.export_report()["exporters"]["otlp"]
+    assert received == 12  # the receiver holds them ...
+    assert otlp["delivered"] == 0  # ... but never acknowledged them in time
+    assert otlp["failed"] == otlp["timed_out"] == 12
+    assert otlp["delivered"] <= received <= otlp["delivered"] + otlp["timed_out"]
+    assert "12 of them timed out" in render_export(session.export_report())

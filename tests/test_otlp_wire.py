@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import numpy as np
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -100,3 +102,67 @@ def test_requests_hold_whole_traces() -> None:
     big.add_trace(0, RECORDS, OFFSET, {})
     p = big.take(4)  # a trace larger than the cap goes whole
     assert p is not None and p.count == 6 and big.take(4) is None
+
+
+def _spans_of(spans: Any) -> dict[str, Any]:
+    names = {s.span_id: s.name for s in spans}
+    out = {}
+    for s in spans:
+        d = MessageToDict(s)
+        for k in ("traceId", "spanId", "parentSpanId", "flags"):
+            d.pop(k, None)
+        d["attributes"] = sorted(d.get("attributes", []), key=lambda a: a["key"])
+        d["parent"] = names.get(s.parent_span_id)
+        out[s.name] = d
+    return out
+
+
+def test_traces_encoded_together_match_the_sdk_one_by_one() -> None:
+    """Many traces in one call, of several shapes and reset counts of every varint
+    length: each decodes to what the SDK sends for it alone, with ids of its own."""
+    counts = [0, 3, 127, 128, 300, 16_383, 16_384, 70_000, 2**40, 3]
+    variants = []
+    for i, k in enumerate(counts):
+        records = [list(r) for r in RECORDS]
+        records[2][4] = k
+        for r in records:
+            r[2] += 1_000_000 * i  # times of its own
+            r[3] += 1_000_000 * i
+        variants.append(records if i % 3 else records[:2])  # two shapes, interleaved
+    enc = WireEncoder(RESOURCE, _name, _error)
+    enc.set_attributes(7, ATTRS)
+    enc.add_traces(7, OFFSET, {ATTR_EXPORT_DROPPED: 5},
+                   np.array([r for v in variants for r in v], dtype=np.int64),
+                   [len(v) for v in variants])
+    payload = enc.take(10_000)
+    assert payload is not None and enc.take(10_000) is None
+    spans = ExportTraceServiceRequest.FromString(payload.data).resource_spans[0] \
+        .scope_spans[0].spans
+    assert payload.count == len(spans) == sum(map(len, variants))
+    assert len({s.span_id for s in spans}) == len(spans)
+    by_trace: dict[bytes, list[Any]] = {}
+    for s in spans:
+        by_trace.setdefault(s.trace_id, []).append(s)
+    assert len(by_trace) == len(variants)
+    def canon(d: dict[str, Any]) -> str:
+        return json.dumps(d, sort_keys=True)
+
+    got = sorted(canon(_spans_of(t)) for t in by_trace.values())
+
+    def sdk(records: list[list[int]]) -> dict[str, Any]:
+        class Keep(SpanProcessor):
+            def __init__(self) -> None:
+                self.spans: list[Any] = []
+
+            def on_end(self, span: Any) -> None:
+                self.spans.append(span)
+
+        keep = Keep()
+        provider = TracerProvider(resource=Resource(RESOURCE))
+        provider.add_span_processor(keep)
+        build_spans(provider.get_tracer(INSTRUMENTATION_SCOPE), records, ATTRS, OFFSET,
+                    _error, _name, {ATTR_EXPORT_DROPPED: 5})
+        req = encode_spans(keep.spans)
+        return _spans_of(req.resource_spans[0].scope_spans[0].spans)
+
+    assert got == sorted(canon(sdk(v)) for v in variants)

@@ -363,8 +363,15 @@ def render_export(exp: Mapping[str, Any]) -> str:
              f"{exp.get('spans_sampled_out', 0)} sampled out, "
              f"{exp.get('spans_pending', 0)} pending"]
     for name, e in (exp.get("exporters") or {}).items():
+        failed = ""
+        if e.get("failed"):
+            failed = f" ({e['failed']} failed to send"
+            if e.get("timed_out"):
+                failed += (f", {e['timed_out']} of them timed out waiting for the answer:"
+                           " the receiver may hold those")
+            failed += ")"
         lines.append(f"  {name}: {e['delivered']} delivered, {e['undelivered']} not delivered"
-                     + (f" ({e['failed']} failed to send)" if e.get("failed") else ""))
+                     + failed)
     return "\n".join(lines)
 
 

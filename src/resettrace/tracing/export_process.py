@@ -2,11 +2,12 @@
 
 Building an SDK span costs tens of microseconds and OTLP encoding about as much,
 all under the GIL. :class:`ProcessExporter` (the recorder sink, in the training
-process) instead packs each finished trace into one ``array('q')`` and writes it
+process) instead packs each finished trace into one ``struct`` of int64 and writes it
 to a non-blocking pipe; a child process (``python -m
-resettrace.tracing.export_process``) rebuilds the spans with their exact
-timestamps and parent links and hands them to the configured exporters (OTLP,
-span files) in batches.
+resettrace.tracing.export_process``) turns the records into spans with their exact
+timestamps and parent links and hands them to the configured exporters in batches:
+OTLP requests encoded straight from the records (:mod:`resettrace.tracing.otlp_wire`)
+when every exporter is ``otlp``, SDK spans for the span file formats.
 
 Nothing here blocks the training thread: bytes the pipe cannot take wait in a
 bounded buffer, and a trace that does not fit is dropped and counted. When the
@@ -41,10 +42,11 @@ import sys
 import threading
 import time
 import weakref
-from array import array
 from collections import deque
 from itertools import chain
 from typing import Any
+
+import numpy as np
 
 from resettrace.catalog import ATTR_EXPORT_DROPPED, ATTR_WORKER_RANK, CATALOG, Catalog
 from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, error_name
@@ -78,13 +80,15 @@ _TRACE = struct.Struct("<IIq")
 _FLUSH = struct.Struct("<I")
 _PIPE_BYTES = 1 << 20  # ask the kernel for a 1 MiB pipe
 _F_SETPIPE_SZ = 1031
-#: spans per export call in the child, and the longest a span waits for its batch
+#: spans per export call in the child, and the longest a span waits for its batch (ms;
+#: ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` and ``OTEL_BSP_SCHEDULE_DELAY`` set them)
 _BATCH_SPANS = 512
-_BATCH_DELAY_S = 0.2
+_BATCH_DELAY_MS = 1000
 #: the training process writes to the pipe once this much is queued, or this long after
-#: its last write
-_WRITE_BYTES = 32 << 10
-_WRITE_DELAY_S = 0.05
+#: its last write: few, large writes wake the child seldom (each wake-up costs it far more
+#: than the spans it then encodes)
+_WRITE_BYTES = 256 << 10
+_WRITE_DELAY_S = 0.25
 _now = time.monotonic
 #: struct per record count: frame header, trace header and every record field in one call
 _PACKERS: dict[int, struct.Struct] = {}
@@ -311,8 +315,11 @@ class ProcessExporter:
             recorded = self.sent_spans + self.dropped_spans
             exported = self._status.get("exported", {})
             failed = self._status.get("failed", {})
+            timed_out = self._status.get("timed_out", {})
+            # timed out: sent, never acknowledged; the receiver may hold them or not
             per = {name: {"delivered": int(exported.get(name, 0)),
                           "failed": int(failed.get(name, 0)),
+                          "timed_out": int(timed_out.get(name, 0)),
                           "undelivered": recorded - int(exported.get(name, 0))}
                    for name in self._settings.get("exporters", [])}
             return {"spans_sent": self.sent_spans, "spans_dropped": self.dropped_spans,
@@ -443,6 +450,15 @@ def _batch_size() -> int:
                        minimum=1))
 
 
+def _batch_delay_s() -> float:
+    """The longest a span waits for its export call: ``OTEL_BSP_SCHEDULE_DELAY`` ms
+    (default 1000)."""
+    from resettrace.config import _number
+
+    return float(_number(os.environ, "OTEL_BSP_SCHEDULE_DELAY", float, _BATCH_DELAY_MS,
+                         minimum=0)) / 1000.0
+
+
 class _Child:
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -452,15 +468,21 @@ class _Child:
         self.exporters: list[tuple[str, Any]] = []
         self.exported: dict[str, int] = {}
         self.failed: dict[str, int] = {}
+        #: of ``failed``: sent and not acknowledged in time (the receiver may hold them)
+        self.timed_out: dict[str, int] = {}
         self.received = 0
         self.flushed = 0
         self.batch_since = 0.0
         self.stop = False
         self.batch_size = _batch_size()
+        self.batch_delay = _batch_delay_s()
         self.tracer: Any = None
         self.collect = _collector()
         #: OTLP encoded straight from the records (every exporter is ``otlp``); else None
         self.wire: Any = None
+        #: traces of one recorder with the same root attributes waiting to be encoded:
+        #: (recorder id, dropped count, record bytes, record counts)
+        self.run_of: tuple[int, int, list[bytes], list[int]] | None = None
 
     def setup(self, settings: dict[str, Any]) -> None:
         from opentelemetry.sdk.resources import Resource
@@ -490,7 +512,7 @@ class _Child:
                     lambda code: self.errors.get(code, error_name(code)))
                 for spec in settings["exporters"]:
                     self.exporters.append((spec, wire))
-                    self.exported[spec] = self.failed[spec] = 0
+                    self.exported[spec] = self.failed[spec] = self.timed_out[spec] = 0
                 return
         for spec in settings["exporters"]:
             try:
@@ -500,23 +522,27 @@ class _Child:
             except Exception as e:  # a bad exporter must not stop the others
                 print(f"resettrace export process: cannot create {spec!r}: {e}",
                       file=sys.stderr)
-            self.exported[spec] = 0
-            self.failed[spec] = 0
+            self.exported[spec] = self.failed[spec] = self.timed_out[spec] = 0
 
     def handle(self, kind: int, payload: memoryview) -> None:
         if kind == ord("T"):
             rid, n, dropped = _TRACE.unpack_from(payload)
-            ints = array("q")
-            ints.frombytes(payload[_TRACE.size:])
-            records = [ints[i:i + RECORD_FIELDS].tolist()
-                       for i in range(0, n * RECORD_FIELDS, RECORD_FIELDS)]
             attrs, offset = self.recorders[rid]
             self.received += n
             if not self.batch_since:
                 self.batch_since = time.monotonic()
-            if self.wire is not None:
-                self.wire.add_trace(rid, records, offset, {ATTR_EXPORT_DROPPED: dropped})
+            data = payload[_TRACE.size:_TRACE.size + 8 * RECORD_FIELDS * n]
+            if self.wire is not None:  # encoded with the traces that follow it in the pipe
+                run = self.run_of
+                if run is not None and (run[0] != rid or run[1] != dropped):
+                    self.encode_run()
+                    run = None
+                if run is None:
+                    self.run_of = run = (rid, dropped, [], [])
+                run[2].append(bytes(data))  # a copy: the parse buffer is resized next
+                run[3].append(n)
                 return
+            records = np.frombuffer(data, dtype="<i8").reshape(n, RECORD_FIELDS).tolist()
             from resettrace.tracing.materialise import build_spans
 
             phases = self.phases
@@ -524,7 +550,9 @@ class _Child:
                         lambda code: self.errors.get(code, error_name(code)),
                         lambda i: phases.get(i) or f"resettrace.phase.{i}",
                         {ATTR_EXPORT_DROPPED: dropped})
-        elif kind == ord("R"):
+            return
+        self.encode_run()  # a frame of another kind: the traces before it come first
+        if kind == ord("R"):
             rid, offset = _REGISTER.unpack_from(payload)
             self.recorders[rid] = (json.loads(bytes(payload[_REGISTER.size:])), offset)
             if self.wire is not None:
@@ -546,6 +574,14 @@ class _Child:
             self.stop = True
         elif kind == ord("C"):
             self.setup(json.loads(bytes(payload)))
+
+    def encode_run(self) -> None:
+        run, self.run_of = self.run_of, None
+        if run is not None:
+            rid, dropped, data, sizes = run
+            records = np.frombuffer(b"".join(data), dtype="<i8").reshape(-1, RECORD_FIELDS)
+            self.wire.add_traces(rid, self.recorders[rid][1], {ATTR_EXPORT_DROPPED: dropped},
+                                 records, sizes)
 
     @property
     def waiting(self) -> int:
@@ -579,11 +615,14 @@ class _Child:
                     self.exported[spec] += count
                 else:
                     self.failed[spec] += count
+                    if getattr(exporter, "timed_out", False):
+                        self.timed_out[spec] += count
         self.status()
 
     def status(self, final: bool = False) -> None:
         line = json.dumps({"received": self.received, "exported": self.exported,
-                           "failed": self.failed, "flush": self.flushed, "final": final})
+                           "failed": self.failed, "timed_out": self.timed_out,
+                           "flush": self.flushed, "final": final})
         with contextlib.suppress(OSError):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
@@ -605,14 +644,18 @@ class _Child:
             pos = end
         view.release()
         del buf[:pos]
+        try:
+            self.encode_run()
+        except Exception as e:
+            print(f"resettrace export process: cannot encode traces: {e!r}", file=sys.stderr)
 
     def run(self) -> None:
         fd = sys.stdin.fileno()
         eof = False
         while not (eof or self.stop):
-            wait = _BATCH_DELAY_S
+            wait = None  # nothing waits to be exported: sleep until the pipe has data
             if self.batch_since:
-                wait = max(0.0, self.batch_since + _BATCH_DELAY_S - time.monotonic())
+                wait = max(0.0, self.batch_since + self.batch_delay - time.monotonic())
             try:
                 ready, _, _ = select.select([fd], [], [], wait)
             except InterruptedError:
@@ -624,7 +667,7 @@ class _Child:
                 self.buf += chunk
                 self.parse()
             if self.waiting >= self.batch_size or (
-                    self.batch_since and time.monotonic() - self.batch_since >= _BATCH_DELAY_S):
+                    self.batch_since and time.monotonic() - self.batch_since >= self.batch_delay):
                 self.export()
         self.export()
         for _, exporter in self.exporters:

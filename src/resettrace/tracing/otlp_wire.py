@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import random
 import struct
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from resettrace.catalog import ATTR_RESET_COUNT, INSTRUMENTATION_SCOPE
 
 __all__ = ["WireEncoder", "Payload", "make_wire_exporter"]
 
-_Q = struct.Struct("<Q")
 _SPAN_KIND_INTERNAL = b"\x30\x01"  # field 6 (kind), varint 1
 _STATUS_ERROR_CODE = b"\x18\x02"  # Status field 3 (code), varint 2 = ERROR
 _STATUS_UNSET = b"\x7a\x00"  # an empty Status (field 15), as the SDK sends
@@ -78,8 +80,107 @@ class Payload:
         self.count = count
 
 
+_U64 = np.dtype("<u8")  # fixed64 and ids, little-endian on every machine
+#: a count below _VARINT_LIMITS[i] takes i bytes as a varint (0: no count, none sent)
+_VARINT_LIMITS = np.array([0] + [1 << (7 * i) for i in range(1, 9)], dtype=np.int64)
+_MAX_SHAPES = 512  # trace shapes kept; beyond that the cache starts again
+
+
+def _value(body: bytearray, slots: list[tuple[int, int]], tag: bytes, index: int) -> None:
+    """A field of 8 bytes (an id or a time) whose value each trace writes in."""
+    body.extend(tag)
+    slots.append((len(body), index))
+    body.extend(bytes(8))
+
+
+class _Shape:
+    """The encoding of every trace of one shape: the same phases under the same parents,
+    with the same errors and reset counts of the same varint lengths.
+
+    ``template`` is the trace's spans with zeros where the values of one trace go.
+    ``pos8`` are the byte positions of its 8-byte values, filled from ``values[src]``,
+    where ``values`` is the trace id halves, the span ids, then each record's start and
+    end; ``cpos`` those of the reset-count varints: the count of record ``crow``, shifted
+    right by ``cshift``, low 7 bits, or'ed with ``ccont`` (the continuation bit).
+    """
+
+    __slots__ = ("template", "pos8", "src", "cpos", "crow", "cshift", "ccont")
+
+    def __init__(self, enc: WireEncoder, rid: int, records: np.ndarray, lengths: np.ndarray,
+                 root_attrs: bytes) -> None:
+        n = len(records)
+        attrs = enc._attrs.get(rid, b"")
+        count_key = _field(1, ATTR_RESET_COUNT.encode())
+        out = bytearray()
+        pos8: list[int] = []
+        src: list[int] = []
+        cpos: list[int] = []
+        crow: list[int] = []
+        cshift: list[int] = []
+        ccont: list[int] = []
+        count_row = list(range(n))  # the record whose count a span carries
+        for i in range(n):
+            phase, parent, _start, _end, count, error = (int(v) for v in records[i])
+            if count < 0 and parent >= 0:
+                count_row[i] = count_row[parent]  # no count of its own: its parent's
+            length = int(lengths[count_row[i]])
+            name = enc._names.get(phase)
+            if name is None:
+                name = enc._names[phase] = _field(5, enc._span_name(phase).encode())
+            body = bytearray()
+            slots: list[tuple[int, int]] = []  # (offset in body, index into values)
+            body.extend(b"\x0a\x10")  # trace_id: two values
+            slots += [(2, 0), (10, 1)]
+            body.extend(bytes(16))
+            _value(body, slots, b"\x12\x08", 2 + i)
+            if parent >= 0:
+                _value(body, slots, b"\x22\x08", 2 + parent)
+            body.extend(name + _SPAN_KIND_INTERNAL)
+            _value(body, slots, b"\x39", 2 + n + 2 * i)
+            _value(body, slots, b"\x41", 3 + n + 2 * i)
+            body.extend(attrs)
+            varint_at = -1
+            if length:  # KeyValue{key, AnyValue{int_value: varint of `length` bytes}}
+                any_value = b"\x18" + bytes(length)
+                kv = count_key + b"\x12" + _varint(len(any_value)) + any_value
+                body.extend(b"\x4a" + _varint(len(kv)))
+                varint_at = len(body) + len(kv) - length
+                body.extend(kv)
+            if parent < 0:
+                body.extend(root_attrs)
+            if error:
+                body.extend(_field(15, _field(2, enc._error_name(error).encode())
+                                   + _STATUS_ERROR_CODE))
+            else:
+                body.extend(_STATUS_UNSET)
+            head = b"\x12" + _varint(len(body))
+            at = len(out) + len(head)
+            for offset, index in slots:
+                pos8.append(at + offset)
+                src.append(index)
+            for b in range(length):
+                cpos.append(at + varint_at + b)
+                crow.append(count_row[i])
+                cshift.append(7 * b)
+                ccont.append(0x80 if b < length - 1 else 0)
+            out += head + body
+        self.template = np.frombuffer(bytes(out), dtype=np.uint8)
+        self.pos8 = (np.array(pos8, dtype=np.intp)[:, None] + np.arange(8)).ravel()
+        self.src = np.array(src, dtype=np.intp)
+        self.cpos = np.array(cpos, dtype=np.intp)
+        self.crow = np.array(crow, dtype=np.intp)
+        self.cshift = np.array(cshift, dtype=np.int64)
+        self.ccont = np.array(ccont, dtype=np.int64)
+
+
 class WireEncoder:
-    """Encodes recorder traces as OTLP spans; :meth:`take` cuts them into requests."""
+    """Encodes recorder traces as OTLP spans; :meth:`take` cuts them into requests.
+
+    Traces repeat a few shapes (the same phases under the same parents), so each shape is
+    encoded once, as a template; the traces of one shape are then encoded together by a
+    handful of array operations that write their ids, times and reset counts into copies
+    of the template.
+    """
 
     def __init__(self, resource: Mapping[str, Any], span_name: Callable[[int], str],
                  error_name: Callable[[int], str]) -> None:
@@ -88,74 +189,84 @@ class WireEncoder:
         self._span_name = span_name
         self._error_name = error_name
         self._names: dict[int, bytes] = {}
-        self._counts: dict[int, bytes] = {}
         self._attrs: dict[int, bytes] = {}
-        self._rng = random.Random()
-        self._spans: list[bytes] = []  # each a ScopeSpans.spans field
-        self._trace_ends: list[int] = []  # span counts at the end of each trace
+        self._shapes: dict[tuple[Any, ...], _Shape] = {}
+        self._rand = random.Random().getrandbits
+        self._traces: deque[tuple[bytes, int]] = deque()  # (encoded spans, span count)
+        self._pending = 0
 
     def set_attributes(self, rid: int, attrs: Mapping[str, Any]) -> None:
         """The span attributes of recorder ``rid`` (sent again when they change)."""
         self._attrs[rid] = _attributes(9, attrs)
+        self._shapes.clear()
 
     @property
     def pending(self) -> int:
-        return len(self._spans)
+        return self._pending
 
-    def add_trace(self, rid: int, records: Sequence[Sequence[int]], offset: int,
+    def add_trace(self, rid: int, records: Any, offset: int,
                   root_attrs: Mapping[str, Any]) -> None:
         """Encode one trace (records as the recorder made them, clocks + ``offset``)."""
-        getrandbits = self._rng.getrandbits
-        trace_id = _field(1, getrandbits(128).to_bytes(16, "big"))
-        span_ids = [getrandbits(64).to_bytes(8, "big") for _ in records]
-        attrs = self._attrs.get(rid, b"")
-        root = _attributes(9, root_attrs)
-        names, count_fields = self._names, self._counts
-        counts: list[int] = []
-        spans = self._spans
-        pack = _Q.pack
-        for i, r in enumerate(records):
-            phase, parent, start, end, count, error = r
-            if count < 0 and parent >= 0:
-                count = counts[parent]
-            counts.append(count)
-            name = names.get(phase)
-            if name is None:
-                name = names[phase] = _field(5, self._span_name(phase).encode())
-            parts = [trace_id, b"\x12\x08", span_ids[i]]
-            if parent >= 0:
-                parts += (b"\x22\x08", span_ids[parent])
-            parts += (name, _SPAN_KIND_INTERNAL, b"\x39", pack(start + offset), b"\x41",
-                      pack(end + offset), attrs)
-            if count >= 0:
-                c = count_fields.get(count)
-                if c is None:
-                    c = count_fields[count] = _field(9, key_value(ATTR_RESET_COUNT, count))
-                parts.append(c)
-            if parent < 0:
-                parts.append(root)
-            if error:
-                parts.append(_field(15, _field(2, self._error_name(error).encode())
-                                    + _STATUS_ERROR_CODE))
-            else:
-                parts.append(_STATUS_UNSET)
-            body = b"".join(parts)
-            spans.append(b"\x12" + _varint(len(body)) + body)
-        self._trace_ends.append(len(spans))
+        a = np.asarray(records, dtype=np.int64).reshape(-1, 6)
+        self.add_traces(rid, offset, root_attrs, a, [len(a)])
+
+    def add_traces(self, rid: int, offset: int, root_attrs: Mapping[str, Any],
+                   records: np.ndarray, sizes: Sequence[int]) -> None:
+        """Encode traces of recorder ``rid`` with the same root attributes: ``records``
+        (int64, ``(sum(sizes), 6)``) holds them one after another, ``sizes`` their record
+        counts. The traces of one shape are encoded in one pass."""
+        lengths = np.searchsorted(_VARINT_LIMITS, records[:, 4], side="right")
+        structure = np.concatenate((records[:, (0, 1, 5)], lengths[:, None]), axis=1)
+        groups: dict[bytes, list[int]] = {}
+        at = 0
+        for n in sizes:
+            if n:
+                groups.setdefault(structure[at:at + n].tobytes(), []).append(at)
+            at += n
+        root = tuple(root_attrs.items())
+        for key_bytes, starts in groups.items():
+            n = len(key_bytes) // (4 * 8)
+            key = (rid, root, key_bytes)
+            shape = self._shapes.get(key)
+            first = starts[0]
+            if shape is None:
+                if len(self._shapes) >= _MAX_SHAPES:
+                    self._shapes.clear()
+                shape = self._shapes[key] = _Shape(
+                    self, rid, records[first:first + n], lengths[first:first + n],
+                    _attributes(9, root_attrs))
+            k = len(starts)
+            recs = records[first:first + n][None] if k == 1 else \
+                records[(np.array(starts)[:, None] + np.arange(n)).ravel()].reshape(k, n, 6)
+            words = k * (2 + n)
+            ids = np.frombuffer(self._rand(64 * words).to_bytes(8 * words, "little"),
+                                dtype=_U64).reshape(k, 2 + n)
+            times = (recs[:, :, 2:4] + offset).astype(_U64).reshape(k, 2 * n)
+            size = len(shape.template)
+            out = np.empty((k, size), dtype=np.uint8)
+            out[:] = shape.template
+            values = np.concatenate((ids, times), axis=1)
+            out[:, shape.pos8] = np.ascontiguousarray(values[:, shape.src]).view(np.uint8)
+            if len(shape.cpos):
+                out[:, shape.cpos] = (recs[:, shape.crow, 4] >> shape.cshift) & 0x7F \
+                    | shape.ccont
+            blob = out.tobytes()
+            self._traces.extend((blob[i * size:(i + 1) * size], n) for i in range(k))
+            self._pending += k * n
 
     def take(self, max_spans: int) -> Payload | None:
         """The next request: whole traces up to ``max_spans`` spans (one trace if larger)."""
-        if not self._spans:
+        traces = self._traces
+        if not traces:
             return None
-        ends = self._trace_ends
-        n = ends[0]
-        for e in ends:
-            if e > max_spans:
-                break
-            n = e
-        batch, self._spans = self._spans[:n], self._spans[n:]
-        self._trace_ends = [e - n for e in ends if e > n]
-        scope_spans = _field(2, self._scope + b"".join(batch))  # ResourceSpans.scope_spans
+        data, n = traces.popleft()
+        parts = [data]
+        while traces and n + traces[0][1] <= max_spans:
+            data, k = traces.popleft()
+            parts.append(data)
+            n += k
+        self._pending -= n
+        scope_spans = _field(2, self._scope + b"".join(parts))  # ResourceSpans.scope_spans
         request = _field(1, self._resource + scope_spans)  # Request.resource_spans
         return Payload(request, n)
 
@@ -188,20 +299,34 @@ def _grpc_exporter(config: Any) -> Any:
 
     passthrough = hasattr(OTLPSpanExporter, "_initialize_channel_and_stub")
 
-    class _RawStub:
-        """The TraceService stub, taking requests already encoded as they are."""
+    import grpc
 
-        def __init__(self, channel: Any) -> None:
-            self.Export = channel.unary_unary(
+    class _RawStub:
+        """The TraceService stub, taking requests already encoded as they are; it marks
+        ``owner.timed_out`` when an attempt ran out of time (sent, not acknowledged)."""
+
+        def __init__(self, channel: Any, owner: Any) -> None:
+            self._export = channel.unary_unary(
                 "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
                 request_serializer=lambda r: r if isinstance(r, bytes) else
                 r.SerializeToString(),
                 response_deserializer=ExportTraceServiceResponse.FromString)
+            self._owner = owner
+
+        def Export(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 (the gRPC name)
+            try:
+                return self._export(*args, **kwargs)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    self._owner.timed_out = True
+                raise
 
     class WireGrpcExporter(OTLPSpanExporter):
+        timed_out = False  # the last export_payload: an attempt timed out
+
         def _initialize_channel_and_stub(self) -> None:
             super()._initialize_channel_and_stub()
-            self._client = _RawStub(self._channel)  # type: ignore[assignment]
+            self._client = _RawStub(self._channel, self)  # type: ignore[assignment]
 
         def _translate_data(self, data: Any) -> Any:
             if isinstance(data, Payload):  # bytes go out as they are (else parsed first)
@@ -213,6 +338,7 @@ def _grpc_exporter(config: Any) -> Any:
             return data.count if isinstance(data, Payload) else super()._count_data(data)
 
         def export_payload(self, payload: Payload) -> Any:
+            self.timed_out = False
             return self._export(payload)  # type: ignore[arg-type]
 
     return WireGrpcExporter(endpoint=config.endpoint,
@@ -230,10 +356,16 @@ def _http_exporter(config: Any) -> Any:
         return None
 
     def export_payload(payload: Payload) -> Any:
+        exporter.timed_out = False  # type: ignore[attr-defined]
         if getattr(exporter, "_shutdown", False):
             return SpanExportResult.FAILURE
         result = client.export(payload.data)
-        return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
+        if result.success:
+            return SpanExportResult.SUCCESS
+        # sent and no response in time (a connect timeout never reached the receiver)
+        name = type(getattr(result, "error", None)).__name__
+        exporter.timed_out = "Timeout" in name and "Connect" not in name  # type: ignore[attr-defined]
+        return SpanExportResult.FAILURE
 
     exporter.export_payload = export_payload  # type: ignore[attr-defined]
     return exporter
