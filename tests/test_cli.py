@@ -162,6 +162,15 @@ def test_export_bench_json(tmp_path) -> None:
     assert rows["timing"]["slowdown"] == 1.0 and "child us/span" in r.stdout
     bad = _run(["bench", "export", "--rounds", "0"])
     assert bad.returncode == 2 and "--rounds" in bad.stderr
+    unknown = _run(["bench", "export", "--candidates", "child-wire", "nope"])
+    assert unknown.returncode == 2 and "got nope" in unknown.stderr
+    one = tmp_path / "one.json"
+    r = _run(["bench", "export", "--num-envs", "4", "--rounds", "1", "--steps", "2",
+              "--warmup", "0", "--nthread", "1", "--candidates", "child-wire",
+              "--json", str(one)])
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads(one.read_text())["candidates"]) == {"timing", "timing_aa",
+                                                             "child-wire"}
     missing = _run(["bench", "export", "--model", str(tmp_path / "none.xml"), "--rounds", "1"])
     assert missing.returncode == 2 and "model file not found" in missing.stderr
     assert "Traceback" not in missing.stderr

@@ -139,7 +139,8 @@ def _export_bench(args: argparse.Namespace) -> int:
     try:
         cfg = ExportBenchConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
                                 rounds=args.rounds, steps=args.steps, warmup=args.warmup,
-                                model=args.model, nthread=args.nthread)
+                                model=args.model, nthread=args.nthread,
+                                candidates=tuple(args.candidates))
     except ValueError as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
@@ -229,6 +230,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from resettrace.bench.export import EXPORTING
+
     p = argparse.ArgumentParser(prog="resettrace", description=__doc__.split("\n\n")[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
@@ -274,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
     x.add_argument("--steps", type=int, default=100, help="env steps per candidate per round")
     x.add_argument("--warmup", type=int, default=20, help="untimed steps per candidate first")
+    x.add_argument("--candidates", nargs="+", default=list(EXPORTING), metavar="NAME",
+                   help=f"exporting candidates to run ({', '.join(EXPORTING)}; timing and "
+                        "timing_aa always run)")
     x.add_argument("--json", default=None, help="write the result as JSON")
     x.set_defaults(func=_export_bench)
 

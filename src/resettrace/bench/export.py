@@ -41,6 +41,7 @@ from resettrace.testing.receivers import ReceiverProcess
 __all__ = ["ExportBenchConfig", "run_export_bench", "render_export_bench"]
 
 CANDIDATES = ("timing", "timing_aa", "child-wire", "child-sdk", "in-process")
+EXPORTING = CANDIDATES[2:]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,10 +55,21 @@ class ExportBenchConfig:
     model: str | None = None
     nthread: int | None = None
     seed: int = 0
+    #: the exporting candidates run (``timing`` and ``timing_aa`` always run)
+    candidates: tuple[str, ...] = EXPORTING
 
     def __post_init__(self) -> None:
         if self.num_envs < 1 or self.rounds < 1 or self.steps < 1 or self.warmup < 0:
             raise ValueError("--num-envs, --rounds and --steps must be >= 1, --warmup >= 0")
+        unknown = [c for c in self.candidates if c not in EXPORTING]
+        if unknown or not self.candidates:
+            raise ValueError(f"--candidates takes one or more of {', '.join(EXPORTING)}"
+                             + (f"; got {', '.join(unknown)}" if unknown else ""))
+
+    @property
+    def run(self) -> tuple[str, ...]:
+        return tuple(c for c in CANDIDATES
+                     if c.startswith("timing") or c in self.candidates)
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -113,31 +125,32 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
     import resettrace
 
     say = progress or (lambda _m: None)
-    exporting = [c for c in CANDIDATES if not c.startswith("timing")]
+    run = cfg.run
+    exporting = [c for c in run if not c.startswith("timing")]
     receivers = {c: ReceiverProcess(count_only=True) for c in exporting}
     try:
         sessions = {c: _session(c, receivers[c].endpoint if c in receivers else None)
-                    for c in CANDIDATES}
+                    for c in run}
         options: dict[str, Any] = {} if cfg.nthread is None else {"nthread": cfg.nthread}
         env = resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
                                   model=cfg.model, seed=cfg.seed, tracing=sessions["timing"],
                                   **options)
         recorders = {c: sessions[c].recorder(backend=cfg.backend, task=cfg.task,
-                                             env_count=cfg.num_envs) for c in CANDIDATES}
+                                             env_count=cfg.num_envs) for c in run}
         rng = np.random.default_rng(cfg.seed)
         shape = (cfg.num_envs, env.action_dim)
-        for c in CANDIDATES:
+        for c in run:
             env.use_recorder(recorders[c])
             for _ in range(cfg.warmup):
                 env.step(rng.normal(0.0, 1.0, shape))
         # the children's CPU after start-up and warm-up: what follows is the steady state
         cpu0: dict[str, tuple[float | None, int]] = {}
-        for c in CANDIDATES:
+        for c in run:
             sessions[c].force_flush(30.0)
             cpu0[c] = (_child_cpu(sessions[c]), _sent(sessions[c]))
-        spent: dict[str, list[float]] = {c: [] for c in CANDIDATES}
+        spent: dict[str, list[float]] = {c: [] for c in run}
         for r in range(cfg.rounds):
-            for c in rng.permutation(CANDIDATES):
+            for c in rng.permutation(run):
                 env.use_recorder(recorders[str(c)])
                 t0 = time.perf_counter()
                 for _ in range(cfg.steps):
@@ -147,7 +160,7 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
                 say(f"round {r + 1}/{cfg.rounds}")
         env.close()
         out: dict[str, Any] = {}
-        for c in CANDIDATES:
+        for c in run:
             s = sessions[c]
             s.force_flush(30.0)
             cpu = _child_cpu(s)
@@ -173,7 +186,7 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
     base = spent["timing"]
     steps = cfg.rounds * cfg.steps
     rows = {}
-    for c in CANDIDATES:
+    for c in run:
         ratios = [t / b for t, b in zip(spent[c], base, strict=True)]
         info = out[c]
         delivered = None  # in-process: the SDK's BatchSpanProcessor counts nothing
