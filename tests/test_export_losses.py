@@ -159,9 +159,12 @@ def test_two_sessions_given_one_span_file_never_corrupt_it(
     assert [f.name for f in files] == ["spans.jsonl", f"spans.p{os.getpid()}.jsonl"]
     lines = [json.loads(x) for f in files for x in f.read_text().splitlines()]
     assert len(lines) == 1200  # nothing truncated, nothing interleaved
+    written = []
     for s in (a, b):
         report = s.export_report()
         assert report["spans_not_delivered"] == 0 and report["spans_sent"] == 600
+        written.append(report["exporters"][f"file:{path}"]["path"])
+    assert sorted(written) == [str(f) for f in files]  # each report names the file it wrote
 
 
 def test_span_file_paths_take_pid_and_rank(tmp_path: Path) -> None:
@@ -277,6 +280,10 @@ def test_a_backlog_after_a_paused_child_is_sent_in_capped_batches_and_counted_ri
     assert delivered == received  # what the receiver holds, no more, no less
     assert report["exporters"]["otlp"]["undelivered"] == produced - received
     assert requests >= received / 512  # no request above the batch cap
+    # the export process says what it cost: start-up apart, then per span received
+    assert report["export_cpu_s"] > report["export_setup_cpu_s"] > 0
+    assert report["export_cpu_us_per_span"] == pytest.approx(
+        1e6 * (report["export_cpu_s"] - report["export_setup_cpu_s"]) / report["spans_sent"])
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])

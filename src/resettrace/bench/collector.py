@@ -362,6 +362,10 @@ def render_export(exp: Mapping[str, Any]) -> str:
              f"{exp.get('spans_dropped', 0)} dropped (queue full), "
              f"{exp.get('spans_sampled_out', 0)} sampled out, "
              f"{exp.get('spans_pending', 0)} pending"]
+    if exp.get("export_cpu_us_per_span") is not None:
+        lines.append(f"export process CPU: {exp['export_cpu_s']:.2f} s "
+                     f"({exp['export_setup_cpu_s']:.2f} s start-up, then "
+                     f"{exp['export_cpu_us_per_span']:.1f} us per span)")
     for name, e in (exp.get("exporters") or {}).items():
         failed = ""
         if e.get("failed"):
@@ -370,8 +374,9 @@ def render_export(exp: Mapping[str, Any]) -> str:
                 failed += (f", {e['timed_out']} of them timed out waiting for the answer:"
                            " the receiver may hold those")
             failed += ")"
-        lines.append(f"  {name}: {e['delivered']} delivered, {e['undelivered']} not delivered"
-                     + failed)
+        written = f" to {e['path']}" if e.get("path") else ""
+        lines.append(f"  {name}: {e['delivered']} delivered{written}, "
+                     f"{e['undelivered']} not delivered" + failed)
     return "\n".join(lines)
 
 

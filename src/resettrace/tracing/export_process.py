@@ -322,10 +322,21 @@ class ProcessExporter:
                           "timed_out": int(timed_out.get(name, 0)),
                           "undelivered": recorded - int(exported.get(name, 0))}
                    for name in self._settings.get("exporters", [])}
-            return {"spans_sent": self.sent_spans, "spans_dropped": self.dropped_spans,
-                    "spans_pending": self.pending_spans,
-                    "spans_received": int(self._status.get("received", 0)),
-                    "exporters": per}
+            for name, path in self._status.get("paths", {}).items():
+                if name in per:
+                    per[name]["path"] = path  # the file it wrote
+            received = int(self._status.get("received", 0))
+            out = {"spans_sent": self.sent_spans, "spans_dropped": self.dropped_spans,
+                   "spans_pending": self.pending_spans, "spans_received": received,
+                   "exporters": per}
+            if "cpu_s" in self._status:  # the export process's CPU time, start-up apart
+                cpu = float(self._status["cpu_s"])
+                setup = float(self._status.get("setup_cpu_s", 0.0))
+                out["export_cpu_s"] = cpu
+                out["export_setup_cpu_s"] = setup
+                out["export_cpu_us_per_span"] = (
+                    1e6 * (cpu - setup) / received if received else None)
+            return out
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _wait_writable(self, deadline: float) -> bool:
@@ -476,6 +487,8 @@ class _Child:
         self.stop = False
         self.batch_size = _batch_size()
         self.batch_delay = _batch_delay_s()
+        #: CPU time spent before the first trace (start-up, imports, exporters)
+        self.setup_cpu_s = 0.0
         self.tracer: Any = None
         self.collect = _collector()
         #: OTLP encoded straight from the records (every exporter is ``otlp``); else None
@@ -574,6 +587,7 @@ class _Child:
             self.stop = True
         elif kind == ord("C"):
             self.setup(json.loads(bytes(payload)))
+            self.setup_cpu_s = time.process_time()
 
     def encode_run(self) -> None:
         run, self.run_of = self.run_of, None
@@ -620,8 +634,14 @@ class _Child:
         self.status()
 
     def status(self, final: bool = False) -> None:
+        # the file each file exporter writes ({pid}/{rank} filled in, or the per-process
+        # name when another process holds the path)
+        paths = {spec: str(exporter.path) for spec, exporter in self.exporters
+                 if isinstance(getattr(exporter, "path", None), os.PathLike)}
         line = json.dumps({"received": self.received, "exported": self.exported,
                            "failed": self.failed, "timed_out": self.timed_out,
+                           "paths": paths, "cpu_s": time.process_time(),
+                           "setup_cpu_s": self.setup_cpu_s,
                            "flush": self.flushed, "final": final})
         with contextlib.suppress(OSError):
             sys.stdout.write(line + "\n")

@@ -218,6 +218,9 @@ class Tracing:
             report["exporters"] = proc["exporters"]
             report["spans_not_delivered"] = max(
                 [e["undelivered"] for e in proc["exporters"].values()], default=0)
+            for key in ("export_cpu_s", "export_setup_cpu_s", "export_cpu_us_per_span"):
+                if key in proc:
+                    report[key] = proc[key]
         return report
 
     # -- lifecycle ------------------------------------------------------------------------------
