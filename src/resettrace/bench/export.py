@@ -16,7 +16,8 @@ fresh random order each time, so machine noise hits every candidate alike:
     built there by resettrace's materialiser thread).
 
 Every exporting candidate sends OTLP/gRPC to its own receiver process on 127.0.0.1 that
-only counts spans, at idle priority (a collector elsewhere takes no CPU from training).
+only counts spans, at nice 10 like the export process (its CPU is charged to the candidate:
+conservative, as a collector elsewhere takes none from training).
 Reported per candidate: env/s, slowdown against ``timing`` (median over rounds of the
 per-round ratio; ``timing_aa``, a second ``timing`` candidate, is the A/A noise), spans
 produced, delivered and counted by the receiver, and, for the export children, their CPU
@@ -189,16 +190,19 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
     for c in run:
         ratios = [t / b for t, b in zip(spent[c], base, strict=True)]
         info = out[c]
-        delivered = None  # in-process: the SDK's BatchSpanProcessor counts nothing
+        delivered = timed_out = None  # in-process: the SDK's BatchSpanProcessor counts nothing
+        dropped = info["report"].get("spans_dropped") if c in receivers else None
         if c in receivers and c != "in-process":
             delivered = info["report"]["exporters"]["otlp"]["delivered"]
+            timed_out = info["report"]["exporters"]["otlp"]["timed_out"]
         produced = info["produced"]
         steady = info["steady"]
         rows[c] = {
             "env_per_s": cfg.num_envs * steps / sum(spent[c]),
             "slowdown": statistics.median(ratios),
             "slowdown_min": min(ratios), "slowdown_max": max(ratios),
-            "spans_produced": produced, "spans_delivered": delivered,
+            "spans_produced": produced, "spans_dropped": dropped,
+            "spans_delivered": delivered, "spans_timed_out": timed_out,
             "spans_received": info.get("received"),
             "child_cpu_us_per_span": None if steady is None or not steady[1]
             else 1e6 * steady[0] / steady[1],
@@ -213,11 +217,12 @@ def render_export_bench(result: dict[str, Any]) -> str:
         return float("nan") if v is None else v
 
     rows = [[c, r["env_per_s"], r["slowdown"], r["slowdown_min"], r["slowdown_max"],
-             num(r["spans_produced"]), num(r["spans_delivered"]), num(r["spans_received"]),
+             num(r["spans_produced"]), num(r["spans_dropped"]), num(r["spans_delivered"]),
+             num(r["spans_timed_out"]), num(r["spans_received"]),
              num(r["child_cpu_us_per_span"])]
             for c, r in result["candidates"].items()]
     return format_table(
         f"span export: {cfg['num_envs']} envs, {cfg['rounds']} rounds x {cfg['steps']} steps "
         f"per candidate, interleaved; slowdown = candidate time / timing time per round",
-        ["candidate", "env/s", "slowdown", "min", "max", "produced", "delivered", "received",
-         "child us/span"], rows)
+        ["candidate", "env/s", "slowdown", "min", "max", "produced", "dropped", "delivered",
+         "timed out", "received", "child us/span"], rows)

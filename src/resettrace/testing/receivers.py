@@ -21,6 +21,7 @@ come with ``opentelemetry-exporter-otlp``).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import socket
 import threading
@@ -516,10 +517,10 @@ def _serve_until_stdin_closes() -> None:
     import os
     import sys
 
-    try:  # a collector on another machine takes no CPU from the training process
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
+    # below training, as the export process is: at idle priority it got no CPU while
+    # training kept every core busy, and the export process's requests timed out
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), 10))
 
     count_only = "--count-only" in sys.argv[1:]
     with GrpcReceiver(count_only=count_only) as rx:
