@@ -43,7 +43,7 @@ def _collector(args: argparse.Namespace) -> int:
                               warmup=args.warmup, steps=args.steps, out=args.out,
                               model=args.model, seed=args.seed, action_noise=args.action_noise,
                               nthread=args.nthread, numba_ab=args.numba_ab,
-                              randomize=args.randomize)
+                              randomize=args.randomize, control_dt=args.control_dt)
     except ValueError as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
@@ -83,7 +83,12 @@ def _collector(args: argparse.Namespace) -> int:
     tracing.shutdown()
     result["export"] = tracing.export_report()
     print(render_report(result))
-    paths = write_outputs(result, Path(args.out)) if args.out else []
+    try:
+        paths = write_outputs(result, Path(args.out)) if args.out else []
+    except OSError as e:  # the run is done and printed: say why its files are not written
+        print(f"resettrace: cannot write the outputs to {args.out}: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
     if tracing.mode == "trace":
         specs = tracing.config.exporters or DEFAULT_EXPORTERS
         paths += [Path(spec.partition(":")[2]) for spec in specs
@@ -253,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--action-noise", type=float, default=1.0,
                    help="std of the random actions (sets how often envs fall)")
+    c.add_argument("--control-dt", type=float, default=None, metavar="SECONDS",
+                   help="control period (default 0.02); physics substeps per env step = this "
+                        "/ the model's timestep, which must be a whole number")
     c.add_argument("--randomize", action="store_true",
                    help="per-env friction, mass, kp/kd and geom sizes, drawn at every reset")
     c.add_argument("--numba-ab", action="store_true",

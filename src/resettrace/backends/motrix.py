@@ -69,8 +69,8 @@ import numpy as np
 from resettrace import catalog as C
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import check_ids, convert_rows
-from resettrace.backends.mujoco import DEFAULT_MODEL, KEYFRAME, describe_model
 from resettrace.contract import BackendInfo, SetStateResult
+from resettrace.model_facts import DEFAULT_MODEL, KEYFRAME, describe_model, load_model
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
 from resettrace.tracing.api import bind, current_recorder
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
@@ -198,7 +198,7 @@ class MotrixBackend:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.num_envs = int(num_envs)
         path = _model_path(model)
-        mj = mujoco.MjModel.from_xml_path(str(path))
+        mj = load_model(path)
         info = describe_model(mj, self.name)
         init_threads(nthread)  # before the first load: the pool is sized once per process
         with _G_LOAD:

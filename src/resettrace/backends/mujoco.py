@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mujoco
@@ -42,59 +41,18 @@ from mujoco import batch as mj_batch
 from resettrace import catalog as C
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import check_ids, convert_rows
-from resettrace.contract import BackendInfo, SetStateResult
+from resettrace.contract import SetStateResult
+from resettrace.model_facts import DEFAULT_MODEL, KEYFRAME, describe_model, load_model
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
 from resettrace.tracing.api import bind, current_recorder
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MujocoBackend", "load_model", "DEFAULT_MODEL"]
-
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "assets" / "g1" / "g1.xml"
-KEYFRAME = "stand"
+__all__ = ["MujocoBackend", "load_model", "DEFAULT_MODEL", "KEYFRAME"]
 
 _STAGE_NONE = int(mujoco.mjtStage.mjSTAGE_NONE)
 _STAGE_POS = int(mujoco.mjtStage.mjSTAGE_POS)
-
-
-def load_model(model: str | os.PathLike[str] | mujoco.MjModel | None) -> mujoco.MjModel:
-    """An ``MjModel`` from a path to an MJCF file, a model, or the bundled G1."""
-    if isinstance(model, mujoco.MjModel):
-        return model
-    path = Path(DEFAULT_MODEL if model is None else model)
-    if not path.is_file():
-        raise FileNotFoundError(f"model file not found: {path}")
-    return mujoco.MjModel.from_xml_path(str(path))
-
-
-def describe_model(m: mujoco.MjModel, name: str) -> BackendInfo:
-    """Check the floating-base layout the contract needs and describe the model."""
-    free = int(mujoco.mjtJoint.mjJNT_FREE)
-    if m.njnt == 0 or int(m.jnt_type[0]) != free or int(m.jnt_qposadr[0]) != 0:
-        raise ValueError("the model's first joint must be the floating base (a free joint)")
-    hinge_types = [int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE)]
-    if not np.isin(m.jnt_type[1:], hinge_types).all():
-        raise ValueError("every joint after the floating base must be a hinge or slide joint")
-    joint_names = tuple(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint{j}"
-                        for j in range(1, m.njnt))
-    body_names = tuple(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, b) or f"body{b}"
-                       for b in range(m.nbody))
-    act_names = tuple(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_ACTUATOR, a) or f"act{a}"
-                      for a in range(m.nu))
-    if m.nu and (m.actuator_trntype != int(mujoco.mjtTrn.mjTRN_JOINT)).any():
-        raise ValueError("every actuator must drive a joint")
-    act_joint = (m.jnt_qposadr[m.actuator_trnid[:, 0]] - 7).astype(np.intp)
-    if (act_joint < 0).any():
-        raise ValueError("an actuator drives the floating base")
-    joint_range = np.array(m.jnt_range[1:], dtype=np.float64)
-    unlimited = ~m.jnt_limited[1:].astype(bool)
-    joint_range[unlimited] = (-np.inf, np.inf)
-    ctrl_range = np.array(m.actuator_ctrlrange, dtype=np.float64)
-    ctrl_range[~m.actuator_ctrllimited.astype(bool)] = (-np.inf, np.inf)
-    return BackendInfo(name=name, joint_names=joint_names, body_names=body_names,
-                       actuator_names=act_names, joint_range=joint_range, ctrl_range=ctrl_range,
-                       actuator_joint=act_joint, physics_dt=float(m.opt.timestep))
 
 
 class MujocoBackend:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -36,6 +37,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CollectorConfig", "run_collector", "run_numba_ab", "render_report",
            "render_numba_ab"]
+
+
+#: the most envs one backend batch takes (the engines index envs with int32)
+MAX_ENVS = 2**31 - 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,14 +63,39 @@ class CollectorConfig:
     numba_ab: bool = False
     #: per-env domain randomization (friction, mass, kp/kd, geom sizes) drawn at each reset
     randomize: bool = False
+    #: control period (s); None: the task's (0.02 s). Substeps = control_dt / the model's
+    #: timestep, which must be a whole number
+    control_dt: float | None = None
 
     def __post_init__(self) -> None:
-        if self.num_envs < 1:
-            raise ValueError(f"--num-envs must be >= 1, got {self.num_envs}")
+        if not 1 <= self.num_envs <= MAX_ENVS:
+            raise ValueError(f"--num-envs must be between 1 and {MAX_ENVS}, got {self.num_envs}")
         if self.warmup < 0 or self.steps < 1:
             raise ValueError("--warmup must be >= 0 and --steps >= 1")
-        if self.action_noise < 0:
-            raise ValueError(f"--action-noise must be >= 0, got {self.action_noise}")
+        if not (self.action_noise >= 0 and math.isfinite(self.action_noise)):
+            raise ValueError(f"--action-noise must be a finite number >= 0, got "
+                             f"{self.action_noise}")
+        if self.control_dt is not None and not (self.control_dt > 0
+                                                and math.isfinite(self.control_dt)):
+            raise ValueError(f"--control-dt must be a finite number of seconds > 0, got "
+                             f"{self.control_dt}")
+        if self.out is not None and os.path.exists(self.out) and not os.path.isdir(self.out):
+            raise ValueError(f"--out {self.out} is a file, not a folder")
+
+    def task_options(self, **extra: Any) -> dict[str, Any]:
+        options = dict(extra)
+        if self.control_dt is not None:
+            options["control_dt"] = self.control_dt
+        return options
+
+
+def simulated_time(env: Any) -> dict[str, Any]:
+    """The physics behind one env step: substeps, the engine's timestep, simulated seconds."""
+    task = env.task
+    dt = float(env.backend.info.physics_dt)
+    return {"substeps": int(task.substeps), "physics_dt_s": dt,
+            "control_dt_s": float(getattr(task, "control_dt", task.substeps * dt)),
+            "sim_s_per_step": task.substeps * dt}
 
 
 class Interrupted(KeyboardInterrupt):
@@ -95,7 +125,9 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
         options["nthread"] = cfg.nthread
     env = resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
                               model=cfg.model, seed=cfg.seed, tracing=tracing,
-                              randomization=cfg.randomize, **options)
+                              randomization=cfg.randomize, task_options=cfg.task_options(),
+                              **options)
+    sim = simulated_time(env)
     rng = np.random.default_rng(cfg.seed + 1)
     shape = (cfg.num_envs, env.action_dim)
     actions = np.empty(shape)
@@ -134,6 +166,7 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
     steps = max(done_steps, 1)
     result = {
         "config": {**asdict(cfg), "mode": tracing.mode},
+        "sim": sim,
         "env_per_s": cfg.num_envs * done_steps / wall if done_steps else 0.0,
         "wall_s": wall,
         "reset_fraction": resets / (steps * cfg.num_envs),
@@ -173,9 +206,10 @@ def run_numba_ab(cfg: CollectorConfig, tracing: Any,
                 envs[name] = resettrace.make_env(
                     cfg.task, backend=cfg.backend, num_envs=cfg.num_envs, model=cfg.model,
                     seed=cfg.seed, tracing=sessions[name], randomization=cfg.randomize,
-                    task_options={"use_numba": name == "numba"}, **options)
+                    task_options=cfg.task_options(use_numba=name == "numba"), **options)
             except TypeError as e:  # the task's config has no use_numba field
                 raise ValueError(f"task {cfg.task!r} has no numba variant ({e})") from None
+        sim = simulated_time(envs["numpy"])
         rng = np.random.default_rng(cfg.seed + 1)
         shape = (cfg.num_envs, envs["numpy"].action_dim)
         actions = np.empty(shape)
@@ -235,6 +269,7 @@ def run_numba_ab(cfg: CollectorConfig, tracing: Any,
     stats = {k: s.as_dict() for k, s in tracing.stats().items()}
     return {
         "config": {**asdict(cfg), "mode": tracing.mode},
+        "sim": sim,
         "env_per_s": a["env_per_s"],
         "wall_s": total_wall,
         "reset_fraction": a["reset_fraction"],
@@ -310,6 +345,12 @@ def render_report(result: Mapping[str, Any]) -> str:
     parts = [f"{cfg['task']} on {cfg['backend']}: {cfg['num_envs']} envs, {cfg['steps']} steps, "
              f"mode {cfg['mode']}: {result['env_per_s']:,.0f} env/s, "
              f"{100 * result['reset_fraction']:.2f}% of envs reset per step"]
+    sim = result.get("sim")
+    if sim:
+        parts.append(f"simulated time: {sim['sim_s_per_step']:.6g} s per env step "
+                     f"({sim['substeps']} substeps of the model's {sim['physics_dt_s']:.6g} s "
+                     f"timestep), {result['env_per_s'] * sim['sim_s_per_step']:,.1f} "
+                     "simulated s per wall s over all envs")
 
     def share(total: float, of: float) -> float:
         return 100.0 * total / of if of > 0 else float("nan")

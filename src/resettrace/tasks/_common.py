@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from resettrace.contract import SimBackend
+from resettrace.model_facts import control_substeps
 
 __all__ = ["G1Task", "check_array"]
 
@@ -35,7 +36,8 @@ class G1Task:
 
     def __init__(self, config: Any) -> None:
         self.config = config
-        self.substeps = config.substeps
+        #: physics substeps per env step (known once bound to a backend's model)
+        self.substeps: int = config.substeps or 0
         self.max_episode_steps = config.max_episode_steps
         self.randomize_initial_episode_step = config.randomize_initial_episode_step
         self.backend: SimBackend | None = None
@@ -46,6 +48,17 @@ class G1Task:
     def _bind_joints(self, backend: SimBackend) -> None:
         """Joint and actuator layout of ``backend``; the stand pose is the action origin."""
         info = backend.info
+        substeps = control_substeps(self.config.control_dt, info.physics_dt)
+        if self.config.substeps is not None and self.config.substeps != substeps:
+            raise ValueError(
+                f"substeps={self.config.substeps} with the model's {info.physics_dt:g} s "
+                f"timestep is {self.config.substeps * info.physics_dt:g} s per env step, not "
+                f"control_dt {self.config.control_dt:g} s ({substeps} substeps)")
+        self.substeps = substeps
+        #: the control period (the task's clock), and the simulated seconds per env step
+        #: (substeps x the engine's timestep: equal within the timestep's rounding)
+        self.control_dt = float(self.config.control_dt)
+        self.sim_s_per_step = substeps * info.physics_dt
         self.backend = backend
         self.num_joints = len(info.joint_names)
         self.action_dim = backend.nu

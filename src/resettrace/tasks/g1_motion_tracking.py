@@ -65,6 +65,7 @@ stays numpy in both variants.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,9 +137,12 @@ class MotionTrackingConfig:
     termination_penalty: float = 1.0
     #: radians of joint target per unit of action
     action_scale: float = 0.25
-    #: control period 0.02 s = 3 physics substeps of 0.02/3 s
-    substeps: int = 3
+    #: the control period (s); the physics substeps per env step are control_dt over the
+    #: model's timestep (3 for the bundled G1), which must be a whole number
     control_dt: float = 0.02
+    #: substeps per env step; None derives them from control_dt and the model's timestep
+    #: (a number given must agree with both)
+    substeps: int | None = None
     max_episode_steps: int = 500
     #: off by default: sampled start frames already spread episode ends over steps
     randomize_initial_episode_step: bool = False
@@ -152,10 +156,10 @@ class MotionTrackingConfig:
         if self.sampler not in MotionSampler.MODES:
             raise ValueError(f"unknown sampler mode {self.sampler!r}; modes: "
                              f"{', '.join(MotionSampler.MODES)}")
-        if self.substeps < 1 or self.max_episode_steps < 1:
+        if (self.substeps is not None and self.substeps < 1) or self.max_episode_steps < 1:
             raise ValueError("substeps and max_episode_steps must be >= 1")
-        if not self.control_dt > 0.0:
-            raise ValueError(f"control_dt must be > 0, got {self.control_dt}")
+        if not (self.control_dt > 0.0 and math.isfinite(self.control_dt)):
+            raise ValueError(f"control_dt must be a finite number > 0, got {self.control_dt}")
         for name in ("root_pos_noise", "root_rot_noise", "root_lin_vel_noise",
                      "root_ang_vel_noise"):
             value = getattr(self, name)
@@ -218,7 +222,7 @@ class G1MotionTracking(G1Task):
         self._joint_lo = info.joint_range[:, 0]
         self._joint_hi = info.joint_range[:, 1]
         self._last_frame = clip.num_frames - 1
-        self._frames_per_step = clip.fps * c.control_dt
+        self._frames_per_step = clip.fps * self.control_dt
         self._noise_scale = np.concatenate([c.root_pos_noise, c.root_rot_noise,
                                             c.root_lin_vel_noise, c.root_ang_vel_noise,
                                             np.full(nj, c.joint_pos_noise)])
@@ -424,6 +428,8 @@ class G1MotionTracking(G1Task):
                                "sampler": self.config.sampler,
                                "use_numba": self.config.use_numba}
         if self.backend is not None:
+            out.update(physics_dt_s=self.backend.info.physics_dt,
+                       sim_s_per_step=self.sim_s_per_step)
             out.update(obs_dim=self.obs_dim, action_dim=self.action_dim,
                        clip_frames=self.clip.num_frames, clip_fps=self.clip.fps,
                        tracked_bodies=list(self.tracked_bodies),

@@ -18,6 +18,7 @@ observation (``observe`` on k rows) stays numpy in both variants.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,9 +37,12 @@ _GRAVITY = np.array([0.0, 0.0, -1.0])
 class WalkFlatConfig:
     #: radians of joint target per unit of action
     action_scale: float = 0.25
-    #: control period 0.02 s = 3 physics substeps of 0.02/3 s
-    substeps: int = 3
+    #: the control period (s); the physics substeps per env step are control_dt over the
+    #: model's timestep (3 for the bundled G1), which must be a whole number
     control_dt: float = 0.02
+    #: substeps per env step; None derives them from control_dt and the model's timestep
+    #: (a number given must agree with both)
+    substeps: int | None = None
     max_episode_steps: int = 1000
     #: terminate when gravity's z in the base frame is above -cos(60 deg)
     max_tilt_cos: float = 0.5
@@ -59,8 +63,10 @@ class WalkFlatConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.substeps < 1 or self.max_episode_steps < 1:
+        if (self.substeps is not None and self.substeps < 1) or self.max_episode_steps < 1:
             raise ValueError("substeps and max_episode_steps must be >= 1")
+        if not (self.control_dt > 0.0 and math.isfinite(self.control_dt)):
+            raise ValueError(f"control_dt must be a finite number > 0, got {self.control_dt}")
         if not 0.0 <= self.max_tilt_cos <= 1.0:
             raise ValueError(f"max_tilt_cos must be in [0, 1], got {self.max_tilt_cos}")
 
@@ -81,7 +87,7 @@ class G1WalkFlat(G1Task):
         self.command = np.zeros((n, 3))
         self._command_lo, self._command_hi = np.array(self.config.command_range).T
         self.phase_offset = np.zeros(n)
-        self._dt = self.config.control_dt
+        self._dt = self.control_dt
         self._sample_episode(np.arange(n), rng)
         self._tilt_gz = np.float32(-self.config.max_tilt_cos)  # compared in float32, see below
         if self.config.use_numba:
@@ -191,5 +197,8 @@ class G1WalkFlat(G1Task):
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "obs_dim": self.obs_dim, "action_dim": self.action_dim,
-                "substeps": self.substeps, "max_episode_steps": self.max_episode_steps,
+                "substeps": self.substeps, "physics_dt_s": self.backend.info.physics_dt
+                if self.backend is not None else None,
+                "sim_s_per_step": self.sim_s_per_step if self.backend is not None else None,
+                "max_episode_steps": self.max_episode_steps,
                 "use_numba": self.config.use_numba}

@@ -1,0 +1,158 @@
+"""What resettrace reads from a robot model, for every backend.
+
+Both backends load the same MJCF; the facts the contract and the tasks rely on are read
+here, once, with MuJoCo's compiler (a dependency of both): the floating-base layout, the
+joints and actuators, the physics timestep, and the checks that refuse a model resettrace
+would otherwise simulate wrongly (torque motors driven with joint angles, a control period
+that is not a whole number of physics steps). No backend imports another for this.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+
+import mujoco
+import numpy as np
+
+from resettrace.contract import BackendInfo
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_MODEL", "KEYFRAME", "load_model", "describe_model", "control_substeps",
+           "check_position_actuators", "model_label"]
+
+DEFAULT_MODEL = Path(__file__).resolve().parent / "assets" / "g1" / "g1.xml"
+KEYFRAME = "stand"
+
+_warned: set[tuple[str, str]] = set()
+
+
+def model_label(m: mujoco.MjModel) -> str:
+    """The model's name as its MJCF gives it (``<mujoco model=...>``)."""
+    name = bytes(m.names).split(b"\x00", 1)[0].decode(errors="replace")
+    return f"model {name!r}" if name else "the model"
+
+
+def load_model(model: str | os.PathLike[str] | mujoco.MjModel | None) -> mujoco.MjModel:
+    """An ``MjModel`` from a path to an MJCF file, a model, or the bundled G1.
+
+    A file that does not compile raises ``ValueError`` with the path and MuJoCo's message
+    (mesh paths in it are resolved against the model's ``meshdir``)."""
+    if isinstance(model, mujoco.MjModel):
+        return model
+    path = Path(DEFAULT_MODEL if model is None else model)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    try:
+        return mujoco.MjModel.from_xml_path(str(path))
+    except ValueError as e:
+        message = " ".join(str(e).split())
+        raise ValueError(f"{path}: MuJoCo cannot load the model: {message}") from None
+
+
+def check_position_actuators(m: mujoco.MjModel) -> None:
+    """Every actuator must be a position servo (``<position>``, or ``<general>`` with the
+    same gain and bias): the tasks and ``set_state`` write joint angles into ``ctrl``.
+
+    A torque motor (no position feedback) would apply those angles as N·m; the model is
+    refused with the names of the actuators that are not position servos."""
+    fixed = int(mujoco.mjtGain.mjGAIN_FIXED)
+    affine = int(mujoco.mjtBias.mjBIAS_AFFINE)
+    motors: list[str] = []
+    others: list[str] = []
+    for a in range(m.nu):
+        name = mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_ACTUATOR, a) or f"actuator {a}"
+        kp = float(m.actuator_gainprm[a, 0])
+        bias = m.actuator_biasprm[a]
+        if int(m.actuator_gaintype[a]) == fixed and int(m.actuator_biastype[a]) == affine \
+                and kp > 0 and math.isclose(float(bias[1]), -kp, rel_tol=1e-9) \
+                and float(bias[0]) == 0.0:
+            continue  # force = kp * (ctrl - q) - kv * qdot: a position servo
+        if int(m.actuator_biastype[a]) == int(mujoco.mjtBias.mjBIAS_NONE):
+            motors.append(name)
+        else:
+            others.append(name)
+    if not (motors or others):
+        return
+    parts = []
+    if motors:
+        parts.append(f"{len(motors)} torque motor(s) without position feedback "
+                     f"({_names(motors)})")
+    if others:
+        parts.append(f"{len(others)} actuator(s) that are not position servos "
+                     f"({_names(others)})")
+    raise ValueError(
+        "resettrace's tasks and set_state write joint angles as actuator targets, so every "
+        "actuator must be a position servo (<position kp=... kv=...>); this model has "
+        + " and ".join(parts))
+
+
+def _names(names: list[str], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... {len(names) - limit} more" if len(names) > limit else "")
+
+
+def control_substeps(control_dt: float, physics_dt: float) -> int:
+    """Physics steps per control step: ``control_dt / physics_dt`` when that is a whole
+    number (within float32 rounding of the timestep), else ``ValueError`` naming both."""
+    if not (control_dt > 0 and math.isfinite(control_dt)):
+        raise ValueError(f"control_dt must be a finite number of seconds > 0, got {control_dt}")
+    if not (physics_dt > 0 and math.isfinite(physics_dt)):
+        raise ValueError(f"the model's timestep must be > 0, got {physics_dt}")
+    ratio = control_dt / physics_dt
+    n = round(ratio)
+    if n < 1 or abs(ratio - n) > 1e-4 * max(1.0, ratio):
+        raise ValueError(
+            f"control_dt {control_dt:g} s is not a whole number of the model's "
+            f"{physics_dt:g} s timesteps ({ratio:.4g}); use a control_dt that is "
+            f"(--control-dt {max(1, n) * physics_dt:.6g}, say) or change the model's "
+            "<option timestep>")
+    return int(n)
+
+
+def describe_model(m: mujoco.MjModel, name: str) -> BackendInfo:
+    """Check the floating-base layout and actuators the contract needs; describe the model."""
+    free = int(mujoco.mjtJoint.mjJNT_FREE)
+    if m.njnt == 0 or int(m.jnt_type[0]) != free or int(m.jnt_qposadr[0]) != 0:
+        raise ValueError("the model's first joint must be the floating base (a free joint)")
+    hinge_types = [int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE)]
+    if not np.isin(m.jnt_type[1:], hinge_types).all():
+        raise ValueError("every joint after the floating base must be a hinge or slide joint")
+    joint_names = tuple(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint{j}"
+                        for j in range(1, m.njnt))
+    body_names = tuple(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, b) or f"body{b}"
+                       for b in range(m.nbody))
+    act_names = tuple(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_ACTUATOR, a) or f"act{a}"
+                      for a in range(m.nu))
+    if m.nu and (m.actuator_trntype != int(mujoco.mjtTrn.mjTRN_JOINT)).any():
+        raise ValueError("every actuator must drive a joint")
+    act_joint = (m.jnt_qposadr[m.actuator_trnid[:, 0]] - 7).astype(np.intp)
+    if (act_joint < 0).any():
+        raise ValueError("an actuator drives the floating base")
+    check_position_actuators(m)
+    _warn_without_floor(m, name)
+    joint_range = np.array(m.jnt_range[1:], dtype=np.float64)
+    unlimited = ~m.jnt_limited[1:].astype(bool)
+    joint_range[unlimited] = (-np.inf, np.inf)
+    ctrl_range = np.array(m.actuator_ctrlrange, dtype=np.float64)
+    ctrl_range[~m.actuator_ctrllimited.astype(bool)] = (-np.inf, np.inf)
+    return BackendInfo(name=name, joint_names=joint_names, body_names=body_names,
+                       actuator_names=act_names, joint_range=joint_range, ctrl_range=ctrl_range,
+                       actuator_joint=act_joint, physics_dt=float(m.opt.timestep))
+
+
+def _warn_without_floor(m: mujoco.MjModel, backend: str) -> None:
+    """Warn (once per model) when nothing fixed to the world can collide: the robots would
+    fall forever."""
+    world_geoms = np.flatnonzero(m.geom_bodyid == 0)
+    if any(int(m.geom_contype[g]) or int(m.geom_conaffinity[g]) for g in world_geoms):
+        return
+    key = (model_label(m), str(m.nbody))
+    if key in _warned:
+        return
+    _warned.add(key)
+    log.warning("resettrace: %s has no collision geometry fixed to the world (no floor): "
+                "the robots fall without end", model_label(m))
