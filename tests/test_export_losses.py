@@ -308,3 +308,33 @@ def test_spans_whose_answer_timed_out_are_counted_as_timed_out(protocol: str) ->
     assert otlp["failed"] == otlp["timed_out"] == 12
     assert otlp["delivered"] <= received <= otlp["delivered"] + otlp["timed_out"]
     assert "12 of them timed out" in render_export(session.export_report())
+
+
+def test_a_long_run_never_stalls_on_the_status_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of export calls, each followed by a status line: the export process must
+    never block on a status pipe the training process reads seldom (it used to, after 64
+    KiB, and from then on every trace was dropped)."""
+    import time
+
+    from resettrace.testing.receivers import GrpcReceiver
+    from resettrace.tracing import export_process
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "0")  # an export call per wake-up ...
+    monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # ... and one per trace
+    with GrpcReceiver(count_only=True) as rx:
+        session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
+                                 shutdown_timeout_s=30))
+        proc = session.process
+        assert proc is not None
+        monkeypatch.setattr(proc, "_read_status", lambda: None)  # a parent that never reads
+        for _ in range(700):  # one status line each: over the 64 KiB a pipe holds
+            _traces(session, 1)
+            time.sleep(0.002)
+        _traces(session, 16_000)  # more than the trace pipe and the queue hold together
+        monkeypatch.undo()
+        assert session.force_flush(30)
+        session.shutdown()
+        received = rx.counted
+    report = session.export_report()
+    assert report["spans_dropped"] == 0
+    assert report["exporters"]["otlp"]["delivered"] == received == 3 * 16_700

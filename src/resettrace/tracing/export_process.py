@@ -279,6 +279,7 @@ class ProcessExporter:
             log.error("resettrace: the span export process died; spans are dropped from now on")
             return
         self._last_write = _now()
+        self._read_status()  # drain the child's status lines as they come (never blocks)
         del self._buf[:k]
         k += self._head_written
         frames = self._frames
@@ -299,9 +300,12 @@ class ProcessExporter:
         except (BlockingIOError, OSError):
             pass
         *lines, self._out = self._out.split(b"\n")
-        for line in lines:
-            with contextlib.suppress(ValueError):
+        for line in reversed(lines):  # each status holds every count: the last one says all
+            try:
                 self._status = json.loads(line)
+                break
+            except ValueError:
+                continue
 
     @property
     def pending_spans(self) -> int:
@@ -489,6 +493,9 @@ class _Child:
         self.batch_delay = _batch_delay_s()
         #: CPU time spent before the first trace (start-up, imports, exporters)
         self.setup_cpu_s = 0.0
+        #: status bytes not yet written to stdout; ``partial``: the first line is begun
+        self.unsent = b""
+        self.partial = False
         self.tracer: Any = None
         self.collect = _collector()
         #: OTLP encoded straight from the records (every exporter is ``otlp``); else None
@@ -643,9 +650,24 @@ class _Child:
                            "paths": paths, "cpu_s": time.process_time(),
                            "setup_cpu_s": self.setup_cpu_s,
                            "flush": self.flushed, "final": final})
-        with contextlib.suppress(OSError):
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+        # Never block on stdout: a training process that reads it seldom must not stop the
+        # export (a full status pipe used to stall this loop, and then the training
+        # process dropped every trace). Each status holds every count, so an unsent one is
+        # replaced by the newer; only a line already begun is finished first.
+        rest = self.unsent[:self.unsent.index(b"\n") + 1] if self.partial else b""
+        self.unsent = rest + line.encode() + b"\n"
+        fd = sys.stdout.fileno()
+        try:
+            os.set_blocking(fd, final)  # the last status waits: the training process reads it
+            while self.unsent:
+                n = os.write(fd, self.unsent)
+                if n:
+                    self.partial = self.unsent[n - 1] != ord("\n")  # stopped inside a line
+                    self.unsent = self.unsent[n:]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # the training process is gone
+            self.unsent = b""
 
     def parse(self) -> None:
         buf = self.buf
