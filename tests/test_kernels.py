@@ -11,6 +11,7 @@ import pytest
 
 import resettrace
 from resettrace.contract import BackendInfo
+from resettrace.model_facts import describe_model, load_model
 from resettrace.tasks.g1_motion_tracking import G1MotionTracking
 from resettrace.tasks.g1_walk_flat import G1WalkFlat
 from resettrace.tasks.motion import MotionClip, generate_clip, qmul, qrot, quat_from_euler
@@ -19,6 +20,10 @@ from resettrace.tracing.recorder import NOOP_RECORDER
 NJ = 29
 #: qpos and qvel rows live inside wider state rows, as the engine's views do
 STATE_WIDTH = 120
+
+
+#: the bundled G1's hinge joints: clips map their joints to the model's by name
+G1_JOINTS = describe_model(load_model(None), "g1").joint_names
 
 
 class FakeBackend:
@@ -30,7 +35,7 @@ class FakeBackend:
     def __init__(self, num_envs: int, rng: np.random.Generator) -> None:
         self.num_envs = num_envs
         self.info = BackendInfo(
-            name=self.name, joint_names=tuple(f"j{i}" for i in range(NJ)),
+            name=self.name, joint_names=G1_JOINTS,
             body_names=("world", "pelvis"), actuator_names=tuple(f"a{i}" for i in range(NJ)),
             joint_range=np.tile([-2.0, 2.0], (NJ, 1)), ctrl_range=np.tile([-2.0, 2.0], (NJ, 1)),
             actuator_joint=np.arange(NJ), physics_dt=0.005)

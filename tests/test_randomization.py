@@ -61,12 +61,15 @@ def test_motrix_applies_every_quantity_to_the_reset_rows_only(timing_session) ->
     assert timing["set_state_reset_rand_ms"] > 0 and timing["set_state_geom_overrides_ms"] > 0
     base = b._overrides()
     data, untouched = b.data, [0, 2, 3, 5, 7]
-    for geom, f0, s0 in base["geoms"]:
-        friction, size = geom.get_friction_override(data), geom.get_size_override(data)
+    assert len(base["sized"]) == len(base["geoms"]) > 0  # the G1's are all primitives
+    for geom, f0 in base["geoms"]:
+        friction = geom.get_friction_override(data)
         np.testing.assert_allclose(friction[ids, 0], rows.friction, rtol=1e-6)
+        np.testing.assert_allclose(friction[untouched], np.tile(f0, (5, 1)), rtol=1e-6)
+    for geom, s0 in base["sized"]:
+        size = geom.get_size_override(data)
         np.testing.assert_allclose(size[ids], s0[None, :] * rows.geom_size_scale[:, None],
                                    rtol=1e-6)
-        np.testing.assert_allclose(friction[untouched], np.tile(f0, (5, 1)), rtol=1e-6)
         np.testing.assert_allclose(size[untouched], np.tile(s0, (5, 1)), rtol=1e-6)
     for link, m0, _ in base["links"]:
         mass = link.get_mass_override(data)

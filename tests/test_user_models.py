@@ -150,3 +150,106 @@ def test_collector_cli_out_at_a_file_fails_before_the_run(tmp_path: Path) -> Non
                      str(_with_motors(tmp_path)))
     assert bad_model.returncode == 2 and "must be a position servo" in bad_model.stderr
     assert "Traceback" not in bad_model.stderr
+
+
+def _cube_stl(path: Path, half: float = 0.05) -> None:
+    """A binary STL of a cube (12 triangles)."""
+    import struct
+
+    import numpy as np
+
+    v = np.array([[x, y, z] for x in (-half, half) for y in (-half, half)
+                  for z in (-half, half)])
+    faces = [(0, 1, 3), (0, 3, 2), (4, 6, 7), (4, 7, 5), (0, 4, 5), (0, 5, 1),
+             (2, 3, 7), (2, 7, 6), (0, 2, 6), (0, 6, 4), (1, 5, 7), (1, 7, 3)]
+    data = bytearray(80) + struct.pack("<I", len(faces))
+    for f in faces:
+        data += struct.pack("<3f", 0, 0, 0)
+        for i in f:
+            data += struct.pack("<3f", *v[i])
+        data += b"\x00\x00"
+    path.write_bytes(bytes(data))
+
+
+def _with_mesh_geom(tmp_path: Path, name: str = "g1_mesh") -> Path:
+    _cube_stl(tmp_path / "pelvis.stl")
+    xml, n = re.subn(r'<geom name="pelvis_geom" class="floor_contact" type="sphere" '
+                     r'size="0.07"', '<geom name="pelvis_geom" class="floor_contact" '
+                     'type="mesh" mesh="pelvis_mesh"', G1, count=1)
+    assert n == 1
+    xml = xml.replace("<worldbody>", '<asset><mesh name="pelvis_mesh" file="pelvis.stl"/>'
+                      "</asset>\n  <worldbody>", 1)
+    xml = xml.replace('model="g1_29dof_resettrace"', f'model="{name}"')  # warned once a model
+    return _variant(tmp_path, name, xml)
+
+
+@pytest.mark.parametrize("backend", ["mujoco", "motrix"])
+def test_randomization_on_a_model_with_mesh_geoms(tmp_path: Path, backend: str,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    import numpy as np
+
+    model = _with_mesh_geom(tmp_path, f"g1_mesh_{backend}")
+    with caplog.at_level(logging.WARNING, logger="resettrace"):
+        env = resettrace.make_env("g1_walk_flat", backend=backend, num_envs=4,
+                                  model=str(model), nthread=1, randomization=True)
+        try:
+            env.reset_done(np.array([True, False, True, False]))  # mesh geoms: no crash
+            env.step(np.zeros((4, env.action_dim)))
+            if backend == "mujoco":
+                import mujoco
+
+                m = env.backend.model
+                mesh = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, "pelvis_geom")
+                foot = int(env.backend._sized_geoms[0])
+                size = env.backend.batch.expand("geom_size")
+                assert (size[:, mesh] == m.geom_size[mesh]).all()  # left as it is
+                assert not np.allclose(size[0, foot], size[1, foot])  # primitives scaled
+        finally:
+            env.close()
+    assert any("pelvis_geom" in r.getMessage() and "cannot scale" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_the_default_clip_comes_from_the_users_model_and_keyframe(tmp_path: Path) -> None:
+    xml = G1.replace("        0 0 0.073\n        0.2 0.2", "        0.15 0 0.073\n        0.2 0.2",
+                     1)
+    assert xml != G1
+    model = _variant(tmp_path, "g1_waist", xml)
+    env = resettrace.make_env("g1_motion_tracking", num_envs=2, model=str(model), nthread=1)
+    try:
+        clip = env.task.clip
+        waist = env.backend.info.joint_names.index("waist_yaw_joint")
+        assert clip.joint_names == env.backend.info.joint_names
+        assert (clip.joint_pos[:, waist] == 0.15).all()  # the user's keyframe, not ours
+    finally:
+        env.close()
+
+
+def test_clip_joints_are_mapped_by_name(tmp_path: Path) -> None:
+    import dataclasses
+
+    import numpy as np
+
+    from resettrace.tasks.motion import generate_clip, load_clip, save_clip
+
+    clip = generate_clip(fps=50)
+    order = list(range(clip.num_joints))[::-1]
+    shuffled = dataclasses.replace(clip, joint_pos=clip.joint_pos[:, order],
+                                   joint_vel=clip.joint_vel[:, order],
+                                   joint_names=tuple(clip.joint_names[i] for i in order))
+    path = save_clip(shuffled, tmp_path / "shuffled.npz")
+    assert load_clip(path).joint_names == shuffled.joint_names
+    env = resettrace.make_env("g1_motion_tracking", num_envs=2, nthread=1,
+                              task_options={"clip_path": str(path)})
+    try:
+        np.testing.assert_array_equal(env.task.clip.joint_pos, clip.joint_pos)
+        np.testing.assert_array_equal(env.task.clip.joint_vel, clip.joint_vel)
+    finally:
+        env.close()
+    short = dataclasses.replace(clip, joint_pos=clip.joint_pos[:, 1:],
+                                joint_vel=clip.joint_vel[:, 1:],
+                                joint_names=clip.joint_names[1:])
+    with pytest.raises(ValueError, match="no column for 1 of the model's joints: "
+                                         "left_hip_pitch_joint"):
+        resettrace.make_env("g1_motion_tracking", num_envs=2, nthread=1,
+                            task_options={"clip": short})

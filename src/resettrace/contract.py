@@ -52,6 +52,8 @@ class BackendInfo:
     ctrl_range: np.ndarray  # (nu, 2)
     actuator_joint: np.ndarray  # (nu,) index into the hinge joints each actuator drives
     physics_dt: float
+    #: the MJCF file the backend loaded (None: the bundled G1, or a model given in memory)
+    model_path: str | None = None
 
 
 @runtime_checkable

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import mujoco
 import numpy as np
@@ -22,7 +23,7 @@ from resettrace.contract import BackendInfo
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_MODEL", "KEYFRAME", "load_model", "describe_model", "control_substeps",
-           "check_position_actuators", "model_label"]
+           "check_position_actuators", "model_label", "keyframe_qpos", "robot_contact_geoms"]
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "assets" / "g1" / "g1.xml"
 KEYFRAME = "stand"
@@ -113,7 +114,7 @@ def control_substeps(control_dt: float, physics_dt: float) -> int:
     return int(n)
 
 
-def describe_model(m: mujoco.MjModel, name: str) -> BackendInfo:
+def describe_model(m: mujoco.MjModel, name: str, path: Any = None) -> BackendInfo:
     """Check the floating-base layout and actuators the contract needs; describe the model."""
     free = int(mujoco.mjtJoint.mjJNT_FREE)
     if m.njnt == 0 or int(m.jnt_type[0]) != free or int(m.jnt_qposadr[0]) != 0:
@@ -141,7 +142,8 @@ def describe_model(m: mujoco.MjModel, name: str) -> BackendInfo:
     ctrl_range[~m.actuator_ctrllimited.astype(bool)] = (-np.inf, np.inf)
     return BackendInfo(name=name, joint_names=joint_names, body_names=body_names,
                        actuator_names=act_names, joint_range=joint_range, ctrl_range=ctrl_range,
-                       actuator_joint=act_joint, physics_dt=float(m.opt.timestep))
+                       actuator_joint=act_joint, physics_dt=float(m.opt.timestep),
+                       model_path=None if path is None else str(path))
 
 
 def _warn_without_floor(m: mujoco.MjModel, backend: str) -> None:
@@ -156,3 +158,36 @@ def _warn_without_floor(m: mujoco.MjModel, backend: str) -> None:
     _warned.add(key)
     log.warning("resettrace: %s has no collision geometry fixed to the world (no floor): "
                 "the robots fall without end", model_label(m))
+
+
+#: geom types whose size fields scale the shape (a mesh's, height field's or SDF's size is
+#: not its shape: the engines do not scale those)
+_SCALABLE = {int(getattr(mujoco.mjtGeom, f"mjGEOM_{t}")) for t in
+             ("PLANE", "SPHERE", "CAPSULE", "ELLIPSOID", "CYLINDER", "BOX")}
+
+
+def robot_contact_geoms(m: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
+    """The robot's colliding geoms (not the world's): all of them, and those whose size
+    domain randomization can scale; the first time a model has contact geoms it cannot
+    scale, a warning names them."""
+    contact = np.flatnonzero(((m.geom_contype | m.geom_conaffinity) != 0)
+                             & (m.geom_bodyid != 0))
+    scalable = np.array([g for g in contact if int(m.geom_type[g]) in _SCALABLE], np.intp)
+    skipped = [mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_GEOM, int(g)) or f"geom {g}"
+               for g in contact if int(m.geom_type[g]) not in _SCALABLE]
+    key = ("sizes", model_label(m) + str(skipped))
+    if skipped and key not in _warned:
+        _warned.add(key)
+        log.warning("resettrace: geom size randomization leaves %d mesh (or height field) "
+                    "contact geom(s) of %s at their size, which the engines cannot scale: %s",
+                    len(skipped), model_label(m), _names(skipped))
+    return contact, scalable
+
+
+def keyframe_qpos(m: mujoco.MjModel) -> np.ndarray:
+    """The reset pose: the keyframe named ``stand``, else the model's first keyframe, else
+    its ``qpos0``."""
+    key = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_KEY, KEYFRAME)
+    if key < 0 and m.nkey:
+        key = 0
+    return np.array(m.key_qpos[key] if key >= 0 else m.qpos0, dtype=np.float64)

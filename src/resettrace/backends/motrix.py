@@ -70,7 +70,13 @@ from resettrace import catalog as C
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import check_ids, convert_rows
 from resettrace.contract import BackendInfo, SetStateResult
-from resettrace.model_facts import DEFAULT_MODEL, KEYFRAME, describe_model, load_model
+from resettrace.model_facts import (
+    DEFAULT_MODEL,
+    describe_model,
+    keyframe_qpos,
+    load_model,
+    robot_contact_geoms,
+)
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
 from resettrace.tracing.api import bind, current_recorder
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
@@ -208,7 +214,8 @@ class MotrixBackend:
             name=info.name, joint_names=info.joint_names, body_names=info.body_names,
             actuator_names=info.actuator_names, joint_range=info.joint_range,
             ctrl_range=info.ctrl_range, actuator_joint=info.actuator_joint,
-            physics_dt=float(self.model.options.timestep))  # the engine's float32 step
+            physics_dt=float(self.model.options.timestep),  # the engine's float32 step
+            model_path=None if model is None else str(path))
         self.nq, self.nv, self.nu = int(mj.nq), int(mj.nv), int(mj.nu)
         self.nbody = int(mj.nbody)
         self._mj = mj
@@ -219,10 +226,7 @@ class MotrixBackend:
         self.recorder: Recorder | NoopRecorder | None = recorder
         with _G_DATA:
             self.data: Any = ms.SceneData(self.model, batch=[self.num_envs])
-        key = mujoco.mj_name2id(mj, mujoco.mjtObj.mjOBJ_KEY, KEYFRAME)
-        if key < 0 and mj.nkey:
-            key = 0
-        self._keyframe = np.array(mj.key_qpos[key] if key >= 0 else mj.qpos0, dtype=np.float64)
+        self._keyframe = keyframe_qpos(mj)
         self._act_qadr = 7 + self.info.actuator_joint
         self._ctrl_lo = self.info.ctrl_range[:, 0].copy()
         self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
@@ -341,16 +345,18 @@ class MotrixBackend:
         """The engine's per-env override handles and their model values (made on first use)."""
         if self._override_base is None:
             data, mj = self.data, self._mj
-            contact = np.flatnonzero(((mj.geom_contype | mj.geom_conaffinity) != 0)
-                                     & (mj.geom_bodyid != 0))
+            contact, sized = robot_contact_geoms(mj)
             geoms = [self.model.get_geom(int(i)) for i in contact]
             links = list(self.model.links)
             acts = list(self.model.actuators)
             with _G_RAND:
                 self._override_base = {
-                    "geoms": [(g, np.array(g.get_friction_override(data)[0], np.float64),
-                               np.array(g.get_size_override(data)[0], np.float64))
-                              for g in geoms],
+                    "geoms": [(g, np.array(g.get_friction_override(data)[0], np.float64))
+                              for g in geoms if hasattr(g, "get_friction_override")],
+                    # mesh geoms have no size override in MotrixSim (nor a scalable size)
+                    "sized": [(g, np.array(g.get_size_override(data)[0], np.float64))
+                              for g in (self.model.get_geom(int(i)) for i in sized)
+                              if hasattr(g, "get_size_override")],
                     "links": [(lk, float(lk.get_mass_override(data)[0]),
                                np.array(lk.get_inertia_override(data)[0], np.float64))
                               for lk in links],
@@ -365,7 +371,7 @@ class MotrixBackend:
         with rec.scope(C.SET_STATE_RESET_RAND), _G_RAND:
             friction = rand.get("friction")
             if friction is not None:
-                for geom, f0, _ in base["geoms"]:
+                for geom, f0 in base["geoms"]:
                     f = np.tile(f0, (len(friction), 1))
                     f[:, 0] = friction
                     geom.set_friction_override(sub, f)
@@ -383,7 +389,7 @@ class MotrixBackend:
         size = rand.get("geom_size_scale")
         if size is not None:
             with rec.scope(C.SET_STATE_GEOM_OVERRIDES), _G_RAND:
-                for geom, _, s0 in base["geoms"]:
+                for geom, s0 in base["sized"]:
                     geom.set_size_override(sub, s0[None, :] * size[:, None])
 
     def _refresh_pose(self, rows: np.ndarray) -> None:

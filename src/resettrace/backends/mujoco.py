@@ -42,7 +42,14 @@ from resettrace import catalog as C
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import check_ids, convert_rows
 from resettrace.contract import SetStateResult
-from resettrace.model_facts import DEFAULT_MODEL, KEYFRAME, describe_model, load_model
+from resettrace.model_facts import (
+    DEFAULT_MODEL,
+    KEYFRAME,
+    describe_model,
+    keyframe_qpos,
+    load_model,
+    robot_contact_geoms,
+)
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
 from resettrace.tracing.api import bind, current_recorder
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
@@ -66,7 +73,8 @@ class MujocoBackend:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.num_envs = int(num_envs)
         self.model = load_model(model)
-        self.info = describe_model(self.model, self.name)
+        self.info = describe_model(self.model, self.name,
+                                   model if isinstance(model, (str, os.PathLike)) else None)
         m = self.model
         self.nq, self.nv, self.nu = int(m.nq), int(m.nv), int(m.nu)
         #: where set_state is recorded when no recorder is bound (``None``: the default
@@ -81,10 +89,7 @@ class MujocoBackend:
         self._xpos, self._xquat = b.bind("xpos"), b.bind("xquat")
         self._state = b.state
         self._warning = b.warning
-        key = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_KEY, KEYFRAME)
-        if key < 0 and m.nkey:
-            key = 0
-        self._keyframe = np.array(m.key_qpos[key] if key >= 0 else m.qpos0, dtype=np.float64)
+        self._keyframe = keyframe_qpos(m)
         # the state row of a freshly reset env: writing it equals Batch.reset(stage=NONE)
         probe = mj_batch.Batch(m, 1, nthread=1)
         probe.reset(stage=_STAGE_NONE)
@@ -97,9 +102,8 @@ class MujocoBackend:
         self._scratch_q = np.empty((0, self.nq))
         self._scratch_v = np.empty((0, self.nv))
         self._scratch_c = np.empty((0, self.nu))
-        self._contact_geoms = np.flatnonzero((m.geom_contype | m.geom_conaffinity) != 0)
-        floor = m.geom_bodyid[self._contact_geoms] != 0
-        self._contact_geoms = self._contact_geoms[floor]  # the robot's, not the world's
+        # the robot's colliding geoms (not the world's), and those whose size can scale
+        self._contact_geoms, self._sized_geoms = robot_contact_geoms(m)
         # start every env at the keyframe, actuators holding it (untraced)
         q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
         with bind(NOOP_RECORDER):
@@ -195,12 +199,12 @@ class MujocoBackend:
         size = rand.get("geom_size_scale")
         if size is not None:
             with rec.scope(C.SET_STATE_GEOM_OVERRIDES):
-                scale = size[:, None]
-                self._expanded("geom_size")[ids[:, None], contact] = \
-                    m.geom_size[contact] * scale[:, :, None]
+                scale, sized = size[:, None], self._sized_geoms
+                self._expanded("geom_size")[ids[:, None], sized] = \
+                    m.geom_size[sized] * scale[:, :, None]
                 # the broad phase reads the bounding radius: keep it in step with the size
-                self._expanded("geom_rbound")[ids[:, None], contact] = \
-                    m.geom_rbound[contact] * scale
+                self._expanded("geom_rbound")[ids[:, None], sized] = \
+                    m.geom_rbound[sized] * scale
 
     def _refresh_pose(self, ids: np.ndarray) -> None:
         """Poses of the rows from the engine's last call on them."""

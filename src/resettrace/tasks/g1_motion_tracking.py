@@ -183,19 +183,19 @@ class G1MotionTracking(G1Task):
         super().__init__(config if config is not None else MotionTrackingConfig(**overrides))
 
     # -- bind ----------------------------------------------------------------------------------
-    def _load_clip(self) -> MotionClip:
+    def _load_clip(self, backend: SimBackend) -> MotionClip:
         c = self.config
         if c.clip is not None:
             return c.clip
         if c.clip_path is not None:
             return load_clip(c.clip_path)
-        return generate_clip(fps=int(round(1.0 / c.control_dt)))
+        # from the model being simulated, posed from its own keyframe
+        return generate_clip(backend.info.model_path, fps=int(round(1.0 / c.control_dt)))
 
-    def _check_clip(self, clip: MotionClip, backend: SimBackend) -> None:
+    def _check_clip(self, clip: MotionClip, backend: SimBackend) -> MotionClip:
+        """The clip checked against the model, its joints mapped to the model's by name."""
         info, c = backend.info, self.config
-        if clip.num_joints != len(info.joint_names):
-            raise ValueError(f"the clip has {clip.num_joints} joints, the model "
-                             f"{len(info.joint_names)}")
+        clip = clip.for_joints(tuple(info.joint_names))
         if len(info.body_names) < 2 or clip.body_names[0] != info.body_names[1]:
             raise ValueError(f"the clip's first body must be the floating-base body "
                              f"{info.body_names[1:2]}, got {clip.body_names[0]!r}")
@@ -206,11 +206,11 @@ class G1MotionTracking(G1Task):
             if b not in clip.body_names:
                 raise ValueError(f"body {b!r} is not tracked by the clip; clip bodies: "
                                  f"{', '.join(clip.body_names)}")
+        return clip
 
     def bind(self, backend: SimBackend, rng: np.random.Generator) -> None:
         c = self.config
-        clip = self._load_clip()
-        self._check_clip(clip, backend)
+        clip = self._check_clip(self._load_clip(backend), backend)
         self._bind_joints(backend)
         self.clip = clip
         n, info = backend.num_envs, backend.info

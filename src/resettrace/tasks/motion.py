@@ -15,6 +15,9 @@ key               shape         meaning
 ``body_quat``     (T, B, 4)     world orientations, unit quaternions **wxyz**
 ``body_lin_vel``  (T, B, 3)     world-frame linear velocities of the body frames (m/s)
 ``body_ang_vel``  (T, B, 3)     world-frame angular velocities (rad/s)
+``joint_names``   (J,) str      optional: the clip's joints by name, mapped to the model's
+                                joints by name (without it, ``J`` joints in the model's
+                                qpos order)
 ================  ============  ======================================================
 
 :func:`generate_clip` builds a deterministic walking clip with the project's own
@@ -32,6 +35,7 @@ two-dimensional ones of :mod:`resettrace.tasks.quat` do not.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import zipfile
 from dataclasses import dataclass
@@ -71,7 +75,6 @@ DEFAULT_TRACKED_BODIES: tuple[str, ...] = (
     "right_shoulder_roll_link", "right_elbow_link", "right_wrist_yaw_link",
 )
 
-_DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "assets" / "g1" / "g1.xml"
 #: quaternion norms further than this from 1 are rejected (float32 sources pass)
 _UNIT_TOL = 1e-3
 
@@ -169,12 +172,15 @@ class MotionClip:
     body_quat: np.ndarray
     body_lin_vel: np.ndarray
     body_ang_vel: np.ndarray
+    #: the joints of joint_pos / joint_vel by name (empty: the model's hinge joints in order)
+    joint_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        names = self.body_names
-        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-            raise ValueError(f"body_names must be a sequence of body names, got {names!r}")
-        object.__setattr__(self, "body_names", tuple(names))
+        for field_name in ("body_names", "joint_names"):
+            names = getattr(self, field_name)
+            if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+                raise ValueError(f"{field_name} must be a sequence of names, got {names!r}")
+            object.__setattr__(self, field_name, tuple(names))
         for key in ("joint_pos", "joint_vel", "body_pos", "body_quat", "body_lin_vel",
                     "body_ang_vel"):
             try:
@@ -204,6 +210,26 @@ class MotionClip:
     def num_joints(self) -> int:
         return int(self.joint_pos.shape[1])
 
+    def for_joints(self, joints: tuple[str, ...]) -> MotionClip:
+        """This clip with its joint columns in the order of ``joints`` (a model's hinge
+        joints), mapped by name; ``ValueError`` listing the joints the clip lacks. A clip
+        without joint names must have exactly ``len(joints)`` joints, in that order."""
+        if not self.joint_names:
+            if self.num_joints != len(joints):
+                raise ValueError(f"the clip has {self.num_joints} joints (no names), the model "
+                                 f"{len(joints)}; save the clip with joint_names to map them")
+            return dataclasses.replace(self, joint_names=tuple(joints))
+        index = {n: i for i, n in enumerate(self.joint_names)}
+        missing = [j for j in joints if j not in index]
+        if missing:
+            raise ValueError(f"the clip has no column for {len(missing)} of the model's joints:"
+                             f" {', '.join(missing)}")
+        if tuple(joints) == self.joint_names:
+            return self
+        cols = np.array([index[j] for j in joints], dtype=np.intp)
+        return dataclasses.replace(self, joint_pos=self.joint_pos[:, cols],
+                                   joint_vel=self.joint_vel[:, cols], joint_names=tuple(joints))
+
     @property
     def duration(self) -> float:
         """Seconds from the first to the last frame."""
@@ -218,6 +244,10 @@ class MotionClip:
             raise ValueError(f"joint_pos must have shape (T, J) with T >= 2 frames and J >= 1 "
                              f"joints, got {jp.shape}")
         t, _ = jp.shape
+        if self.joint_names and (len(self.joint_names) != jp.shape[1]
+                                 or len(set(self.joint_names)) != jp.shape[1]):
+            raise ValueError(f"joint_names must be {jp.shape[1]} unique names (one per column "
+                             f"of joint_pos), got {len(self.joint_names)}")
         if self.joint_vel.shape != jp.shape:
             raise ValueError(f"joint_vel has shape {self.joint_vel.shape}, expected {jp.shape} "
                              "(the shape of joint_pos)")
@@ -262,6 +292,7 @@ def load_clip(path: str | os.PathLike[str]) -> MotionClip:
                 raise ValueError(f"missing key(s) {missing}; a motion clip needs "
                                  f"{list(CLIP_KEYS)}")
             arrays: dict[str, Any] = {k: data[k] for k in CLIP_KEYS}
+            joint_names = data["joint_names"] if "joint_names" in data.files else None
     except ValueError as e:
         raise ValueError(f"{p}: {e}") from None
     except (OSError, EOFError, zipfile.BadZipFile) as e:
@@ -278,7 +309,9 @@ def load_clip(path: str | os.PathLike[str]) -> MotionClip:
                           body_names=tuple(str(n) for n in names),
                           body_pos=arrays["body_pos"], body_quat=arrays["body_quat"],
                           body_lin_vel=arrays["body_lin_vel"],
-                          body_ang_vel=arrays["body_ang_vel"])
+                          body_ang_vel=arrays["body_ang_vel"],
+                          joint_names=() if joint_names is None
+                          else tuple(str(n) for n in np.atleast_1d(joint_names)))
     except ValueError as e:
         raise ValueError(f"{p}: {e}") from None
 
@@ -292,7 +325,7 @@ def save_clip(clip: MotionClip, path: str | os.PathLike[str]) -> Path:
     np.savez(p, fps=np.float64(clip.fps), joint_pos=clip.joint_pos, joint_vel=clip.joint_vel,
              body_names=np.array(clip.body_names, dtype=str), body_pos=clip.body_pos,
              body_quat=clip.body_quat, body_lin_vel=clip.body_lin_vel,
-             body_ang_vel=clip.body_ang_vel)
+             body_ang_vel=clip.body_ang_vel, joint_names=np.array(clip.joint_names, dtype=str))
     return p
 
 
@@ -322,7 +355,7 @@ def _finite_difference_indices(t: int) -> tuple[np.ndarray, np.ndarray]:
     return np.maximum(i - 1, 0), np.minimum(i + 1, t - 1)
 
 
-def generate_clip(model_path: str | os.PathLike[str] | None = None, *, seconds: float = 4.0,
+def generate_clip(model_path: str | os.PathLike[str] | Any = None, *, seconds: float = 4.0,
                   fps: int = 50, seed: int = 0,
                   body_names: tuple[str, ...] = DEFAULT_TRACKED_BODIES,
                   speed: float = 0.5, gait_hz: float = 1.0) -> MotionClip:
@@ -342,10 +375,10 @@ def generate_clip(model_path: str | os.PathLike[str] | None = None, *, seconds: 
 
     if seconds <= 0 or fps <= 0:
         raise ValueError(f"seconds and fps must be > 0, got {seconds} and {fps}")
-    path = Path(_DEFAULT_MODEL if model_path is None else model_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"model file not found: {path}")
-    model = mujoco.MjModel.from_xml_path(str(path))
+    from resettrace.model_facts import keyframe_qpos, load_model
+
+    model = load_model(model_path)
+    path = "the bundled G1" if model_path is None else str(model_path)
     data = mujoco.MjData(model)
     body_ids = []
     for name in body_names:
@@ -353,8 +386,7 @@ def generate_clip(model_path: str | os.PathLike[str] | None = None, *, seconds: 
         if bid < 0:
             raise ValueError(f"body {name!r} is not in the model {path}")
         body_ids.append(bid)
-    key = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_KEY, "stand")
-    stand = np.array(model.key_qpos[key] if key >= 0 else model.qpos0, dtype=np.float64)
+    stand = keyframe_qpos(model)
 
     t_frames = int(round(seconds * fps)) + 1
     if t_frames < 2:
@@ -413,9 +445,12 @@ def generate_clip(model_path: str | os.PathLike[str] | None = None, *, seconds: 
     body_lin_vel = (body_pos[hi_i] - body_pos[lo_i]) / span[:, :, None]
     dq = qmul(body_quat[hi_i], qconj(body_quat[lo_i]))  # world-frame rotation over the span
     body_ang_vel = qlog(dq) / span[:, :, None]
+    joint_names = tuple(mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint{j}"
+                        for j in range(1, model.njnt))
     return MotionClip(fps=float(fps), joint_pos=joint_pos, joint_vel=joint_vel,
                       body_names=tuple(body_names), body_pos=body_pos, body_quat=body_quat,
-                      body_lin_vel=body_lin_vel, body_ang_vel=body_ang_vel)
+                      body_lin_vel=body_lin_vel, body_ang_vel=body_ang_vel,
+                      joint_names=joint_names)
 
 
 # -- start-frame sampling -------------------------------------------------------------------
