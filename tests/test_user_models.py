@@ -253,3 +253,48 @@ def test_clip_joints_are_mapped_by_name(tmp_path: Path) -> None:
                                          "left_hip_pitch_joint"):
         resettrace.make_env("g1_motion_tracking", num_envs=2, nthread=1,
                             task_options={"clip": short})
+
+
+def test_motrix_runs_mujocos_gains_and_says_which_limits_it_cannot(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Knees with kv from dampratio, hip pitch limited at the joint (actuatorfrcrange):
+    MotrixSim gets MuJoCo's kd through its overrides, and a warning names the hip pitch
+    actuators whose force limit it ignores."""
+    import numpy as np
+
+    from resettrace.model_facts import actuator_force_limits, actuator_gains, load_model
+
+    # kv and dampratio exclude each other on MotrixSim: no kv in the top default
+    xml = G1.replace('forcelimited="true" kp="40" kv="2"/>', 'forcelimited="true" kp="40"/>', 1)
+    xml = xml.replace('<position kp="150" kv="4" forcerange="-139 139"/>',
+                     '<position kp="150" dampratio="1" forcerange="-139 139"/>', 1)
+    hip_pitch = ('<joint axis="0 1 0" armature="0.01017752004"/>\n'
+                 '        <position kp="100" kv="2" forcerange="-88 88"/>')
+    assert hip_pitch in xml
+    xml = xml.replace(hip_pitch, '<joint axis="0 1 0" armature="0.01017752004" '
+                      'actuatorfrcrange="-88 88"/>\n'
+                      '        <position kp="100" kv="2" forcelimited="false"/>', 1)
+    xml = xml.replace('model="g1_29dof_resettrace"', 'model="g1_parity"')
+    model = _variant(tmp_path, "g1_parity", xml)
+    mj = load_model(model)
+    kp_mj, kd_mj = actuator_gains(mj)
+    knee = mj.actuator("left_knee_joint").id
+    hip = mj.actuator("left_hip_pitch_joint").id
+    assert actuator_force_limits(mj)[hip].tolist() == [-88.0, 88.0]  # from the joint
+    with caplog.at_level(logging.WARNING, logger="resettrace"):
+        b = resettrace.make_backend("motrix", num_envs=3, model=str(model), nthread=1)
+    both = _variant(tmp_path, "g1_kv_and_dampratio", G1.replace(
+        '<position kp="150" kv="4" forcerange', '<position kp="150" dampratio="1" forcerange', 1))
+    with pytest.raises(ValueError, match="MotrixSim cannot load the model: .*mutually"):
+        resettrace.make_backend("motrix", num_envs=1, model=str(both), nthread=1)
+    act = list(b.model.actuators)
+    assert not np.isclose(float(act[knee].kd), kd_mj[knee], rtol=1e-3)  # its own derivation
+    q = np.broadcast_to(b.keyframe_qpos, (3, b.nq))
+    b.set_state(np.array([0, 2]), q[:2], np.zeros((2, b.nv)))  # a reset keeps the gains
+    np.testing.assert_allclose(act[knee].get_kd_override(b.data), kd_mj[knee], rtol=1e-5)
+    np.testing.assert_allclose(act[knee].get_kp_override(b.data), kp_mj[knee], rtol=1e-5)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "kp/kd of 2 actuator(s) of model 'g1_parity' differ from MuJoCo's" in said
+    assert "2 actuator(s) of model 'g1_parity' have other force limits on MotrixSim" in said
+    assert "left_hip_pitch_joint" in said and "[-88.0, 88.0] on MuJoCo" in said
+    b.close()

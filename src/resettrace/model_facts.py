@@ -191,3 +191,33 @@ def keyframe_qpos(m: mujoco.MjModel) -> np.ndarray:
     if key < 0 and m.nkey:
         key = 0
     return np.array(m.key_qpos[key] if key >= 0 else m.qpos0, dtype=np.float64)
+
+
+def actuator_gains(m: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
+    """Each position actuator's effective kp and kv as MuJoCo compiled them (``dampratio``
+    resolved to kv)."""
+    return (np.array(m.actuator_gainprm[:, 0], np.float64),
+            -np.array(m.actuator_biasprm[:, 2], np.float64))
+
+
+def actuator_force_limits(m: mujoco.MjModel) -> np.ndarray:
+    """``(nu, 2)``: the force each actuator can apply in MuJoCo: its own ``forcerange``
+    where force-limited, within its joint's ``actuatorfrcrange`` where that is set
+    (``inf`` where neither limits it)."""
+    out = np.tile([-np.inf, np.inf], (m.nu, 1))
+    own = m.actuator_forcelimited.astype(bool)
+    out[own] = m.actuator_forcerange[own]
+    joints = m.actuator_trnid[:, 0]
+    joint_limited = m.jnt_actfrclimited[joints].astype(bool)
+    jr = m.jnt_actfrcrange[joints]
+    out[joint_limited, 0] = np.maximum(out[joint_limited, 0], jr[joint_limited, 0])
+    out[joint_limited, 1] = np.minimum(out[joint_limited, 1], jr[joint_limited, 1])
+    return out
+
+
+def warn_once(key: str, message: str, *args: Any) -> None:
+    """A warning said once per process for ``key`` (a model and what is wrong with it)."""
+    if ("parity", key) in _warned:
+        return
+    _warned.add(("parity", key))
+    log.warning(message, *args)

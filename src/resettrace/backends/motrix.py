@@ -72,10 +72,14 @@ from resettrace.backends._validate import check_ids, convert_rows
 from resettrace.contract import BackendInfo, SetStateResult
 from resettrace.model_facts import (
     DEFAULT_MODEL,
+    actuator_force_limits,
+    actuator_gains,
     describe_model,
     keyframe_qpos,
     load_model,
+    model_label,
     robot_contact_geoms,
+    warn_once,
 )
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
 from resettrace.tracing.api import bind, current_recorder
@@ -207,8 +211,12 @@ class MotrixBackend:
         mj = load_model(path)
         info = describe_model(mj, self.name)
         init_threads(nthread)  # before the first load: the pool is sized once per process
-        with _G_LOAD:
-            self.model: Any = ms.load_model(str(path))
+        try:
+            with _G_LOAD:
+                self.model: Any = ms.load_model(str(path))
+        except RuntimeError as e:  # a file MuJoCo takes and MotrixSim does not
+            message = " ".join(str(e).split())
+            raise ValueError(f"{path}: MotrixSim cannot load the model: {message}") from None
         _check_same_layout(self.model, mj, info)
         self.info = BackendInfo(
             name=info.name, joint_names=info.joint_names, body_names=info.body_names,
@@ -227,6 +235,8 @@ class MotrixBackend:
         with _G_DATA:
             self.data: Any = ms.SceneData(self.model, batch=[self.num_envs])
         self._keyframe = keyframe_qpos(mj)
+        #: the actuator gains the engine is run with: MuJoCo's, for the same file
+        self._kp, self._kd = self._match_mujoco(mj)
         self._act_qadr = 7 + self.info.actuator_joint
         self._ctrl_lo = self.info.ctrl_range[:, 0].copy()
         self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
@@ -252,6 +262,50 @@ class MotrixBackend:
         q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
         with bind(NOOP_RECORDER):
             self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
+
+    def _match_mujoco(self, mj: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
+        """Make this engine simulate the robot MuJoCo does, where MotrixSim allows it.
+
+        Gains: MotrixSim derives kd from ``dampratio`` its own way; where its kp or kd
+        differ from MuJoCo's compiled values, every env gets MuJoCo's through the engine's
+        per-env overrides (said once). Force limits cannot be changed on a loaded
+        MotrixSim model (joint-level ``actuatorfrcrange`` is ignored by its loader): where
+        its limits differ from MuJoCo's, a warning names the actuators and both limits.
+        """
+        acts = list(self.model.actuators)
+        kp_mj, kd_mj = actuator_gains(mj)
+        kp = np.array([float(a.kp) for a in acts])
+        kd = np.array([float(a.kd) for a in acts])
+        label = model_label(mj)
+        fixed = [i for i in range(len(acts))
+                 if not (np.isclose(kp[i], kp_mj[i], rtol=1e-5)
+                         and np.isclose(kd[i], kd_mj[i], rtol=1e-5))]
+        if fixed:
+            with _G_RAND:
+                for i in fixed:
+                    acts[i].set_kp_override(self.data, np.full(self.num_envs, kp_mj[i]))
+                    acts[i].set_damping_override(self.data, np.full(self.num_envs, kd_mj[i]))
+            warn_once(f"gains {label} {fixed}",
+                      "resettrace: MotrixSim's kp/kd of %d actuator(s) of %s differ from "
+                      "MuJoCo's (e.g. %s: kp %.4g, kd %.4g against %.4g, %.4g; kd from "
+                      "dampratio is derived differently); MuJoCo's are applied",
+                      len(fixed), label, acts[fixed[0]].name, kp[fixed[0]], kd[fixed[0]],
+                      kp_mj[fixed[0]], kd_mj[fixed[0]])
+        limits = actuator_force_limits(mj)
+        engine = np.array([list(a.force_range) if a.force_range is not None
+                           else [-np.inf, np.inf] for a in acts], np.float64)
+        differ = [i for i in range(len(acts))
+                  if not np.allclose(engine[i], limits[i], rtol=1e-5, equal_nan=False)]
+        if differ:
+            i = differ[0]
+            warn_once(f"force {label} {differ}",
+                      "resettrace: %d actuator(s) of %s have other force limits on MotrixSim "
+                      "than on MuJoCo, which cannot be changed after loading (MotrixSim "
+                      "ignores joint-level actuatorfrcrange): e.g. %s: %s N·m on MotrixSim, "
+                      "%s on MuJoCo. The two backends simulate different robots; put the "
+                      "limits in each actuator's forcerange for parity", len(differ), label,
+                      acts[i].name, engine[i].tolist(), limits[i].tolist())
+        return kp_mj, kd_mj
 
     # -- contract ----------------------------------------------------------------------------
     @property
@@ -360,7 +414,8 @@ class MotrixBackend:
                     "links": [(lk, float(lk.get_mass_override(data)[0]),
                                np.array(lk.get_inertia_override(data)[0], np.float64))
                               for lk in links],
-                    "actuators": [(a, float(a.kp), float(a.kd)) for a in acts],
+                    "actuators": [(a, float(self._kp[i]), float(self._kd[i]))
+                                  for i, a in enumerate(acts)],
                 }
         return self._override_base
 
