@@ -298,3 +298,23 @@ def test_motrix_runs_mujocos_gains_and_says_which_limits_it_cannot(
     assert "2 actuator(s) of model 'g1_parity' have other force limits on MotrixSim" in said
     assert "left_hip_pitch_joint" in said and "[-88.0, 88.0] on MuJoCo" in said
     b.close()
+
+
+def test_a_mesh_that_does_not_load_names_where_it_was_looked_for(tmp_path: Path) -> None:
+    model = _variant(tmp_path, "broken", """<mujoco model="broken">
+  <compiler meshdir="assets"/>
+  <asset><mesh name="a" file="missing.stl"/></asset>
+  <worldbody><body><freejoint/><geom type="mesh" mesh="a"/></body></worldbody>
+</mujoco>""")
+    r = _cli("bench", "collector", "--num-envs", "2", "--steps", "1", "--model", str(model))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{model}: MuJoCo cannot load the model" in r.stderr
+    assert f"looked for {tmp_path.resolve() / 'assets' / 'missing.stl'}" in r.stderr
+
+
+@pytest.mark.parametrize("backend", ["mujoco", "motrix"])
+def test_a_num_envs_beyond_int32_is_refused_before_the_engine(backend: str) -> None:
+    with pytest.raises(ValueError, match="num_envs must be between 1 and 2147483647"):
+        resettrace.make_backend(backend, num_envs=2**31, nthread=1)
+    r = _cli("bench", "export", "--num-envs", str(2**31), "--rounds", "1")
+    assert r.returncode == 2 and "--num-envs must be at most 2147483647" in r.stderr

@@ -40,6 +40,10 @@ class SetStateResult(TypedDict):
     timing: dict[str, float]
 
 
+#: the most envs one backend batch takes (the engines index envs with int32)
+MAX_ENVS = 2**31 - 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class BackendInfo:
     """Static facts about a backend's model, shared by envs and tasks."""

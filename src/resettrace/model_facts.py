@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,10 @@ def load_model(model: str | os.PathLike[str] | mujoco.MjModel | None) -> mujoco.
         return mujoco.MjModel.from_xml_path(str(path))
     except ValueError as e:
         message = " ".join(str(e).split())
+        # a file it names (a mesh, an include) is relative to the model's folder: say where
+        for name in re.findall(r"'([^']+\.[A-Za-z0-9]+)'", message):
+            if not os.path.isabs(name):
+                message += f" (looked for {(path.parent / name).resolve()})"
         raise ValueError(f"{path}: MuJoCo cannot load the model: {message}") from None
 
 

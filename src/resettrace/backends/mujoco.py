@@ -41,7 +41,7 @@ from mujoco import batch as mj_batch
 from resettrace import catalog as C
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import check_ids, convert_rows
-from resettrace.contract import SetStateResult
+from resettrace.contract import MAX_ENVS, SetStateResult
 from resettrace.model_facts import (
     DEFAULT_MODEL,
     KEYFRAME,
@@ -69,8 +69,8 @@ class MujocoBackend:
 
     def __init__(self, *, num_envs: int, model: Any = None, nthread: int | None = None,
                  recorder: Recorder | NoopRecorder | None = None) -> None:
-        if int(num_envs) < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if not 1 <= int(num_envs) <= MAX_ENVS:
+            raise ValueError(f"num_envs must be between 1 and {MAX_ENVS}, got {num_envs}")
         self.num_envs = int(num_envs)
         self.model = load_model(model)
         self.info = describe_model(self.model, self.name,

@@ -31,16 +31,13 @@ from typing import Any, TextIO
 import numpy as np
 
 from resettrace import catalog as C
+from resettrace.contract import MAX_ENVS
 from resettrace.tables import STAT_FIELDS, format_table, write_csv, write_json
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CollectorConfig", "run_collector", "run_numba_ab", "render_report",
            "render_numba_ab"]
-
-
-#: the most envs one backend batch takes (the engines index envs with int32)
-MAX_ENVS = 2**31 - 1
 
 
 @dataclass(frozen=True, kw_only=True)

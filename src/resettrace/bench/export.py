@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from resettrace.config import Config
+from resettrace.contract import MAX_ENVS
 from resettrace.tables import format_table
 from resettrace.testing.receivers import ReceiverProcess
 
@@ -62,6 +63,8 @@ class ExportBenchConfig:
     def __post_init__(self) -> None:
         if self.num_envs < 1 or self.rounds < 1 or self.steps < 1 or self.warmup < 0:
             raise ValueError("--num-envs, --rounds and --steps must be >= 1, --warmup >= 0")
+        if self.num_envs > MAX_ENVS:
+            raise ValueError(f"--num-envs must be at most {MAX_ENVS}, got {self.num_envs}")
         unknown = [c for c in self.candidates if c not in EXPORTING]
         if unknown or not self.candidates:
             raise ValueError(f"--candidates takes one or more of {', '.join(EXPORTING)}"

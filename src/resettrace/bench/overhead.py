@@ -30,6 +30,7 @@ import numpy as np
 from resettrace import catalog as C
 from resettrace.bench.collector import render_export
 from resettrace.config import Config
+from resettrace.contract import MAX_ENVS
 from resettrace.tables import format_table
 from resettrace.testing.receivers import ReceiverProcess
 from resettrace.tracing.recorder import NOOP_RECORDER
@@ -59,6 +60,8 @@ class OverheadConfig:
             raise ValueError(f"--ratio must be in (0, 1], got {self.ratio}")
         if self.num_envs < 1 or self.rounds < 1 or self.calls < 1 or self.warmup < 0:
             raise ValueError("--num-envs, --rounds and --calls must be >= 1, --warmup >= 0")
+        if self.num_envs > MAX_ENVS:
+            raise ValueError(f"--num-envs must be at most {MAX_ENVS}, got {self.num_envs}")
         if not 1 <= self.repeats <= self.rounds:
             raise ValueError(f"--repeats must be in [1, --rounds], got {self.repeats}")
 
