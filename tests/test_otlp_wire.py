@@ -63,19 +63,25 @@ def _wire_request(max_spans: int = 512) -> tuple[ExportTraceServiceRequest, int]
     return ExportTraceServiceRequest.FromString(payload.data), payload.count
 
 
-def _comparable(request: ExportTraceServiceRequest) -> dict[str, Any]:
+def _spans_of(spans: Any) -> dict[str, Any]:
     """Spans by name, parents by name, ids and SDK-only flags left out."""
-    (rs,) = request.resource_spans
-    (ss,) = rs.scope_spans
-    names = {s.span_id: s.name for s in ss.spans}
-    spans = {}
-    for s in ss.spans:
+    names = {s.span_id: s.name for s in spans}
+    out = {}
+    for s in spans:
         d = MessageToDict(s)
         for k in ("traceId", "spanId", "parentSpanId", "flags"):
             d.pop(k, None)
         d["attributes"] = sorted(d.get("attributes", []), key=lambda a: a["key"])
         d["parent"] = names.get(s.parent_span_id)
-        spans[s.name] = d
+        out[s.name] = d
+    return out
+
+
+def _comparable(request: ExportTraceServiceRequest) -> dict[str, Any]:
+    """The request's resource, scope and spans (see ``_spans_of``)."""
+    (rs,) = request.resource_spans
+    (ss,) = rs.scope_spans
+    spans = _spans_of(ss.spans)
     assert len({s.trace_id for s in ss.spans}) == 1
     resource = sorted(MessageToDict(rs.resource)["attributes"], key=lambda a: a["key"])
     return {"resource": resource, "scope": ss.scope.name, "spans": spans}
@@ -102,19 +108,6 @@ def test_requests_hold_whole_traces() -> None:
     big.add_trace(0, RECORDS, OFFSET, {})
     p = big.take(4)  # a trace larger than the cap goes whole
     assert p is not None and p.count == 6 and big.take(4) is None
-
-
-def _spans_of(spans: Any) -> dict[str, Any]:
-    names = {s.span_id: s.name for s in spans}
-    out = {}
-    for s in spans:
-        d = MessageToDict(s)
-        for k in ("traceId", "spanId", "parentSpanId", "flags"):
-            d.pop(k, None)
-        d["attributes"] = sorted(d.get("attributes", []), key=lambda a: a["key"])
-        d["parent"] = names.get(s.parent_span_id)
-        out[s.name] = d
-    return out
 
 
 def test_traces_encoded_together_match_the_sdk_one_by_one() -> None:
