@@ -152,6 +152,7 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
         for c in run:
             sessions[c].force_flush(30.0)
             cpu0[c] = (_child_cpu(sessions[c]), _sent(sessions[c]))
+        rx0 = {c: _cpu_s(rx.pid) for c, rx in receivers.items()}
         spent: dict[str, list[float]] = {c: [] for c in run}
         for r in range(cfg.rounds):
             for c in rng.permutation(run):
@@ -183,6 +184,10 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
                         + report.get("spans_built", 0)) if c in receivers else 0
             out[c] = {"report": report, "steady": steady, "produced": produced}
         for c, rx in receivers.items():
+            cpu, start = _cpu_s(rx.pid), rx0[c]
+            sent = out[c]["steady"][1] if out[c]["steady"] else 0
+            out[c]["receiver_cpu_us_per_span"] = (
+                None if cpu is None or start is None or not sent else 1e6 * (cpu - start) / sent)
             out[c]["received"] = rx.stop()
     finally:
         for rx in receivers.values():
@@ -209,6 +214,8 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
             "spans_received": info.get("received"),
             "child_cpu_us_per_span": None if steady is None or not steady[1]
             else 1e6 * steady[0] / steady[1],
+            # the counting receiver's, on these same cores (a collector elsewhere costs none)
+            "receiver_cpu_us_per_span": info.get("receiver_cpu_us_per_span"),
         }
     return {"config": asdict(cfg), "candidates": rows}
 
@@ -222,10 +229,10 @@ def render_export_bench(result: dict[str, Any]) -> str:
     rows = [[c, r["env_per_s"], r["slowdown"], r["slowdown_min"], r["slowdown_max"],
              num(r["spans_produced"]), num(r["spans_dropped"]), num(r["spans_delivered"]),
              num(r["spans_timed_out"]), num(r["spans_received"]),
-             num(r["child_cpu_us_per_span"])]
+             num(r["child_cpu_us_per_span"]), num(r["receiver_cpu_us_per_span"])]
             for c, r in result["candidates"].items()]
     return format_table(
         f"span export: {cfg['num_envs']} envs, {cfg['rounds']} rounds x {cfg['steps']} steps "
         f"per candidate, interleaved; slowdown = candidate time / timing time per round",
         ["candidate", "env/s", "slowdown", "min", "max", "produced", "dropped", "delivered",
-         "timed out", "received", "child us/span"], rows)
+         "timed out", "received", "child us/span", "receiver us/span"], rows)

@@ -499,6 +499,10 @@ class ReceiverProcess:
             raise RuntimeError(f"the receiver process did not start: {line!r}")
         self.endpoint = line
 
+    @property
+    def pid(self) -> int:
+        return int(self._proc.pid)
+
     def stop(self) -> int:
         """Close the receiver; the number of spans it received."""
         out, _ = self._proc.communicate(timeout=30)
