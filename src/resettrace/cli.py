@@ -4,6 +4,8 @@
 ``resettrace bench overhead``   tracing off vs timing vs trace, side by side
 ``resettrace bench set-state-ab`` the shipped set_state vs the published path vs the engine floor
 ``resettrace bench export``     span export designs: delivery and training slowdown
+``resettrace bench compare-aa RUN`` compare's false-positive rate on A/A pairs of one run
+``resettrace compare BASE NEW``  two sets of collector runs, per key, with verdicts
 ``resettrace run [--instrument SPEC] -- COMMAND ...``  an unmodified command, traced
 
 Tracing settings come from ``RESETTRACE`` / ``RESETTRACE_*`` / ``OTEL_*`` (see
@@ -308,6 +310,34 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", default=None, help="write the result as JSON")
     a.set_defaults(func=_set_state_ab)
 
+    def compare_flags(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--noise", type=float, default=3.0, metavar="PCT",
+                       help="noise floor: a change within +-PCT%% is 'within noise' (3)")
+        q.add_argument("--confidence", type=float, default=0.95,
+                       help="confidence level of the bootstrap interval (0.95)")
+        q.add_argument("--reference", default="physics_ms", metavar="KEY",
+                       help="a key the change leaves alone: its shift between the sides "
+                            "(the machine's drift) widens the noise floor (physics_ms; "
+                            "'none': the fixed floor only)")
+        q.add_argument("--blocks", type=int, default=10,
+                       help="blocks per run whose medians are the statistical units (10)")
+        q.add_argument("--json", default=None, help="write the result as JSON")
+
+    cmp_ = sub.add_parser("compare", help="two sets of collector runs side by side, per key")
+    cmp_.add_argument("base", metavar="BASE", help="timing.json, or a folder of runs")
+    cmp_.add_argument("new", metavar="NEW", help="timing.json, or a folder of runs")
+    cmp_.add_argument("--fail-on-regression", type=float, default=None, metavar="PCT",
+                      help="exit 1 when a key is slower beyond noise by more than PCT%%")
+    compare_flags(cmp_)
+    cmp_.set_defaults(func=_compare)
+
+    aa = bench.add_parser("compare-aa", help="compare's false-positive rate on A/A pairs "
+                                             "cut from one long run")
+    aa.add_argument("run", metavar="RUN", help="timing.json, or a folder of runs")
+    aa.add_argument("--pairs", type=int, default=10, help="A/A pairs per run (10)")
+    compare_flags(aa)
+    aa.set_defaults(func=_compare_aa)
+
     r = sub.add_parser(
         "run", help="run an unmodified command with tracing installed",
         description="Run COMMAND with resettrace installed in each of its Python processes "
@@ -325,6 +355,63 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     r.set_defaults(func=_run)
     return p
+
+
+def _compare_options(args: argparse.Namespace) -> dict[str, Any]:
+    if not 0 < args.confidence < 1:
+        raise ValueError(f"--confidence must be between 0 and 1, got {args.confidence}")
+    if not args.noise >= 0 or args.blocks < 1:
+        raise ValueError("--noise must be >= 0 and --blocks >= 1")
+    return {"blocks": args.blocks, "noise_pct": args.noise, "confidence": args.confidence,
+            "reference": None if args.reference == "none" else args.reference}
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from resettrace.compare import compare_runs, load_runs, regressions, render_compare
+
+    try:
+        options = _compare_options(args)
+        result = compare_runs(load_runs(args.base), load_runs(args.new), **options)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    print(render_compare(result))
+    if _save_json(args.json, result):
+        return 2
+    if args.fail_on_regression is not None:
+        slower = regressions(result, args.fail_on_regression)
+        if slower:
+            print(f"resettrace: {len(slower)} key(s) slower beyond noise by more than "
+                  f"{args.fail_on_regression:g}%: "
+                  + ", ".join(f"{k['key']} " + ("(took no time before)" if k["delta_pct"]
+                                                 is None else f"{k['delta_pct']:+.1f}%")
+                              for k in slower),
+                  file=sys.stderr)
+            return 1
+    return 0
+
+
+def _compare_aa(args: argparse.Namespace) -> int:
+    from resettrace.compare import aa_false_positive_rate, load_runs
+
+    try:
+        options = _compare_options(args)
+        if args.pairs < 1:
+            raise ValueError(f"--pairs must be >= 1, got {args.pairs}")
+        runs = load_runs(args.run)
+        results = [aa_false_positive_rate(r, args.pairs, **options) for r in runs]
+    except (ValueError, FileNotFoundError) as e:
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    flagged = sum(r["false_positives"] for r in results)
+    total = sum(r["verdicts"] for r in results)
+    print(f"A/A: {args.pairs} pairs of consecutive pieces per run, {len(runs)} run(s): "
+          f"{flagged} of {total} key verdicts not 'within noise' "
+          f"(false-positive rate {100 * flagged / max(total, 1):.2f}%)")
+    for r in results:
+        for key, n in sorted(r["flagged_keys"].items()):
+            print(f"  {key}: flagged in {n} of {r['pairs']} pairs")
+    return _save_json(args.json, {"runs": [r.source for r in runs], "results": results})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,295 @@
+"""``resettrace compare BASE NEW``: two sets of collector runs side by side, per timing key,
+with a verdict per key that tells a real change from machine noise.
+
+A run is a ``timing.json`` (``resettrace bench collector --out``); a folder stands for every
+``timing.json`` under it (several runs of one configuration).
+
+The statistics, per key:
+
+* **Units.** Per-call samples of one run are not independent (the machine drifts during a
+  run, and calls in a row share caches), so each run's samples of a key are cut into
+  ``blocks`` consecutive blocks (10 by default, fewer when a run has few samples) and each
+  block's median is one unit. The units of every run of a side are pooled.
+* **Effect.** ``delta_pct`` = 100 × (mean of NEW's units / mean of BASE's units − 1), with a
+  bootstrap confidence interval (``scipy.stats.bootstrap``, percentile method, units
+  resampled within each side).
+* **Noise floor.** The larger of ``noise_pct`` (3% by default: the run-to-run spread of
+  physics on a quiet machine) and how far the reference key (``physics_ms``, the engine's
+  step, which a change to the reset path leaves alone) moved between the two sides (the far
+  end of its interval): a machine that ran slower or faster for one side shifts every key
+  alike, and that shift is not the change's.
+* **Verdict.** ``slower`` when the whole interval lies above ``+floor``, ``faster`` when it
+  lies below ``−floor``, else ``within noise``. A key that only one side has is ``new`` or
+  ``gone``; one that took no time on BASE and some on NEW is ``slower``.
+
+The floor is what makes an A/A comparison (two runs of one configuration) come out
+"within noise": the interval of one pair of runs does not hold the run-to-run drift, the floor
+does. ``resettrace bench compare-aa RUN`` measures the false-positive rate on A/A pairs cut
+from one long run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from resettrace import catalog as C
+from resettrace.tables import format_table
+
+__all__ = ["Run", "load_runs", "compare_runs", "render_compare", "KeyVerdict",
+           "CONFIG_FIELDS", "split_run", "aa_false_positive_rate"]
+
+#: configuration that must agree for two runs to be comparable
+CONFIG_FIELDS = ("task", "backend", "num_envs", "model", "randomize", "control_dt", "mode")
+#: reset fractions further apart than this (relative) make runs not comparable
+RESET_FRACTION_TOLERANCE = 0.2
+
+
+@dataclass(frozen=True)
+class Run:
+    """One collector run: its configuration, env/s, reset fraction and per-key samples."""
+
+    source: str
+    config: dict[str, Any]
+    env_per_s: float
+    reset_fraction: float
+    samples: dict[str, list[float]]
+
+
+def _load_one(path: Path) -> Run:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable timing.json ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), dict):
+        raise ValueError(f"{path}: not a collector timing.json (no per-key samples)")
+    return Run(source=str(path), config=dict(data.get("config") or {}),
+               env_per_s=float(data.get("env_per_s") or 0.0),
+               reset_fraction=float(data.get("reset_fraction") or 0.0),
+               samples={k: [float(x) for x in v] for k, v in data["samples"].items()})
+
+
+def load_runs(path: str | Path) -> list[Run]:
+    """The runs at ``path``: a ``timing.json`` file, or every one under a folder."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.rglob("timing.json"))
+        if not files:
+            raise ValueError(f"{p}: no timing.json in this folder")
+        return [_load_one(f) for f in files]
+    if not p.is_file():
+        raise FileNotFoundError(f"no such run: {p}")
+    return [_load_one(p)]
+
+
+def _units(samples: Sequence[float], blocks: int) -> np.ndarray:
+    """Medians of ``blocks`` consecutive blocks (at least 5 samples each)."""
+    x = np.asarray(samples, dtype=np.float64)
+    b = max(1, min(blocks, len(x) // 5))
+    return np.array([np.median(part) for part in np.array_split(x, b)]) if len(x) else x
+
+
+@dataclass(frozen=True)
+class KeyVerdict:
+    key: str
+    base_p50: float
+    new_p50: float
+    base_mean: float
+    new_mean: float
+    delta_ms: float
+    delta_pct: float
+    ci_low_pct: float
+    ci_high_pct: float
+    verdict: str
+
+
+def _interval(base: np.ndarray, new: np.ndarray, confidence: float, resamples: int,
+              seed: int) -> tuple[float, float, float]:
+    from scipy import stats
+
+    def ratio(b: np.ndarray, n: np.ndarray, axis: int = -1) -> np.ndarray:
+        return 100.0 * (np.mean(n, axis=axis) / np.mean(b, axis=axis) - 1.0)
+
+    point = float(ratio(base, new))
+    if len(base) < 2 or len(new) < 2 or np.ptp(np.concatenate([base, new])) == 0:
+        return point, point, point
+    res = stats.bootstrap((base, new), ratio, vectorized=True, paired=False,
+                          confidence_level=confidence, n_resamples=resamples,
+                          method="percentile", random_state=np.random.default_rng(seed))
+    low, high = res.confidence_interval
+    return point, float(low), float(high)
+
+
+def compare_key(key: str, base: Sequence[Sequence[float]], new: Sequence[Sequence[float]], *,
+                blocks: int = 10, noise_pct: float = 3.0, confidence: float = 0.95,
+                resamples: int = 2000, seed: int = 0) -> KeyVerdict:
+    """The verdict on one key; ``base`` and ``new`` hold each run's samples of it."""
+    b_all = np.concatenate([np.asarray(s, float) for s in base]) if base else np.array([])
+    n_all = np.concatenate([np.asarray(s, float) for s in new]) if new else np.array([])
+    nan = float("nan")
+    if not len(b_all) or not len(n_all):
+        def stat(f: Any, a: np.ndarray) -> float:
+            return float(f(a)) if len(a) else nan
+
+        return KeyVerdict(key, stat(np.median, b_all), stat(np.median, n_all),
+                          stat(np.mean, b_all), stat(np.mean, n_all), nan, nan, nan, nan,
+                          "new" if len(n_all) else "gone")
+    b_units = np.concatenate([_units(s, blocks) for s in base])
+    n_units = np.concatenate([_units(s, blocks) for s in new])
+    b50, n50 = float(np.median(b_all)), float(np.median(n_all))
+    if np.mean(b_units) <= 0:  # a phase that took no time before (randomization off, say)
+        verdict = "slower" if np.mean(n_units) > 0 else "within noise"
+        return KeyVerdict(key, b50, n50, float(np.mean(b_all)), float(np.mean(n_all)),
+                          n50 - b50, math.inf if verdict == "slower" else 0.0,
+                          math.inf if verdict == "slower" else 0.0,
+                          math.inf if verdict == "slower" else 0.0, verdict)
+    point, low, high = _interval(b_units, n_units, confidence, resamples, seed)
+    verdict = "slower" if low > noise_pct else "faster" if high < -noise_pct else \
+        "within noise"
+    return KeyVerdict(key, b50, n50, float(np.mean(b_all)), float(np.mean(n_all)), n50 - b50,
+                      point, low, high, verdict)
+
+
+def config_differences(base: Sequence[Run], new: Sequence[Run]) -> list[str]:
+    """What makes the two sides not comparable (first: stated before any figure)."""
+    out = []
+    for name in CONFIG_FIELDS:
+        b = {json.dumps(r.config.get(name)) for r in base}
+        n = {json.dumps(r.config.get(name)) for r in new}
+        if b != n:
+            out.append(f"{name}: {', '.join(sorted(b))} -> {', '.join(sorted(n))}")
+    rb = float(np.mean([r.reset_fraction for r in base]))
+    rn = float(np.mean([r.reset_fraction for r in new]))
+    if max(rb, rn) > 0 and abs(rb - rn) > RESET_FRACTION_TOLERANCE * max(rb, rn):
+        out.append(f"reset ratio: {100 * rb:.2f}% -> {100 * rn:.2f}% of envs per step")
+    return out
+
+
+def _share(stats: Mapping[str, float], key: str, of: float) -> float:
+    return 100.0 * stats.get(key, 0.0) / of if of > 0 else float("nan")
+
+
+def _shares(runs: Sequence[Run]) -> dict[str, float]:
+    """reset_done's share of the env step and of the non-physics overhead (total times:
+    reset_done runs only on steps with resets)."""
+    total = {k: float(sum(sum(r.samples.get(k, [])) for r in runs))
+             for k in (C.ENV_STEP.key, C.PHYSICS.key, C.RESET_DONE.key)}
+    step = total[C.ENV_STEP.key]
+    overhead = step - total[C.PHYSICS.key]
+    return {"reset_done_of_env_step_pct": _share(total, C.RESET_DONE.key, step),
+            "reset_done_of_overhead_pct": _share(total, C.RESET_DONE.key, overhead)}
+
+
+def compare_runs(base: Sequence[Run], new: Sequence[Run], *, blocks: int = 10,
+                 noise_pct: float = 3.0, confidence: float = 0.95, resamples: int = 2000,
+                 seed: int = 0, reference: str | None = C.PHYSICS.key) -> dict[str, Any]:
+    """The comparison as a JSON-able dict (``render_compare`` prints it).
+
+    ``reference``: a key the compared change does not touch (the engine's physics step):
+    the noise floor is the larger of ``noise_pct`` and the reference's own shift (the far
+    end of its interval), so that a machine that ran faster or slower for one side moves
+    no verdict. ``None``: the fixed floor only."""
+    keys = [k for k in C.CATALOG.all_keys()
+            if k.endswith("_ms") and any(k in r.samples for r in (*base, *new))]
+    keys += sorted({k for r in (*base, *new) for k in r.samples if k.endswith("_ms")}
+                   - set(keys))  # times only (reset counts say the workload: see above)
+    def verdict(k: str, floor: float) -> KeyVerdict:
+        return compare_key(k, [r.samples[k] for r in base if k in r.samples],
+                           [r.samples[k] for r in new if k in r.samples], blocks=blocks,
+                           noise_pct=floor, confidence=confidence, resamples=resamples,
+                           seed=seed)
+
+    # the machine's own drift between the two sides, seen on a key the change leaves alone
+    floor, machine = noise_pct, None
+    if reference and reference in keys:
+        ref = verdict(reference, noise_pct)
+        if math.isfinite(ref.ci_low_pct) and math.isfinite(ref.ci_high_pct):
+            machine = max(abs(ref.ci_low_pct), abs(ref.ci_high_pct))
+            floor = max(noise_pct, machine)
+    verdicts = [verdict(k, floor) for k in keys]
+    return {
+        "base": [r.source for r in base], "new": [r.source for r in new],
+        "not_comparable": config_differences(base, new),
+        "settings": {"blocks": blocks, "noise_pct": noise_pct, "confidence": confidence,
+                     "resamples": resamples, "reference": reference,
+                     "reference_shift_pct": machine, "noise_floor_pct": floor},
+        "env_per_s": {"base": float(np.mean([r.env_per_s for r in base])),
+                      "new": float(np.mean([r.env_per_s for r in new]))},
+        "shares": {"base": _shares(base), "new": _shares(new)},
+        # JSON has no inf or nan: a delta with no base (a phase that appears) is null
+        "keys": [{k: None if isinstance(x, float) and not math.isfinite(x) else x
+                  for k, x in asdict(v).items()} for v in verdicts],
+    }
+
+
+def regressions(result: Mapping[str, Any], pct: float) -> list[dict[str, Any]]:
+    """Keys slower beyond noise by more than ``pct`` percent."""
+    return [k for k in result["keys"] if k["verdict"] == "slower"
+            and (k["delta_pct"] is None or k["delta_pct"] > pct)]  # None: it took no time
+
+
+def render_compare(result: Mapping[str, Any]) -> str:
+    parts: list[str] = []
+    if result["not_comparable"]:
+        parts.append("NOT COMPARABLE: the runs differ in\n"
+                     + "\n".join(f"  {d}" for d in result["not_comparable"]))
+    e = result["env_per_s"]
+    delta = 100 * (e["new"] / e["base"] - 1) if e["base"] else float("nan")
+    parts.append(f"env/s: {e['base']:,.0f} -> {e['new']:,.0f} ({delta:+.1f}%)")
+    sb, sn = result["shares"]["base"], result["shares"]["new"]
+    parts.append(f"reset_done share of the env step: {sb['reset_done_of_env_step_pct']:.1f}% "
+                 f"-> {sn['reset_done_of_env_step_pct']:.1f}%; of the non-physics overhead: "
+                 f"{sb['reset_done_of_overhead_pct']:.1f}% -> "
+                 f"{sn['reset_done_of_overhead_pct']:.1f}%")
+    s = result["settings"]
+    def num(x: Any) -> float:
+        return float("nan") if x is None else float(x)
+
+    rows = [[k["key"], num(k["base_p50"]), num(k["new_p50"]), num(k["base_mean"]),
+             num(k["new_mean"]), num(k["delta_ms"]), num(k["delta_pct"]),
+             "-" if k["ci_low_pct"] is None or k["ci_high_pct"] is None
+             else f"[{k['ci_low_pct']:+.1f}, {k['ci_high_pct']:+.1f}]", k["verdict"]]
+            for k in result["keys"]]
+    parts.append(format_table(
+        f"per key (ms; delta = NEW/BASE - 1 of block medians, {100 * s['confidence']:.0f}% "
+        f"bootstrap interval; slower/faster only beyond the +-{s['noise_floor_pct']:.1f}% "
+        "noise floor" + (f": {s['reference']} moved up to {s['reference_shift_pct']:.1f}%"
+                         if s.get("reference_shift_pct") is not None
+                         and s["noise_floor_pct"] > s["noise_pct"] else "") + ")",
+        ["key", "base p50", "new p50", "base mean", "new mean", "delta ms", "delta %",
+         "interval %", "verdict"], rows))
+    return "\n\n".join(parts)
+
+
+def split_run(run: Run, parts: int) -> list[Run]:
+    """``run`` cut into ``parts`` consecutive runs (for A/A pairs from one long run)."""
+    return [Run(source=f"{run.source}#{i + 1}/{parts}", config=run.config,
+                env_per_s=run.env_per_s, reset_fraction=run.reset_fraction,
+                samples={k: [float(x) for x in np.array_split(np.asarray(v), parts)[i]]
+                         for k, v in run.samples.items()})
+            for i in range(parts)]
+
+
+def aa_false_positive_rate(run: Run, pairs: int = 10, **options: Any) -> dict[str, Any]:
+    """Cut ``run`` into ``2 * pairs`` consecutive pieces, compare piece 2i with 2i+1: the
+    share of key verdicts that are not "within noise" is the false-positive rate."""
+    pieces = split_run(run, 2 * pairs)
+    flagged = total = 0
+    per_key: dict[str, int] = {}
+    for i in range(pairs):
+        result = compare_runs([pieces[2 * i]], [pieces[2 * i + 1]], **options)
+        for k in result["keys"]:
+            if k["verdict"] in ("new", "gone"):
+                continue
+            total += 1
+            if k["verdict"] != "within noise":
+                flagged += 1
+                per_key[k["key"]] = per_key.get(k["key"], 0) + 1
+    return {"pairs": pairs, "verdicts": total, "false_positives": flagged,
+            "rate": flagged / total if total else float("nan"), "flagged_keys": per_key}

@@ -1,0 +1,130 @@
+"""``resettrace compare``: verdicts on synthetic samples with known answers, and the CLI on
+real collector runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from resettrace.compare import (
+    Run,
+    aa_false_positive_rate,
+    compare_key,
+    compare_runs,
+    render_compare,
+)
+
+
+def _samples(rng: np.random.Generator, n: int, median: float, drift: float = 0.0) -> list[float]:
+    """Log-normal call times around ``median`` ms, with a slow drift over the run."""
+    t = np.linspace(0.0, 1.0, n)
+    return list(median * (1.0 + drift * np.sin(6.0 * t)) * rng.lognormal(0.0, 0.15, n))
+
+
+def test_a_real_shift_is_found_and_signed() -> None:
+    rng = np.random.default_rng(1)
+    base = [_samples(rng, 2000, 1.0)]
+    slower = compare_key("k", base, [_samples(rng, 2000, 1.10)])
+    assert slower.verdict == "slower" and 7 < slower.delta_pct < 13
+    assert slower.ci_low_pct > 3.0 and slower.ci_low_pct < slower.delta_pct < slower.ci_high_pct
+    faster = compare_key("k", base, [_samples(rng, 2000, 0.85)])
+    assert faster.verdict == "faster" and faster.ci_high_pct < -3.0
+
+
+def test_an_aa_pair_is_within_noise() -> None:
+    rng = np.random.default_rng(2)
+    for seed in range(20):
+        a = _samples(np.random.default_rng([seed, 0]), 1500, 2.0, drift=0.02)
+        b = _samples(np.random.default_rng([seed, 1]), 1500, 2.0, drift=0.02)
+        v = compare_key("k", [a], [b])
+        assert v.verdict == "within noise", (seed, v)
+    # a shift inside the noise floor is not a change either, however many samples
+    v = compare_key("k", [_samples(rng, 20_000, 1.0)], [_samples(rng, 20_000, 1.015)])
+    assert v.verdict == "within noise" and 0.5 < v.delta_pct < 2.5
+
+
+def test_a_phase_that_appears_or_vanishes() -> None:
+    rng = np.random.default_rng(3)
+    off = compare_key("rand", [[0.0] * 100], [_samples(rng, 100, 0.05)])
+    assert off.verdict == "slower"  # randomization switched on: the phase now costs time
+    assert compare_key("k", [], [[1.0, 2.0]]).verdict == "new"
+    assert compare_key("k", [[1.0, 2.0]], []).verdict == "gone"
+
+
+def _run(source: str, samples: dict[str, list[float]], **config: object) -> Run:
+    cfg = {"task": "g1_walk_flat", "backend": "mujoco", "num_envs": 64, "mode": "timing",
+           **config}
+    return Run(source, cfg, 1000.0, 0.02, samples)
+
+
+def test_configuration_differences_come_first_and_aa_from_one_run() -> None:
+    rng = np.random.default_rng(4)
+    long = _run("long", {"env_step_total_ms": _samples(rng, 4000, 5.0, drift=0.02),
+                         "physics_ms": _samples(rng, 4000, 4.0, drift=0.02),
+                         "reset_done_ms": _samples(rng, 4000, 0.5, drift=0.02)})
+    aa = aa_false_positive_rate(long, pairs=10)
+    assert aa["verdicts"] == 30 and aa["false_positives"] == 0
+    other = _run("other", long.samples, backend="motrix", num_envs=1024)
+    result = compare_runs([long], [other])
+    assert result["not_comparable"] == ['backend: "mujoco" -> "motrix"',
+                                        "num_envs: 64 -> 1024"]
+    text = render_compare(result)
+    assert text.startswith("NOT COMPARABLE: the runs differ in\n  backend")
+    shares = result["shares"]["base"]  # of total times
+    assert shares["reset_done_of_env_step_pct"] == pytest.approx(
+        100 * sum(long.samples["reset_done_ms"]) / sum(long.samples["env_step_total_ms"]))
+    assert 40 < shares["reset_done_of_overhead_pct"] < 60
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "resettrace.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_compare_cli_on_real_runs(tmp_path: Path) -> None:
+    runs = {}
+    for name, extra in (("a", []), ("b", []), ("rand", ["--randomize"])):
+        out = tmp_path / name
+        r = _cli("bench", "collector", "--num-envs", "16", "--steps", "150", "--warmup", "5",
+                 "--nthread", "1", "--out", str(out), *extra)
+        assert r.returncode == 0, r.stderr
+        runs[name] = out / "timing.json"
+    report = tmp_path / "cmp.json"
+    r = _cli("compare", str(runs["a"]), str(runs["rand"]), "--json", str(report),
+             "--fail-on-regression", "5")
+    assert "NOT COMPARABLE" in r.stdout and "randomize: false -> true" in r.stdout
+    keys = {k["key"]: k for k in json.loads(report.read_text())["keys"]}
+    for key in ("set_state_reset_rand_ms", "set_state_geom_overrides_ms"):
+        assert keys[key]["verdict"] == "slower", keys[key]  # randomization found
+    assert r.returncode == 1 and "set_state_reset_rand_ms" in r.stderr
+    folder = _cli("compare", str(tmp_path / "a"), str(tmp_path / "b"))  # folders of runs
+    assert folder.returncode == 0 and "env/s:" in folder.stdout, folder.stderr
+    aa = _cli("bench", "compare-aa", str(runs["a"]), "--pairs", "3")
+    assert aa.returncode == 0 and "false-positive rate" in aa.stdout, aa.stderr
+    missing = _cli("compare", str(tmp_path / "none.json"), str(runs["a"]))
+    assert missing.returncode == 2 and "no such run" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_a_machine_that_ran_slower_for_one_side_moves_no_verdict() -> None:
+    """Every key 8% slower, physics included: the machine, not the change. A key that
+    moved beyond the machine's shift is still found."""
+    rng = np.random.default_rng(5)
+
+    def side(scale: float, reset_scale: float) -> Run:
+        return _run("r", {"physics_ms": _samples(rng, 3000, 4.0 * scale),
+                          "update_state_ms": _samples(rng, 3000, 0.4 * scale),
+                          "reset_done_ms": _samples(rng, 3000, 0.5 * reset_scale)})
+
+    keys = {k["key"]: k for k in compare_runs([side(1.0, 1.0)], [side(1.08, 1.08)])["keys"]}
+    assert all(k["verdict"] == "within noise" for k in keys.values()), keys
+    fixed = {k["key"]: k for k in compare_runs([side(1.0, 1.0)], [side(1.08, 1.08)],
+                                               reference=None)["keys"]}
+    assert fixed["update_state_ms"]["verdict"] == "slower"  # without the reference
+    real = {k["key"]: k for k in compare_runs([side(1.0, 1.0)], [side(1.08, 1.40)])["keys"]}
+    assert real["reset_done_ms"]["verdict"] == "slower"
