@@ -313,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     def compare_flags(q: argparse.ArgumentParser) -> None:
         q.add_argument("--noise", type=float, default=3.0, metavar="PCT",
                        help="noise floor: a change within +-PCT%% is 'within noise' (3)")
-        q.add_argument("--confidence", type=float, default=0.95,
-                       help="confidence level of the bootstrap interval (0.95)")
+        q.add_argument("--confidence", type=float, default=0.99,
+                       help="confidence level of the bootstrap interval (0.99: dozens of "
+                            "keys are judged at once)")
         q.add_argument("--reference", default="physics_ms", metavar="KEY",
                        help="a key the change leaves alone: its shift between the sides "
                             "(the machine's drift) widens the noise floor (physics_ms; "

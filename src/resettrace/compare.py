@@ -11,8 +11,8 @@ The statistics, per key:
   ``blocks`` consecutive blocks (10 by default, fewer when a run has few samples) and each
   block's median is one unit. The units of every run of a side are pooled.
 * **Effect.** ``delta_pct`` = 100 × (mean of NEW's units / mean of BASE's units − 1), with a
-  bootstrap confidence interval (``scipy.stats.bootstrap``, percentile method, units
-  resampled within each side).
+  99% bootstrap confidence interval (``scipy.stats.bootstrap``, percentile method, units
+  resampled within each side; 99% because some thirty keys are judged at once).
 * **Noise floor.** The larger of ``noise_pct`` (3% by default: the run-to-run spread of
   physics on a quiet machine) and how far the reference key (``physics_ms``, the engine's
   step, which a change to the reset path leaves alone) moved between the two sides (the far
@@ -127,7 +127,7 @@ def _interval(base: np.ndarray, new: np.ndarray, confidence: float, resamples: i
 
 
 def compare_key(key: str, base: Sequence[Sequence[float]], new: Sequence[Sequence[float]], *,
-                blocks: int = 10, noise_pct: float = 3.0, confidence: float = 0.95,
+                blocks: int = 10, noise_pct: float = 3.0, confidence: float = 0.99,
                 resamples: int = 2000, seed: int = 0) -> KeyVerdict:
     """The verdict on one key; ``base`` and ``new`` hold each run's samples of it."""
     b_all = np.concatenate([np.asarray(s, float) for s in base]) if base else np.array([])
@@ -187,7 +187,7 @@ def _shares(runs: Sequence[Run]) -> dict[str, float]:
 
 
 def compare_runs(base: Sequence[Run], new: Sequence[Run], *, blocks: int = 10,
-                 noise_pct: float = 3.0, confidence: float = 0.95, resamples: int = 2000,
+                 noise_pct: float = 3.0, confidence: float = 0.99, resamples: int = 2000,
                  seed: int = 0, reference: str | None = C.PHYSICS.key) -> dict[str, Any]:
     """The comparison as a JSON-able dict (``render_compare`` prints it).
 
