@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,44 +121,36 @@ def _save_json(path: str | None, result: Any) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace, make_config: Callable[[], Any],
+           run: Callable[..., dict[str, Any]], render: Callable[[dict[str, Any]], str]) -> int:
+    """A benchmark command: its config (a bad value is one line, exit 2), the run (a model
+    or task that cannot be used likewise), the table, and ``--json``."""
+    try:
+        cfg = make_config()
+        result = run(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    print(render(result))
+    return _save_json(args.json, result)
+
+
 def _overhead(args: argparse.Namespace) -> int:
     from resettrace.bench.overhead import OverheadConfig, render_overhead, run_overhead
 
-    try:
-        cfg = OverheadConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
-                             ratio=args.ratio, rounds=args.rounds, calls=args.calls,
-                             warmup=args.warmup, repeats=args.repeats, model=args.model,
-                             nthread=args.nthread)
-    except ValueError as e:
-        print(f"resettrace: {e}", file=sys.stderr)
-        return 2
-    try:
-        result = run_overhead(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    except (ValueError, FileNotFoundError) as e:  # a model or task that cannot be used
-        print(f"resettrace: {e}", file=sys.stderr)
-        return 2
-    print(render_overhead(result))
-    return _save_json(args.json, result)
+    return _bench(args, lambda: OverheadConfig(
+        task=args.task, backend=args.backend, num_envs=args.num_envs, ratio=args.ratio,
+        rounds=args.rounds, calls=args.calls, warmup=args.warmup, repeats=args.repeats,
+        model=args.model, nthread=args.nthread), run_overhead, render_overhead)
 
 
 def _export_bench(args: argparse.Namespace) -> int:
     from resettrace.bench.export import ExportBenchConfig, render_export_bench, run_export_bench
 
-    try:
-        cfg = ExportBenchConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
-                                rounds=args.rounds, steps=args.steps, warmup=args.warmup,
-                                model=args.model, nthread=args.nthread,
-                                candidates=tuple(args.candidates))
-    except ValueError as e:
-        print(f"resettrace: {e}", file=sys.stderr)
-        return 2
-    try:
-        result = run_export_bench(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    except (ValueError, FileNotFoundError) as e:  # a model or task that cannot be used
-        print(f"resettrace: {e}", file=sys.stderr)
-        return 2
-    print(render_export_bench(result))
-    return _save_json(args.json, result)
+    return _bench(args, lambda: ExportBenchConfig(
+        task=args.task, backend=args.backend, num_envs=args.num_envs, rounds=args.rounds,
+        steps=args.steps, warmup=args.warmup, model=args.model, nthread=args.nthread,
+        candidates=tuple(args.candidates)), run_export_bench, render_export_bench)
 
 
 def _set_state_ab(args: argparse.Namespace) -> int:
@@ -167,22 +160,11 @@ def _set_state_ab(args: argparse.Namespace) -> int:
         run_set_state_ab,
     )
 
-    try:
-        cfg = SetStateABConfig(backends=tuple(args.backends), num_envs=tuple(args.num_envs),
-                               ratios=tuple(args.ratios), calls=args.calls,
-                               warmup=args.warmup, fixed_k=args.fixed_k, model=args.model,
-                               nthread=args.nthread, seed=args.seed)
-    except ValueError as e:
-        print(f"resettrace: {e}", file=sys.stderr)
-        return 2
-    try:
-        result = run_set_state_ab(cfg, progress=lambda m: print(m, file=sys.stderr,
-                                                                flush=True))
-    except (ValueError, FileNotFoundError) as e:
-        print(f"resettrace: {e}", file=sys.stderr)
-        return 2
-    print(render_set_state_ab(result, per_key=not args.no_per_key))
-    return _save_json(args.json, result)
+    return _bench(args, lambda: SetStateABConfig(
+        backends=tuple(args.backends), num_envs=tuple(args.num_envs), ratios=tuple(args.ratios),
+        calls=args.calls, warmup=args.warmup, fixed_k=args.fixed_k, model=args.model,
+        nthread=args.nthread, seed=args.seed), run_set_state_ab,
+        lambda result: render_set_state_ab(result, per_key=not args.no_per_key))
 
 
 def _run(args: argparse.Namespace) -> int:

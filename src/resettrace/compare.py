@@ -269,10 +269,11 @@ def render_compare(result: Mapping[str, Any]) -> str:
 
 def split_run(run: Run, parts: int) -> list[Run]:
     """``run`` cut into ``parts`` consecutive runs (for A/A pairs from one long run)."""
+    pieces = {k: np.array_split(np.asarray(v, dtype=np.float64), parts)
+              for k, v in run.samples.items()}
     return [Run(source=f"{run.source}#{i + 1}/{parts}", config=run.config,
                 env_per_s=run.env_per_s, reset_fraction=run.reset_fraction,
-                samples={k: [float(x) for x in np.array_split(np.asarray(v), parts)[i]]
-                         for k, v in run.samples.items()})
+                samples={k: p[i].tolist() for k, p in pieces.items()})
             for i in range(parts)]
 
 

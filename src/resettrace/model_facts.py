@@ -24,12 +24,13 @@ from resettrace.contract import BackendInfo
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_MODEL", "KEYFRAME", "load_model", "describe_model", "control_substeps",
-           "check_position_actuators", "model_label", "keyframe_qpos", "robot_contact_geoms"]
+           "check_position_actuators", "model_label", "keyframe_qpos", "robot_contact_geoms",
+           "actuator_gains", "actuator_force_limits", "warn_once"]
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "assets" / "g1" / "g1.xml"
 KEYFRAME = "stand"
 
-_warned: set[tuple[str, str]] = set()
+_warned: set[str] = set()  # warn_once keys already said
 
 
 def model_label(m: mujoco.MjModel) -> str:
@@ -157,12 +158,9 @@ def _warn_without_floor(m: mujoco.MjModel, backend: str) -> None:
     world_geoms = np.flatnonzero(m.geom_bodyid == 0)
     if any(int(m.geom_contype[g]) or int(m.geom_conaffinity[g]) for g in world_geoms):
         return
-    key = (model_label(m), str(m.nbody))
-    if key in _warned:
-        return
-    _warned.add(key)
-    log.warning("resettrace: %s has no collision geometry fixed to the world (no floor): "
-                "the robots fall without end", model_label(m))
+    warn_once(f"floor {model_label(m)} {m.nbody}",
+              "resettrace: %s has no collision geometry fixed to the world (no floor): "
+              "the robots fall without end", model_label(m))
 
 
 #: geom types whose size fields scale the shape (a mesh's, height field's or SDF's size is
@@ -180,12 +178,11 @@ def robot_contact_geoms(m: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
     scalable = np.array([g for g in contact if int(m.geom_type[g]) in _SCALABLE], np.intp)
     skipped = [mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_GEOM, int(g)) or f"geom {g}"
                for g in contact if int(m.geom_type[g]) not in _SCALABLE]
-    key = ("sizes", model_label(m) + str(skipped))
-    if skipped and key not in _warned:
-        _warned.add(key)
-        log.warning("resettrace: geom size randomization leaves %d mesh (or height field) "
-                    "contact geom(s) of %s at their size, which the engines cannot scale: %s",
-                    len(skipped), model_label(m), _names(skipped))
+    if skipped:
+        warn_once(f"sizes {model_label(m)} {skipped}",
+                  "resettrace: geom size randomization leaves %d mesh (or height field) "
+                  "contact geom(s) of %s at their size, which the engines cannot scale: %s",
+                  len(skipped), model_label(m), _names(skipped))
     return contact, scalable
 
 
@@ -222,7 +219,7 @@ def actuator_force_limits(m: mujoco.MjModel) -> np.ndarray:
 
 def warn_once(key: str, message: str, *args: Any) -> None:
     """A warning said once per process for ``key`` (a model and what is wrong with it)."""
-    if ("parity", key) in _warned:
+    if key in _warned:
         return
-    _warned.add(("parity", key))
+    _warned.add(key)
     log.warning(message, *args)
