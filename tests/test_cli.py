@@ -160,6 +160,8 @@ def test_export_bench_json(tmp_path) -> None:
             == rows[name]["spans_produced"] > 0
     assert rows["in-process"]["spans_received"] == rows["in-process"]["spans_produced"] > 0
     assert rows["timing"]["slowdown"] == 1.0 and "child us/span" in r.stdout
+    assert rows["timing"]["slowdown_ci95"] == [1.0, 1.0]
+    assert rows["child-wire"]["slowdown_ci95"] is None  # 2 rounds: no interval
     bad = _run(["bench", "export", "--rounds", "0"])
     assert bad.returncode == 2 and "--rounds" in bad.stderr
     unknown = _run(["bench", "export", "--candidates", "child-wire", "nope"])

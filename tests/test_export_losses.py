@@ -338,3 +338,59 @@ def test_a_long_run_never_stalls_on_the_status_pipe(monkeypatch: pytest.MonkeyPa
     report = session.export_report()
     assert report["spans_dropped"] == 0
     assert report["exporters"]["otlp"]["delivered"] == received == 3 * 16_700
+
+
+def test_held_traces_are_pending_until_packed_and_a_flush_delivers_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from resettrace.tracing import export_process as X
+
+    monkeypatch.setattr(X, "_WRITE_DELAY_S", 1e9)  # only the trace count packs
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode="trace", exporters=(f"file:{out}",)))
+    _traces(session, X._HOLD_TRACES - 1)
+    proc = session.process
+    assert proc is not None
+    assert proc._held_spans == proc.pending_spans == 3 * (X._HOLD_TRACES - 1)
+    report = session.export_report()  # a report packs what is held: nothing is unaccounted
+    assert proc._held_spans == 0
+    assert report["spans_sent"] == 3 * (X._HOLD_TRACES - 1)
+    rec = session.recorder(backend="other")  # another recorder: the held go out first
+    _traces(session, 2)
+    with rec.scope(C.ENV_STEP):
+        pass
+    assert proc._held_spans == 1  # the other recorder's trace only
+    assert session.force_flush(10)
+    assert proc._held_spans == 0
+    session.shutdown()
+    spans = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(spans) == 3 * (X._HOLD_TRACES + 1) + 1
+    assert [s["attributes"].get(C.ATTR_BACKEND) for s in spans[-1:]] == ["other"]
+    [file_report] = session.export_report()["exporters"].values()
+    assert file_report["delivered"] == len(spans)
+
+
+def test_a_killed_export_child_counts_every_held_and_queued_span(tmp_path: Path) -> None:
+    import time
+
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode="trace", exporters=(f"file:{out}",), shutdown_timeout_s=5))
+    _traces(session, 100)
+    proc = session.process
+    assert proc is not None and proc._proc is not None
+    assert session.force_flush(10)
+    os.kill(proc._proc.pid, signal.SIGKILL)
+    proc._proc.wait(5)
+    for _ in range(20):  # some go to the dead pipe, some are held when it is found dead
+        _traces(session, 50)
+        time.sleep(0.02)
+    session.shutdown()
+    report = session.export_report()
+    produced = 3 * 1100
+    assert report["spans_sent"] + report["spans_dropped"] == produced
+    assert report["spans_pending"] == 0
+    lines = out.read_text().splitlines()
+    [file_report] = report["exporters"].values()
+    assert file_report["delivered"] == len(lines) == 300
+    assert file_report["undelivered"] == produced - 300

@@ -19,7 +19,8 @@ Every exporting candidate sends OTLP/gRPC to its own receiver process on 127.0.0
 only counts spans, at nice 10 like the export process (its CPU is charged to the candidate:
 conservative, as a collector elsewhere takes none from training).
 Reported per candidate: env/s, slowdown against ``timing`` (median over rounds of the
-per-round ratio; ``timing_aa``, a second ``timing`` candidate, is the A/A noise), spans
+per-round ratio, with its 95% bootstrap interval; ``timing_aa``, a second ``timing``
+candidate, is the A/A noise), spans
 produced, delivered and counted by the receiver, and, for the export children, their CPU
 time per span in the steady state (from ``/proc``, after start-up and warm-up).
 """
@@ -208,6 +209,7 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
         rows[c] = {
             "env_per_s": cfg.num_envs * steps / sum(spent[c]),
             "slowdown": statistics.median(ratios),
+            "slowdown_ci95": _median_ci(ratios),
             "slowdown_min": min(ratios), "slowdown_max": max(ratios),
             "spans_produced": produced, "spans_dropped": dropped,
             "spans_delivered": delivered, "spans_timed_out": timed_out,
@@ -220,13 +222,30 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
     return {"config": asdict(cfg), "candidates": rows}
 
 
+def _median_ci(ratios: list[float]) -> list[float] | None:
+    """95% bootstrap interval (percentile) of the median per-round ratio: how far the
+    slowdown can be trusted on this machine (``timing_aa``'s shows the A/A spread).
+    None below 3 rounds."""
+    if len(set(ratios)) == 1:
+        return [ratios[0], ratios[0]]
+    if len(ratios) < 3:
+        return None
+    from scipy import stats
+
+    res = stats.bootstrap((np.asarray(ratios),), np.median, confidence_level=0.95,
+                          method="percentile", n_resamples=2000, random_state=0)
+    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+
+
 def render_export_bench(result: dict[str, Any]) -> str:
     cfg = result["config"]
 
     def num(v: Any) -> Any:
         return float("nan") if v is None else v
 
-    rows = [[c, r["env_per_s"], r["slowdown"], r["slowdown_min"], r["slowdown_max"],
+    rows = [[c, r["env_per_s"], r["slowdown"],
+             "-" if r["slowdown_ci95"] is None else "{:.3f}-{:.3f}".format(*r["slowdown_ci95"]),
+             r["slowdown_min"], r["slowdown_max"],
              num(r["spans_produced"]), num(r["spans_dropped"]), num(r["spans_delivered"]),
              num(r["spans_timed_out"]), num(r["spans_received"]),
              num(r["child_cpu_us_per_span"]), num(r["receiver_cpu_us_per_span"])]
@@ -234,5 +253,5 @@ def render_export_bench(result: dict[str, Any]) -> str:
     return format_table(
         f"span export: {cfg['num_envs']} envs, {cfg['rounds']} rounds x {cfg['steps']} steps "
         f"per candidate, interleaved; slowdown = candidate time / timing time per round",
-        ["candidate", "env/s", "slowdown", "min", "max", "produced", "dropped", "delivered",
-         "timed out", "received", "child us/span", "receiver us/span"], rows)
+        ["candidate", "env/s", "slowdown", "95% CI", "min", "max", "produced", "dropped",
+         "delivered", "timed out", "received", "child us/span", "receiver us/span"], rows)

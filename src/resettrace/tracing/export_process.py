@@ -89,6 +89,8 @@ _BATCH_DELAY_MS = 1000
 #: than the spans it then encodes)
 _WRITE_BYTES = 256 << 10
 _WRITE_DELAY_S = 0.25
+#: traces held before they are packed into frames, in one go (see ``on_trace``)
+_HOLD_TRACES = 32
 _now = time.monotonic
 #: struct per record count: frame header, trace header and every record field in one call
 _PACKERS: dict[int, struct.Struct] = {}
@@ -134,6 +136,12 @@ class ProcessExporter:
         self._status: dict[str, Any] = {}
         self._out = b""
         self._last_write = 0.0
+        #: traces not packed yet, all of one recorder (its id(), wire id, attributes)
+        self._held: list[list[Record]] = []
+        self._held_spans = 0
+        self._held_key = 0
+        self._held_rid = -1
+        self._held_attrs: dict[str, Any] = {}
         self.sent_spans = 0
         self.dropped_spans = 0
 
@@ -183,41 +191,67 @@ class ProcessExporter:
 
     # -- hot path -----------------------------------------------------------------------------
     def on_trace(self, records: list[Record], recorder: Recorder) -> None:
-        n = len(records)
+        """Hold the trace; pack the held ones into frames every :data:`_HOLD_TRACES`.
+
+        Packing one trace right after the engine step costs ~25 us (nothing it touches is in
+        the cache any more); packing 32 in one go costs ~2 us each. Held traces are counted
+        as pending, and packed before anything that must follow them (flush, close, another
+        recorder or changed attributes).
+        """
         with self._lock:
             if self._proc is None or self._dead or self._closed:
                 if self._proc is None and not self._closed:
                     self._start()  # first trace after a fork: this process's own child
                 else:
-                    self.dropped_spans += n
+                    self.dropped_spans += len(records)
                     return
-            rid = self._rids.get(id(recorder))
-            if rid is None:
-                rid = self._register(recorder)
-            elif recorder.attributes != self._sent_attrs.get(rid):
-                self._register(recorder, rid)  # attributes set after its first trace
-            if self._errors_sent < len(_ERROR_NAMES):
-                self._send_error_names()
-            if self._phases_sent < len(self._catalog):
-                self._send_phases()
-            frames = self._frames
+            if id(recorder) != self._held_key or recorder.attributes != self._held_attrs:
+                self._pack_held()  # what is held goes out with the attributes it closed with
+                rid = self._rids.get(id(recorder))
+                if rid is None:
+                    rid = self._register(recorder)
+                elif recorder.attributes != self._sent_attrs.get(rid):
+                    self._register(recorder, rid)  # attributes set after its first trace
+                self._held_key, self._held_rid = id(recorder), rid
+                self._held_attrs = self._sent_attrs[rid]
+            self._held.append(records)
+            self._held_spans += len(records)
+            if len(self._held) >= _HOLD_TRACES or _now() - self._last_write >= _WRITE_DELAY_S:
+                self._pack_held()
+                if (len(self._buf) >= _WRITE_BYTES or len(self._frames) >= self._max_traces
+                        or _now() - self._last_write >= _WRITE_DELAY_S):
+                    self._pump()  # one write (a syscall and a wake-up of the child) per batch
+
+    def _pack_held(self) -> None:
+        """Turn the held traces into frames (caller holds the lock)."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        if self._errors_sent < len(_ERROR_NAMES):
+            self._send_error_names()
+        if self._phases_sent < len(self._catalog):
+            self._send_phases()
+        rid = self._held_rid
+        frames = self._frames
+        buf = self._buf
+        packers = _PACKERS
+        fields = RECORD_FIELDS
+        for records in held:
+            n = len(records)
+            self._held_spans -= n
             if len(frames) >= self._max_traces:
                 self._pump()  # full: make room if the pipe takes some
-                if len(frames) >= self._max_traces:
-                    self.dropped_spans += n
-                    return
-            packer = _PACKERS.get(n)
+            if len(frames) >= self._max_traces or self._dead:
+                self.dropped_spans += n
+                continue
+            packer = packers.get(n)
             if packer is None:
-                packer = _PACKERS[n] = struct.Struct(f"<IBIIq{n * RECORD_FIELDS}q")
-            buf = self._buf
+                packer = packers[n] = struct.Struct(f"<IBIIq{n * fields}q")
             buf += packer.pack(packer.size - _FRAME.size, _KIND_TRACE, rid, n,
                                self.dropped_spans, *chain.from_iterable(records))
             frames.append((packer.size, n))
             self.sent_spans += n
-            # one write (a syscall and a wake-up of the child) per batch of traces
-            if (len(buf) >= _WRITE_BYTES or len(frames) >= self._max_traces
-                    or _now() - self._last_write >= _WRITE_DELAY_S):
-                self._pump()
 
     def _register(self, recorder: Recorder, rid: int | None = None) -> int:
         """Send the recorder's attributes (again, under ``rid``, when they changed)."""
@@ -238,6 +272,8 @@ class ProcessExporter:
         if self._rids.get(key) == rid:
             del self._rids[key]
             self._sent_attrs.pop(rid, None)
+            if self._held_key == key:
+                self._held_key = 0  # a later recorder at this address is not this one
 
     def _send_error_names(self) -> None:
         while self._errors_sent < len(_ERROR_NAMES):
@@ -309,11 +345,12 @@ class ProcessExporter:
 
     @property
     def pending_spans(self) -> int:
-        return sum(s for _, s in self._frames)
+        return sum(s for _, s in self._frames) + self._held_spans
 
     def report(self) -> dict[str, Any]:
         """Spans sent, dropped, and per exporter delivered / undelivered."""
         with self._lock:
+            self._pack_held()
             self._pump()
             self._read_status()
             recorded = self.sent_spans + self.dropped_spans
@@ -357,6 +394,7 @@ class ProcessExporter:
         with self._lock:
             if self._proc is None or self._dead or self._closed:
                 return not self._frames
+            self._pack_held()
             self._flush_seq += 1
             seq = self._flush_seq
             self._frame(b"F", _FLUSH.pack(seq), 0, force=True)
@@ -382,6 +420,7 @@ class ProcessExporter:
             if proc is None:
                 return
             if not self._dead:
+                self._pack_held()
                 self._frame(b"Q", b"", 0, force=True)
                 while self._buf and not self._dead and self._wait_writable(deadline):
                     self._pump()
@@ -390,6 +429,9 @@ class ProcessExporter:
                 self.dropped_spans += unsent
             self._buf.clear()  # counted as dropped: nothing may write them later
             self._frames.clear()
+            self.dropped_spans += self._held_spans  # held when the child had died
+            self._held = []
+            self._held_spans = 0
             with contextlib.suppress(OSError):
                 os.close(self._in)  # EOF: the child exports what it has and leaves
             self._in = -1  # the fd number may be reused by anything: never write to it again
