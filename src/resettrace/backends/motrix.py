@@ -67,23 +67,21 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
+from resettrace.backends._base import RowBackend, Scratch, check_num_envs
 from resettrace.backends._pose import PoseCache
-from resettrace.backends._validate import check_ids, convert_rows
-from resettrace.contract import MAX_ENVS, BackendInfo, SetStateResult
+from resettrace.contract import BackendInfo
 from resettrace.model_facts import (
     DEFAULT_MODEL,
     actuator_force_limits,
     actuator_gains,
     describe_model,
-    keyframe_qpos,
     load_model,
     model_label,
     robot_contact_geoms,
     warn_once,
 )
-from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
-from resettrace.tracing.api import bind, current_recorder
-from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+from resettrace.randomization import RandomizationRows
+from resettrace.tracing.recorder import NoopRecorder, Recorder
 
 os.environ.setdefault("RUST_LOG", "error")  # before the import: silences loader warnings
 import motrixsim as ms  # noqa: E402
@@ -197,16 +195,16 @@ def _check_same_layout(engine: Any, mj: mujoco.MjModel, info: BackendInfo) -> No
                          f"{len(engine.floating_bases)}")
 
 
-class MotrixBackend:
+class MotrixBackend(RowBackend):
     """``num_envs`` simulations of one MJCF model in a batched ``motrixsim.SceneData``."""
 
     name = "motrix"
+    _dtype = _F32  # the engine computes in float32
+    _xyzw = True  # engine base quaternion order
 
     def __init__(self, *, num_envs: int, model: Any = None, nthread: int | None = None,
                  recorder: Recorder | NoopRecorder | None = None) -> None:
-        if not 1 <= int(num_envs) <= MAX_ENVS:
-            raise ValueError(f"num_envs must be between 1 and {MAX_ENVS}, got {num_envs}")
-        self.num_envs = int(num_envs)
+        self.num_envs = check_num_envs(num_envs)
         path = _model_path(model)
         mj = load_model(path)
         info = describe_model(mj, self.name)
@@ -224,22 +222,15 @@ class MotrixBackend:
             ctrl_range=info.ctrl_range, actuator_joint=info.actuator_joint,
             physics_dt=float(self.model.options.timestep),  # the engine's float32 step
             model_path=None if model is None else str(path))
-        self.nq, self.nv, self.nu = int(mj.nq), int(mj.nv), int(mj.nu)
+        self._init_rows(mj)
         self.nbody = int(mj.nbody)
         self._mj = mj
         self._override_base: dict[str, Any] | None = None
-        #: where set_state is recorded when no recorder is bound (``None``: the default
-        #: session's); a bound recorder (``resettrace.bind``) wins, so that set_state
-        #: nests in the caller's trace
-        self.recorder: Recorder | NoopRecorder | None = recorder
+        self.recorder = recorder
         with _G_DATA:
             self.data: Any = ms.SceneData(self.model, batch=[self.num_envs])
-        self._keyframe = keyframe_qpos(mj)
         #: the actuator gains the engine is run with: MuJoCo's, for the same file
         self._kp, self._kd = self._match_mujoco(mj)
-        self._act_qadr = 7 + self.info.actuator_joint
-        self._ctrl_lo = self.info.ctrl_range[:, 0].copy()
-        self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
         # the engine column of each contract qpos column
         self._to_contract = np.arange(self.nq)
         self._to_contract[3:7] = _CONTRACT_FROM_ENGINE
@@ -252,16 +243,11 @@ class MotrixBackend:
         self._row_qvel = self._state_query["qvel"]
         self.poses = PoseCache(self.num_envs, self.info.body_names, self._refresh_pose)
         # the world body (column 0) keeps the identity pose: it is never refreshed
-        self._scratch_pose = np.empty((0, self.nbody - 1, 7), _F32)
+        self._scratch_pose = Scratch((self.nbody - 1, 7), dtype=_F32)
         self._qpos_all = np.zeros((self.num_envs, self.nq))
         self._qvel_all = np.zeros((self.num_envs, self.nv))
         self._ctrl_all = np.zeros((self.num_envs, self.nu), _F32)
-        self._scratch_k = -1
-        self._grow_scratch(0)
-        # start every env at the keyframe, actuators holding it (untraced)
-        q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
-        with bind(NOOP_RECORDER):
-            self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
+        self._start_at_keyframe()
 
     def _match_mujoco(self, mj: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
         """Make this engine simulate the robot MuJoCo does, where MotrixSim allows it.
@@ -307,11 +293,7 @@ class MotrixBackend:
                       acts[i].name, engine[i].tolist(), limits[i].tolist())
         return kp_mj, kd_mj
 
-    # -- contract ----------------------------------------------------------------------------
-    @property
-    def keyframe_qpos(self) -> np.ndarray:
-        return self._keyframe.copy()
-
+    # -- contract (set_state: RowBackend's, with _index and _write_rows below) ---------------
     def step(self, ctrl: np.ndarray, nsteps: int = 1) -> None:
         ctrl = np.asarray(ctrl)
         if ctrl.shape != (self.num_envs, self.nu):
@@ -338,48 +320,13 @@ class MotrixBackend:
                     self.model.step_n(self.data, n)
         self.poses.mark_stale()
 
-    def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
-                  randomization: Any = None) -> SetStateResult | None:
-        randomization = as_rows(randomization)
-        rec = current_recorder(self.recorder)
-        with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
-            with rec.scope(C.SET_STATE_MASK):
-                ids, order = check_ids(env_ids, self.num_envs)
-                k = ids.size
-                if k:
-                    with _G_INDICES:
-                        index = ms.DisjointIndices(ids)
-            with rec.scope(C.SET_STATE_QPOS_CONVERT):
-                q, v = self._convert(qpos, qvel, k, order)
-                if randomization is not None:
-                    randomization.validate(k)
-                    if order is not None:
-                        randomization = reorder_rows(randomization, order)
-            if k:
-                self._write_rows(rec, ids, index, q, v, randomization)
-        return {"timing": t} if (t := outer.timing()) is not None else None
-
-    def _convert(self, qpos: Any, qvel: Any, k: int, order: np.ndarray | None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-        """Validated float32 engine rows (qpos with an xyzw base quaternion, qvel) in id
-        order, and the actuator targets (``_scratch_c``), in reused scratch buffers."""
-        self._grow_scratch(k)
-        q, v, ctrl = self._scratch_q[:k], self._scratch_v[:k], self._scratch_c[:k]
-        convert_rows(qpos, qvel, order, q, v, ctrl, self._act_qadr, self._ctrl_lo,
-                     self._ctrl_hi, xyzw=True)
-        return q, v
-
-    def _grow_scratch(self, k: int) -> None:
-        if k <= self._scratch_k:
-            return
-        size = max(k, 2 * self._scratch_k, 1)
-        self._scratch_k = size
-        self._scratch_q = np.empty((size, self.nq), _F32)
-        self._scratch_v = np.empty((size, self.nv), _F32)
-        self._scratch_c = np.empty((size, self.nu), _F32)
+    def _index(self, ids: np.ndarray) -> Any:
+        with _G_INDICES:
+            return ms.DisjointIndices(ids)
 
     def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any,
-                    q: np.ndarray, v: np.ndarray, rand: RandomizationRows | None) -> None:
+                    q: np.ndarray, v: np.ndarray, ctrl: np.ndarray,
+                    rand: RandomizationRows | None) -> None:
         model = self.model
         with rec.scope(C.SET_STATE_DATA_SLICE), _G_SLICE:
             sub = self.data[index]
@@ -388,8 +335,7 @@ class MotrixBackend:
         if rand is not None and not rand.empty:
             self._randomize(rec, sub, rand)  # overrides leave the DoF state alone
         with rec.scope(C.SET_STATE_ACTUATOR_CTRL), _G_CTRL:
-            ctrl = self._scratch_c[:len(ids)]  # computed with the rows in qpos_convert
-            sub.actuator_ctrls = ctrl
+            sub.actuator_ctrls = ctrl  # computed with the rows in qpos_convert
         with rec.scope(C.SET_STATE_FORWARD_KINEMATIC), _G_FK:
             model.forward_kinematic(sub)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
@@ -452,11 +398,7 @@ class MotrixBackend:
 
         ``get_link_poses`` on a handle of those rows reads them only; one gather turns
         its xyz + xyzw into the contract's xyz + wxyz."""
-        k = rows.size
-        if self._scratch_pose.shape[0] < k:
-            self._scratch_pose = np.empty((max(k, 2 * self._scratch_pose.shape[0]),
-                                           self.nbody - 1, 7), _F32)
-        links = self._scratch_pose[:k]
+        (links,) = self._scratch_pose.rows(rows.size)
         with _G_SLICE:
             sub = self.data[ms.DisjointIndices(rows)]
         with _G_POSES:

@@ -39,20 +39,17 @@ import numpy as np
 from mujoco import batch as mj_batch
 
 from resettrace import catalog as C
+from resettrace.backends._base import RowBackend, check_num_envs
 from resettrace.backends._pose import PoseCache
-from resettrace.backends._validate import check_ids, convert_rows
-from resettrace.contract import MAX_ENVS, SetStateResult
 from resettrace.model_facts import (
     DEFAULT_MODEL,
     KEYFRAME,
     describe_model,
-    keyframe_qpos,
     load_model,
     robot_contact_geoms,
 )
-from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
-from resettrace.tracing.api import bind, current_recorder
-from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+from resettrace.randomization import RandomizationRows
+from resettrace.tracing.recorder import NoopRecorder, Recorder
 
 log = logging.getLogger(__name__)
 
@@ -62,25 +59,20 @@ _STAGE_NONE = int(mujoco.mjtStage.mjSTAGE_NONE)
 _STAGE_POS = int(mujoco.mjtStage.mjSTAGE_POS)
 
 
-class MujocoBackend:
+class MujocoBackend(RowBackend):
     """``num_envs`` simulations of one MuJoCo model in a ``mujoco.batch.Batch``."""
 
     name = "mujoco"
 
     def __init__(self, *, num_envs: int, model: Any = None, nthread: int | None = None,
                  recorder: Recorder | NoopRecorder | None = None) -> None:
-        if not 1 <= int(num_envs) <= MAX_ENVS:
-            raise ValueError(f"num_envs must be between 1 and {MAX_ENVS}, got {num_envs}")
-        self.num_envs = int(num_envs)
+        self.num_envs = check_num_envs(num_envs)
         self.model = load_model(model)
         self.info = describe_model(self.model, self.name,
                                    model if isinstance(model, (str, os.PathLike)) else None)
         m = self.model
-        self.nq, self.nv, self.nu = int(m.nq), int(m.nv), int(m.nu)
-        #: where set_state is recorded when no recorder is bound (``None``: the default
-        #: session's); a bound recorder (``resettrace.bind``) wins, so that set_state
-        #: nests in the caller's trace
-        self.recorder: Recorder | NoopRecorder | None = recorder
+        self._init_rows(m)
+        self.recorder = recorder
         nthread = (os.cpu_count() or 1) if nthread is None else int(nthread)
         self.batch: Any = mj_batch.Batch(m, self.num_envs, nthread=nthread)
         b = self.batch
@@ -89,31 +81,17 @@ class MujocoBackend:
         self._xpos, self._xquat = b.bind("xpos"), b.bind("xquat")
         self._state = b.state
         self._warning = b.warning
-        self._keyframe = keyframe_qpos(m)
         # the state row of a freshly reset env: writing it equals Batch.reset(stage=NONE)
         probe = mj_batch.Batch(m, 1, nthread=1)
         probe.reset(stage=_STAGE_NONE)
         self._template = np.array(probe.state[0])
         del probe
-        self._act_qadr = 7 + self.info.actuator_joint
-        self._ctrl_lo = self.info.ctrl_range[:, 0].copy()
-        self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
         self.poses = PoseCache(self.num_envs, self.info.body_names, self._refresh_pose)
-        self._scratch_q = np.empty((0, self.nq))
-        self._scratch_v = np.empty((0, self.nv))
-        self._scratch_c = np.empty((0, self.nu))
         # the robot's colliding geoms (not the world's), and those whose size can scale
         self._contact_geoms, self._sized_geoms = robot_contact_geoms(m)
-        # start every env at the keyframe, actuators holding it (untraced)
-        q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
-        with bind(NOOP_RECORDER):
-            self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
+        self._start_at_keyframe()
 
-    # -- contract ----------------------------------------------------------------------------
-    @property
-    def keyframe_qpos(self) -> np.ndarray:
-        return self._keyframe.copy()
-
+    # -- contract (set_state: RowBackend's, with _write_rows below) --------------------------
     def step(self, ctrl: np.ndarray, nsteps: int = 1) -> None:
         if ctrl.shape != (self.num_envs, self.nu):
             raise ValueError(f"ctrl must have shape ({self.num_envs}, {self.nu}), "
@@ -122,37 +100,9 @@ class MujocoBackend:
         self.batch.step(nstep=int(nsteps))
         self.poses.mark_stale()
 
-    def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
-                  randomization: Any = None) -> SetStateResult | None:
-        randomization = as_rows(randomization)
-        rec = current_recorder(self.recorder)
-        with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
-            with rec.scope(C.SET_STATE_MASK):
-                ids, order = check_ids(env_ids, self.num_envs)
-            k = ids.size
-            with rec.scope(C.SET_STATE_QPOS_CONVERT):
-                q, v, ctrl = self._scratch(k)
-                convert_rows(qpos, qvel, order, q, v, ctrl, self._act_qadr, self._ctrl_lo,
-                             self._ctrl_hi, xyzw=False)
-                if randomization is not None:
-                    randomization.validate(k)
-                    if order is not None:
-                        randomization = reorder_rows(randomization, order)
-            if k:
-                self._write_rows(rec, ids, q, v, ctrl, randomization)
-        return {"timing": t} if (t := outer.timing()) is not None else None
-
-    def _scratch(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """k rows of the reused qpos / qvel / ctrl scratch (grown, never shrunk)."""
-        if self._scratch_q.shape[0] < k:
-            size = max(k, 2 * self._scratch_q.shape[0])
-            self._scratch_q = np.empty((size, self.nq))
-            self._scratch_v = np.empty((size, self.nv))
-            self._scratch_c = np.empty((size, self.nu))
-        return self._scratch_q[:k], self._scratch_v[:k], self._scratch_c[:k]
-
-    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, q: np.ndarray,
-                    v: np.ndarray, ctrl: np.ndarray, rand: RandomizationRows | None) -> None:
+    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any,
+                    q: np.ndarray, v: np.ndarray, ctrl: np.ndarray,
+                    rand: RandomizationRows | None) -> None:
         with rec.scope(C.SET_STATE_DATA_RESET):
             self._state[ids] = self._template
             self._warning[ids] = 0  # warning counters live outside the state rows

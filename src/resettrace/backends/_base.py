@@ -1,0 +1,135 @@
+"""What every bundled backend's reset path shares: one ``set_state`` skeleton.
+
+:class:`RowBackend` holds the parts both engines repeat: the env-count check, the
+keyframe pose, the actuator columns and control limits, the scratch rows (grown, never
+shrunk), the start of every env at the keyframe, and ``set_state`` itself up to the
+engine writes:
+
+=============  ========================================================================
+mask           ``check_ids`` (then :meth:`RowBackend._index`: the engine's row handle)
+qpos_convert   one compiled pass into the scratch rows (``convert_rows``), then the
+               randomization rows checked and put in id order
+(engine)       :meth:`RowBackend._write_rows`, each engine's own phases
+=============  ========================================================================
+
+A backend subclasses it, sets ``name``, ``_dtype`` (the engine's float type) and
+``_xyzw`` (the engine's base quaternion order), and calls :meth:`RowBackend._init_rows`
+once its model facts (``self.info``) are known and :meth:`RowBackend._start_at_keyframe`
+once the engine is ready.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from resettrace import catalog as C
+from resettrace.backends._validate import check_ids, convert_rows
+from resettrace.contract import MAX_ENVS, BackendInfo, SetStateResult
+from resettrace.model_facts import keyframe_qpos
+from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
+from resettrace.tracing.api import bind, current_recorder
+from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+
+__all__ = ["RowBackend", "Scratch", "check_num_envs"]
+
+
+def check_num_envs(num_envs: Any) -> int:
+    """``num_envs`` as an int in ``[1, MAX_ENVS]`` (engines index rows with int32)."""
+    if not 1 <= int(num_envs) <= MAX_ENVS:
+        raise ValueError(f"num_envs must be between 1 and {MAX_ENVS}, got {num_envs}")
+    return int(num_envs)
+
+
+class Scratch:
+    """Reused rows of several widths: ``rows(k)`` gives k rows of each, grown (doubling)
+    when k exceeds them, never shrunk, so that a reset allocates nothing."""
+
+    __slots__ = ("_shapes", "_dtype", "_size", "_bufs")
+
+    def __init__(self, *shapes: tuple[int, ...], dtype: Any = np.float64) -> None:
+        self._shapes = shapes
+        self._dtype = dtype
+        self._size = -1
+        self._bufs: tuple[np.ndarray, ...] = ()
+        self._grow(0)
+
+    def _grow(self, k: int) -> None:
+        self._size = size = max(k, 2 * self._size, 1)
+        self._bufs = tuple(np.empty((size, *s), self._dtype) for s in self._shapes)
+
+    def rows(self, k: int) -> tuple[np.ndarray, ...]:
+        if k > self._size:
+            self._grow(k)
+        return tuple([b[:k] for b in self._bufs])
+
+
+class RowBackend:
+    """The shared reset path of the bundled backends (see the module docstring)."""
+
+    name: str
+    num_envs: int
+    nq: int
+    nv: int
+    nu: int
+    info: BackendInfo
+    #: where set_state is recorded when no recorder is bound (``None``: the default
+    #: session's); a bound recorder (``resettrace.bind``) wins, so that set_state nests
+    #: in the caller's trace
+    recorder: Recorder | NoopRecorder | None
+    #: the engine's float type, and whether its base quaternion is xyzw (contract: wxyz)
+    _dtype: Any = np.float64
+    _xyzw = False
+
+    def _init_rows(self, m: mujoco.MjModel) -> None:
+        """Keyframe, actuator columns, control limits and scratch rows of model ``m``."""
+        self.nq, self.nv, self.nu = int(m.nq), int(m.nv), int(m.nu)
+        self._keyframe = keyframe_qpos(m)
+        self._act_qadr = 7 + self.info.actuator_joint
+        self._ctrl_lo = self.info.ctrl_range[:, 0].copy()
+        self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
+        self._scratch = Scratch((self.nq,), (self.nv,), (self.nu,), dtype=self._dtype)
+
+    def _start_at_keyframe(self) -> None:
+        """Every env at the keyframe, its actuators holding it (untraced)."""
+        q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
+        with bind(NOOP_RECORDER):
+            self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
+
+    @property
+    def keyframe_qpos(self) -> np.ndarray:
+        return self._keyframe.copy()
+
+    def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
+                  randomization: Any = None) -> SetStateResult | None:
+        randomization = as_rows(randomization)
+        rec = current_recorder(self.recorder)
+        with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
+            with rec.scope(C.SET_STATE_MASK):
+                ids, order = check_ids(env_ids, self.num_envs)
+                k = ids.size
+                index = self._index(ids) if k else None
+            with rec.scope(C.SET_STATE_QPOS_CONVERT):
+                q, v, ctrl = self._scratch.rows(k)
+                convert_rows(qpos, qvel, order, q, v, ctrl, self._act_qadr, self._ctrl_lo,
+                             self._ctrl_hi, xyzw=self._xyzw)
+                if randomization is not None:
+                    randomization.validate(k)
+                    if order is not None:
+                        randomization = reorder_rows(randomization, order)
+            if k:
+                self._write_rows(rec, ids, index, q, v, ctrl, randomization)
+        return {"timing": t} if (t := outer.timing()) is not None else None
+
+    # -- each engine's own -----------------------------------------------------------------
+    def _index(self, ids: np.ndarray) -> Any:
+        """The engine's handle on the sorted int32 rows ``ids`` (default: the ids)."""
+        return ids
+
+    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any,
+                    q: np.ndarray, v: np.ndarray, ctrl: np.ndarray,
+                    rand: RandomizationRows | None) -> None:
+        """Write the k validated rows (id order) to the engine, each step in its phase."""
+        raise NotImplementedError
