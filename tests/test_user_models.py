@@ -318,3 +318,29 @@ def test_a_num_envs_beyond_int32_is_refused_before_the_engine(backend: str) -> N
         resettrace.make_backend(backend, num_envs=2**31, nthread=1)
     r = _cli("bench", "export", "--num-envs", str(2**31), "--rounds", "1")
     assert r.returncode == 2 and "--num-envs must be at most 2147483647" in r.stderr
+
+
+def test_motrix_names_the_options_it_does_not_simulate_as_mujoco(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Fluid forces, an elliptic cone, impratio and a disabled frictionloss have no
+    MotrixSim setting; the timestep, iterations and tolerance it takes (the tolerance as
+    its square root) are not reported. The bundled G1 is not reported either."""
+    option = '<option timestep="0.0066666666666667" integrator="implicitfast" iterations="5"/>'
+    assert option in G1
+    xml = G1.replace(option, '<option timestep="0.004" iterations="7" tolerance="1e-6" '
+                     'cone="elliptic" impratio="3" density="1.2" wind="1 0 0">'
+                     '<flag frictionloss="disable"/></option>', 1)
+    model = _variant(tmp_path, "g1_options", xml.replace('model="g1_29dof_resettrace"',
+                                                         'model="g1_options"'))
+    with caplog.at_level(logging.WARNING, logger="resettrace"):
+        resettrace.make_backend("motrix", num_envs=1, model=str(model), nthread=1).close()
+        resettrace.make_backend("motrix", num_envs=1, model=str(model), nthread=1).close()
+        resettrace.make_backend("motrix", num_envs=1, nthread=1).close()
+    said = [r.getMessage() for r in caplog.records if "<option>" in r.getMessage()]
+    assert len(said) == 1, said  # once, and the bundled model not at all
+    assert "of model 'g1_options'" in said[0]
+    for item in ("density: 1.2", "impratio: 3", "wind: [1.0, 0.0, 0.0]", "cone: elliptic",
+                 "disabled frictionloss"):
+        assert item in said[0]
+    for taken in ("timestep", "iterations", "tolerance", "viscosity"):
+        assert taken not in said[0]

@@ -24,7 +24,8 @@ from resettrace.contract import BackendInfo
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_MODEL", "KEYFRAME", "load_model", "describe_model", "control_substeps",
-           "check_position_actuators", "model_label", "keyframe_qpos", "robot_contact_geoms",
+           "motrix_option_differences", "check_position_actuators", "model_label",
+           "keyframe_qpos", "robot_contact_geoms",
            "actuator_gains", "actuator_force_limits", "warn_once"]
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "assets" / "g1" / "g1.xml"
@@ -214,6 +215,70 @@ def actuator_force_limits(m: mujoco.MjModel) -> np.ndarray:
     jr = m.jnt_actfrcrange[joints]
     out[joint_limited, 0] = np.maximum(out[joint_limited, 0], jr[joint_limited, 0])
     out[joint_limited, 1] = np.minimum(out[joint_limited, 1], jr[joint_limited, 1])
+    return out
+
+
+#: ``<option>`` settings that model physics MotrixSim has no setting for, with MuJoCo's
+#: defaults: a model that changes one simulates something MotrixSim does not
+_NO_MOTRIX_COUNTERPART = {"density": 0.0, "viscosity": 0.0, "impratio": 1.0,
+                          "noslip_iterations": 0}
+#: MuJoCo disable flags MotrixSim honours (``disable_contacts``, ``disable_gravity``)
+_MOTRIX_FLAGS = int(mujoco.mjtDisableBit.mjDSBL_CONTACT) | int(
+    mujoco.mjtDisableBit.mjDSBL_GRAVITY)
+#: and those whose effect it cannot switch off: the model's physics differ
+_PHYSICS_FLAGS = {
+    "constraint": mujoco.mjtDisableBit.mjDSBL_CONSTRAINT,
+    "equality": mujoco.mjtDisableBit.mjDSBL_EQUALITY,
+    "frictionloss": mujoco.mjtDisableBit.mjDSBL_FRICTIONLOSS,
+    "limit": mujoco.mjtDisableBit.mjDSBL_LIMIT, "spring": mujoco.mjtDisableBit.mjDSBL_SPRING,
+    "damper": mujoco.mjtDisableBit.mjDSBL_DAMPER,
+    "clampctrl": mujoco.mjtDisableBit.mjDSBL_CLAMPCTRL,
+    "actuation": mujoco.mjtDisableBit.mjDSBL_ACTUATION,
+}
+
+
+def motrix_option_differences(m: mujoco.MjModel, options: Any) -> list[str]:
+    """What of model ``m``'s ``<option>`` MotrixSim (its loaded ``options``) does not
+    simulate as MuJoCo does, one ``name: MuJoCo value vs MotrixSim`` item each.
+
+    Compared: timestep, gravity, iterations (``max_iterations``), tolerance (MotrixSim's
+    loader takes its square root: ``solver_tolerance``), the contact and gravity flags.
+    Reported when set: fluid forces (density, viscosity, wind), ``impratio``, an elliptic
+    ``cone``, ``noslip_iterations`` and the disable flags of physics MotrixSim cannot
+    switch off, none of which it has a setting for. The integrator and the solver are each
+    engine's own and not compared."""
+    opt = m.opt
+    out: list[str] = []
+    if not math.isclose(float(options.timestep), float(opt.timestep), rel_tol=1e-6):
+        out.append(f"timestep: {opt.timestep:g} vs {float(options.timestep):g}")
+    if not np.allclose(np.asarray(options.gravity, np.float64), opt.gravity, rtol=1e-6):
+        out.append(f"gravity: {opt.gravity.tolist()} vs "
+                   f"{np.asarray(options.gravity, np.float64).tolist()}")
+    if int(options.max_iterations) != int(opt.iterations):
+        out.append(f"iterations: {opt.iterations} vs {int(options.max_iterations)}")
+    if not math.isclose(float(options.solver_tolerance), math.sqrt(opt.tolerance),
+                        rel_tol=1e-4):
+        out.append(f"tolerance: {opt.tolerance:g} (sqrt {math.sqrt(opt.tolerance):g}) vs "
+                   f"{float(options.solver_tolerance):g}")
+    flags = int(opt.disableflags)
+    for name, bit in (("contact", mujoco.mjtDisableBit.mjDSBL_CONTACT),
+                      ("gravity", mujoco.mjtDisableBit.mjDSBL_GRAVITY)):
+        mj_off = bool(flags & int(bit))
+        ms_off = bool(getattr(options, f"disable_{'contacts' if name == 'contact' else name}"))
+        if mj_off != ms_off:
+            out.append(f"{name} flag: {'disabled' if mj_off else 'enabled'} vs "
+                       f"{'disabled' if ms_off else 'enabled'}")
+    for name, default in _NO_MOTRIX_COUNTERPART.items():
+        value = getattr(opt, name)
+        if value != default:
+            out.append(f"{name}: {value:g} (no MotrixSim setting)")
+    if np.any(opt.wind != 0):
+        out.append(f"wind: {opt.wind.tolist()} (no MotrixSim setting)")
+    if opt.cone == mujoco.mjtCone.mjCONE_ELLIPTIC:
+        out.append("cone: elliptic (no MotrixSim setting)")
+    off = [name for name, bit in _PHYSICS_FLAGS.items() if flags & int(bit)]
+    if off:
+        out.append(f"disabled {', '.join(off)} (no MotrixSim setting)")
     return out
 
 

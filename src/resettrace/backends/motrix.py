@@ -77,6 +77,7 @@ from resettrace.model_facts import (
     describe_model,
     load_model,
     model_label,
+    motrix_option_differences,
     robot_contact_geoms,
     warn_once,
 )
@@ -252,6 +253,10 @@ class MotrixBackend(RowBackend):
     def _match_mujoco(self, mj: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
         """Make this engine simulate the robot MuJoCo does, where MotrixSim allows it.
 
+        Options: where MotrixSim's differ from the model's ``<option>`` or it has no
+        setting for one that changes the physics, a warning lists them
+        (:func:`~resettrace.model_facts.motrix_option_differences`).
+
         Gains: MotrixSim derives kd from ``dampratio`` its own way; where its kp or kd
         differ from MuJoCo's compiled values, every env gets MuJoCo's through the engine's
         per-env overrides (said once). Force limits cannot be changed on a loaded
@@ -277,6 +282,12 @@ class MotrixBackend(RowBackend):
                       "dampratio is derived differently); MuJoCo's are applied",
                       len(fixed), label, acts[fixed[0]].name, kp[fixed[0]], kd[fixed[0]],
                       kp_mj[fixed[0]], kd_mj[fixed[0]])
+        options = motrix_option_differences(mj, self.model.options)
+        if options:
+            warn_once(f"options {label} {options}",
+                      "resettrace: MotrixSim does not simulate these <option> settings of %s "
+                      "as MuJoCo does (MuJoCo vs MotrixSim): %s. The two backends simulate "
+                      "different physics", label, "; ".join(options))
         limits = actuator_force_limits(mj)
         engine = np.array([list(a.force_range) if a.force_range is not None
                            else [-np.inf, np.inf] for a in acts], np.float64)
