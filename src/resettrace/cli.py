@@ -6,6 +6,7 @@
 ``resettrace bench export``     span export designs: delivery and training slowdown
 ``resettrace bench compare-aa RUN`` compare's false-positive rate on A/A pairs of one run
 ``resettrace compare BASE NEW``  two sets of collector runs, per key, with verdicts
+``resettrace fit RUN...``       the cost model a + b*k of every phase (and c*N across env counts)
 ``resettrace run [--instrument SPEC] -- COMMAND ...``  an unmodified command, traced
 
 Tracing settings come from ``RESETTRACE`` / ``RESETTRACE_*`` / ``OTEL_*`` (see
@@ -314,6 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare_flags(cmp_)
     cmp_.set_defaults(func=_compare)
 
+    fit = sub.add_parser("fit", help="cost model of every phase: ms = a + b*k per call, and "
+                                     "the dependence on N across env counts")
+    fit.add_argument("runs", nargs="+", metavar="RUN",
+                     help="timing.json files or folders (any env counts), or one bench "
+                          "set-state-ab JSON")
+    fit.add_argument("--json", default=None, help="write the result as JSON")
+    fit.set_defaults(func=_fit)
+
     aa = bench.add_parser("compare-aa", help="compare's false-positive rate on A/A pairs "
                                              "cut from one long run")
     aa.add_argument("run", metavar="RUN", help="timing.json, or a folder of runs")
@@ -372,6 +381,18 @@ def _compare(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
     return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from resettrace.costmodel import load_fit_inputs, render_fit
+
+    try:
+        result = load_fit_inputs(args.runs)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    print(render_fit(result))
+    return _save_json(args.json, result)
 
 
 def _compare_aa(args: argparse.Namespace) -> int:

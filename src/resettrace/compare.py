@@ -33,13 +33,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from resettrace import catalog as C
+from resettrace.costmodel import FitSums
 from resettrace.tables import format_table
 
 __all__ = ["Run", "load_runs", "compare_runs", "render_compare", "KeyVerdict",
@@ -60,6 +61,17 @@ class Run:
     env_per_s: float
     reset_fraction: float
     samples: dict[str, list[float]]
+    #: per key, the sums of its cost model a + b*k (``timing.json``'s ``model``; empty for
+    #: runs written before it existed)
+    model: dict[str, FitSums] = field(default_factory=dict)
+
+
+def _model_sums(data: Mapping[str, Any]) -> dict[str, FitSums]:
+    keys = (data.get("model") or {}).get("keys") or {}
+    try:
+        return {k: FitSums.from_dict(v["sums"]) for k, v in keys.items()}
+    except (KeyError, TypeError, ValueError):
+        return {}
 
 
 def _load_one(path: Path) -> Run:
@@ -72,7 +84,8 @@ def _load_one(path: Path) -> Run:
     return Run(source=str(path), config=dict(data.get("config") or {}),
                env_per_s=float(data.get("env_per_s") or 0.0),
                reset_fraction=float(data.get("reset_fraction") or 0.0),
-               samples={k: [float(x) for x in v] for k, v in data["samples"].items()})
+               samples={k: [float(x) for x in v] for k, v in data["samples"].items()},
+               model=_model_sums(data))
 
 
 def load_runs(path: str | Path) -> list[Run]:
@@ -225,7 +238,29 @@ def compare_runs(base: Sequence[Run], new: Sequence[Run], *, blocks: int = 10,
         # JSON has no inf or nan: a delta with no base (a phase that appears) is null
         "keys": [{k: None if isinstance(x, float) and not math.isfinite(x) else x
                   for k, x in asdict(v).items()} for v in verdicts],
+        "model": compare_models(base, new),
     }
+
+
+def _side_fit(runs: Sequence[Run], key: str) -> dict[str, Any] | None:
+    sums = FitSums()
+    for r in runs:
+        if key in r.model:
+            sums.merge(r.model[key])
+    return sums.fit().as_dict() if sums.n else None
+
+
+def compare_models(base: Sequence[Run], new: Sequence[Run]) -> list[dict[str, Any]]:
+    """Per key that took time, the cost model ``a + b * k`` of each side (its runs' sums
+    merged): where a change moved fixed cost (a) or per-row cost (b)."""
+    keys = [k for k in C.CATALOG.all_keys() if any(k in r.model for r in (*base, *new))]
+    out = []
+    for k in keys:
+        b, n = _side_fit(base, k), _side_fit(new, k)
+        if all(f is None or not f["mean_ms"] for f in (b, n)):
+            continue  # a phase this backend does not have
+        out.append({"key": k, "base": b, "new": n})
+    return out
 
 
 def regressions(result: Mapping[str, Any], pct: float) -> list[dict[str, Any]]:
@@ -264,7 +299,31 @@ def render_compare(result: Mapping[str, Any]) -> str:
                          and s["noise_floor_pct"] > s["noise_pct"] else "") + ")",
         ["key", "base p50", "new p50", "base mean", "new mean", "delta ms", "delta %",
          "interval %", "verdict"], rows))
+    if result.get("model"):
+        parts.append(render_model_rows(result["model"]))
     return "\n\n".join(parts)
+
+
+def _ab(f: Mapping[str, Any] | None) -> tuple[str, str]:
+    """``a`` in ms and ``b`` in us per env, each with its 95% half-width."""
+    if f is None:
+        return "-", "-"
+    a = f"{f['a_ms']:.4f}" + (f" +-{f['a_ci'][1] - f['a_ms']:.4f}" if f["a_ci"] else "")
+    if f["b_ms"] is None:
+        return a, "k constant"
+    b = f"{1e3 * f['b_ms']:.2f} +-{1e3 * (f['b_ci'][1] - f['b_ms']):.2f}"
+    return a, b + (" (fixed)" if f["fixed"] else "")
+
+
+def render_model_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    table = []
+    for row in rows:
+        (ba, bb), (na, nb) = _ab(row["base"]), _ab(row["new"])
+        table.append([row["key"], ba, na, bb, nb])
+    return format_table(
+        "cost model per call: ms = a + b*k (k = envs reset; a in ms, b in us per env, 95% "
+        "intervals; fixed: the per-env part is not significant or under 5% of the cost)",
+        ["key", "base a", "new a", "base b", "new b"], table)
 
 
 def split_run(run: Run, parts: int) -> list[Run]:

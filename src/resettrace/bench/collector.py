@@ -170,6 +170,7 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
         "stats": {k: {f: s[f] for f in STAT_FIELDS} | {"share_of_parent": s["share_of_parent"]}
                   for k, s in stats.items()},
         "samples": tracing.samples(),
+        "model": tracing.cost_model(),
         "export": tracing.export_report(),
     }
     if interrupted is not None:
@@ -273,6 +274,7 @@ def run_numba_ab(cfg: CollectorConfig, tracing: Any,
         "stats": {k: {f: s[f] for f in STAT_FIELDS} | {"share_of_parent": s["share_of_parent"]}
                   for k, s in stats.items()},
         "samples": tracing.samples(),
+        "model": tracing.cost_model(),
         "export": tracing.export_report(),
         "numba_ab": {
             "num_envs": cfg.num_envs,

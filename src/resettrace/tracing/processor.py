@@ -43,6 +43,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from resettrace.catalog import (
     ATTR_RESET_COUNT,
     CATALOG,
+    ENV_STEP,
     INSTRUMENTATION_SCOPE,
     RESET_DONE,
     RESET_DONE_COUNT,
@@ -51,6 +52,7 @@ from resettrace.catalog import (
     Phase,
     default_key,
 )
+from resettrace.costmodel import FitSums
 from resettrace.tracing.recorder import (
     R_COUNT,
     R_END,
@@ -174,6 +176,9 @@ class _Series:
                 samples[slot] = v
 
 
+_K_ZERO = -2  # _Plan.k_at of an env step that reset nothing
+
+
 class _Plan:
     """How one shape of trace (its phases and parent links) becomes samples.
 
@@ -186,7 +191,8 @@ class _Plan:
     count as children of its own parent.
     """
 
-    __slots__ = ("version", "keys", "plus", "minus", "count_at", "rows", "seqs", "counts")
+    __slots__ = ("version", "keys", "plus", "minus", "count_at", "k_at", "rows", "seqs",
+                 "counts", "ks")
 
     def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
         self.version = catalog.version
@@ -231,12 +237,18 @@ class _Plan:
                 rows.append((phase.gap_key, [i], kids))
             if phase is RESET_DONE:
                 self.count_at.append(i)
+        # the trace's k (envs reset) for the cost model: its reset_done's count, else the
+        # first set_state's (a set_state called on its own); an env step without either
+        # reset nothing (k = 0, :data:`_K_ZERO`); else none (-1)
+        at = self.count_at or [i for i in range(n) if phases[i] is SET_STATE][:1]
+        self.k_at = at[0] if at else _K_ZERO if n and phases[0] is ENV_STEP else -1
         self.keys = [k for k, _, _ in rows]
         self.plus = [np.array(c, dtype=np.intp) for _, c, _ in rows]
         self.minus = [np.array(c, dtype=np.intp) for _, _, c in rows]
         self.rows: list[list[int]] = []
         self.seqs: list[int] = []
         self.counts: list[tuple[int, int]] = []
+        self.ks: list[int] = []
 
     def values(self) -> Iterator[tuple[str, np.ndarray]]:
         """Per sample row: its key and its values (ms) for every buffered trace."""
@@ -285,6 +297,9 @@ class TimingSpanProcessor(SpanProcessor):
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._series: dict[str, _Series] = {}
+        #: per key, the sums of the cost model ``ms = a + b * k`` over its calls (recorder
+        #: traces with a reset count; see :mod:`resettrace.costmodel`)
+        self._fits: dict[str, FitSums] = {}
         # open SDK spans that close an account (a gap or set_state's dict) by span id, and
         # the ended declared children of those: span id -> [(phase, ms)]
         self._accounts: OrderedDict[int, Phase] = OrderedDict()
@@ -313,6 +328,7 @@ class TimingSpanProcessor(SpanProcessor):
         self._plans = {}
         self._buffered = 0
         self._series = {}
+        self._fits = {}
         self._open_children = OrderedDict()
         self._accounts = OrderedDict()
         self.traces_seen = self.records_seen = 0
@@ -377,6 +393,10 @@ class TimingSpanProcessor(SpanProcessor):
         seq = self._seq = self._seq + 1
         plan.seqs.append(seq)
         plan.rows.append([r[R_END] - r[R_START] for r in records])
+        if plan.k_at >= 0:
+            plan.ks.append(records[plan.k_at][R_COUNT])
+        elif plan.k_at == _K_ZERO:
+            plan.ks.append(0)
         for i in plan.count_at:
             c = records[i][R_COUNT]
             if c >= 0:
@@ -395,14 +415,22 @@ class TimingSpanProcessor(SpanProcessor):
             if not plan.rows:
                 continue
             seqs = np.array(plan.seqs, dtype=np.int64)
+            ks = np.array(plan.ks, dtype=np.float64) if plan.ks else None
+            counted = None if ks is None else ks >= 0
             for key, values in plan.values():
                 parts.setdefault(key, []).append((seqs, values))
+                if ks is not None:
+                    fit = self._fits.get(key)
+                    if fit is None:
+                        fit = self._fits[key] = FitSums()
+                    fit.add(ks[counted], values[counted])
             if plan.counts:
                 cs = np.array(plan.counts, dtype=np.int64)
                 parts.setdefault(RESET_DONE_COUNT, []).append((cs[:, 0], cs[:, 1] * 1.0))
             plan.rows.clear()
             plan.seqs.clear()
             plan.counts.clear()
+            plan.ks.clear()
         for key, chunks in parts.items():
             if len(chunks) == 1:
                 ordered = chunks[0][1]
@@ -538,6 +566,14 @@ class TimingSpanProcessor(SpanProcessor):
                               max_ms=mx, total_ms=total, share_of_parent=share)
         return out
 
+    def fit_sums(self) -> dict[str, FitSums]:
+        """Per key, the sums of its cost model over every call with a reset count k (a
+        copy; :meth:`FitSums.fit` gives ``a + b * k``), in catalog order."""
+        self._drain()
+        with self._lock:
+            self._fold()
+            return {k: self._fits[k].copy() for k in _ordered(self._fits, self._order())}
+
     def samples(self) -> dict[str, list[float]]:
         """The kept samples per key, in arrival order (all of them below ``max_samples``)."""
         self._drain()
@@ -551,6 +587,7 @@ class TimingSpanProcessor(SpanProcessor):
         with self._lock:
             self._fold()
             self._series.clear()
+            self._fits.clear()
             self._open_children.clear()
             self._accounts.clear()
             self.traces_seen = self.records_seen = 0

@@ -195,6 +195,13 @@ class Tracing:
     def samples(self) -> dict[str, list[float]]:
         return {} if self.processor is None else self.processor.samples()
 
+    def cost_model(self) -> dict[str, Any]:
+        """Per key, the fit ``ms = a + b * k`` over its calls (:mod:`resettrace.costmodel`):
+        the ``model`` section of ``timing.json``."""
+        from resettrace.costmodel import model_section
+
+        return model_section({} if self.processor is None else self.processor.fit_sums())
+
     @property
     def dropped_spans(self) -> int:
         dropped = 0 if self.materializer is None else self.materializer.dropped_spans
