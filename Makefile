@@ -7,7 +7,7 @@ DEMO_OUT ?= out/demo
 # `RESETTRACE_EXPORTER=otlp make demo` streams the demo's spans to a collector instead
 RESETTRACE_EXPORTER ?= file:$(DEMO_OUT)/spans.jsonl
 
-.PHONY: demo test lint bench-overhead clean
+.PHONY: demo test browser lint bench-overhead clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,9 +18,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	RESETTRACE=trace RESETTRACE_EXPORTER=$(RESETTRACE_EXPORTER) \
 	$(BIN)/resettrace bench collector --task g1_walk_flat --backend mujoco \
-		--num-envs 1024 --warmup 20 --steps 800 --out $(DEMO_OUT)
+		--num-envs 1024 --warmup 20 --steps 800 --out $(DEMO_OUT) --report
+	@echo "report: $(DEMO_OUT)/report.html (one self-contained file: open it in a browser)"
 
-test: $(STAMP)
+# the report test opens the HTML report in Debian's chromium through chromedriver
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+		echo "installing chromium and chromium-driver (apt-get, as root) for the report test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq chromium chromium-driver; }
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q examples/own_env
 

@@ -7,6 +7,7 @@
 ``resettrace bench compare-aa RUN`` compare's false-positive rate on A/A pairs of one run
 ``resettrace compare BASE NEW``  two sets of collector runs, per key, with verdicts
 ``resettrace fit RUN...``       the cost model a + b*k of every phase (and c*N across env counts)
+``resettrace report RUN [--compare BASE] -o report.html``  one self-contained HTML report
 ``resettrace run [--instrument SPEC] -- COMMAND ...``  an unmodified command, traced
 
 Tracing settings come from ``RESETTRACE`` / ``RESETTRACE_*`` / ``OTEL_*`` (see
@@ -51,6 +52,11 @@ def _collector(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
+    if args.report and not args.out:
+        print("resettrace: --report writes report.html next to timing.json: give --out",
+              file=sys.stderr)
+        return 2
+
     def on_sigterm(signum: int, frame: Any) -> None:
         signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
         raise Interrupted(signum)
@@ -93,6 +99,15 @@ def _collector(args: argparse.Namespace) -> int:
         print(f"resettrace: cannot write the outputs to {args.out}: {e.strerror or e}",
               file=sys.stderr)
         return 2
+    if args.report:
+        from resettrace.report import write_report
+
+        try:
+            paths.append(write_report(Path(args.out) / "timing.json",
+                                      Path(args.out) / "report.html"))
+        except (ValueError, OSError) as e:
+            print(f"resettrace: the report was not written: {e}", file=sys.stderr)
+            return 2
     if tracing.mode == "trace":
         specs = tracing.config.exporters or DEFAULT_EXPORTERS
         paths += [Path(spec.partition(":")[2]) for spec in specs
@@ -251,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--numba-ab", action="store_true",
                    help="step a numpy and a numba update_state env side by side (same seed and"
                         " actions, interleaved) and print their A/B table")
+    c.add_argument("--report", action="store_true",
+                   help="also write OUT/report.html (resettrace report of this run)")
     c.set_defaults(func=_collector)
 
     o = bench.add_parser("overhead", help="reset_done with tracing off / timing / trace")
@@ -323,6 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--json", default=None, help="write the result as JSON")
     fit.set_defaults(func=_fit)
 
+    rep = sub.add_parser("report", help="one self-contained HTML report of a collector run")
+    rep.add_argument("run", metavar="RUN", help="timing.json, or its folder")
+    rep.add_argument("--compare", default=None, metavar="BASE",
+                     help="also compare against BASE (timing.json or a folder of runs)")
+    rep.add_argument("-o", "--output", default="report.html", help="the HTML file (report.html)")
+    rep.set_defaults(func=_report)
+
     aa = bench.add_parser("compare-aa", help="compare's false-positive rate on A/A pairs "
                                              "cut from one long run")
     aa.add_argument("run", metavar="RUN", help="timing.json, or a folder of runs")
@@ -393,6 +417,18 @@ def _fit(args: argparse.Namespace) -> int:
         return 2
     print(render_fit(result))
     return _save_json(args.json, result)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from resettrace.report import write_report
+
+    try:
+        path = write_report(args.run, args.output, compare_base=args.compare)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
+    return 0
 
 
 def _compare_aa(args: argparse.Namespace) -> int:
