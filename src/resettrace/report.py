@@ -146,7 +146,7 @@ def _over_run(samples: Mapping[str, Sequence[float]], keys: Sequence[str]) -> An
                             "calls; physics on the right axis)",
                       xaxis_title="call", yaxis_title="ms",
                       yaxis2={"title": "physics ms", "overlaying": "y", "side": "right"},
-                      height=460)
+                      legend={"orientation": "h", "y": -0.2}, height=520)
     return fig
 
 
