@@ -141,14 +141,20 @@ def _bench(args: argparse.Namespace, make_config: Callable[[], Any],
            run: Callable[..., dict[str, Any]], render: Callable[[dict[str, Any]], str]) -> int:
     """A benchmark command: its config (a bad value is one line, exit 2), the run (a model
     or task that cannot be used likewise), the table, and ``--json``."""
+    return _command(args.json, lambda: run(make_config(), progress=lambda m: print(
+        m, file=sys.stderr, flush=True)), render)
+
+
+def _command(json_path: str | None, compute: Callable[[], dict[str, Any]],
+             render: Callable[[dict[str, Any]], str]) -> int:
+    """Compute a result (bad input: one line, exit 2), print it, and write ``--json``."""
     try:
-        cfg = make_config()
-        result = run(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        result = compute()
     except (ValueError, FileNotFoundError) as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
     print(render(result))
-    return _save_json(args.json, result)
+    return _save_json(json_path, result)
 
 
 def _overhead(args: argparse.Namespace) -> int:
@@ -410,13 +416,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     from resettrace.costmodel import load_fit_inputs, render_fit
 
-    try:
-        result = load_fit_inputs(args.runs)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"resettrace: {e}", file=sys.stderr)
-        return 2
-    print(render_fit(result))
-    return _save_json(args.json, result)
+    return _command(args.json, lambda: load_fit_inputs(args.runs), render_fit)
 
 
 def _report(args: argparse.Namespace) -> int:
