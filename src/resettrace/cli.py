@@ -8,6 +8,7 @@
 ``resettrace compare BASE NEW``  two sets of collector runs, per key, with verdicts
 ``resettrace fit RUN...``       the cost model a + b*k of every phase (and c*N across env counts)
 ``resettrace report RUN [--compare BASE] -o report.html``  one self-contained HTML report
+``resettrace merge RUN... -o merged.json``  many workers' runs as one job
 ``resettrace run [--instrument SPEC] -- COMMAND ...``  an unmodified command, traced
 
 Tracing settings come from ``RESETTRACE`` / ``RESETTRACE_*`` / ``OTEL_*`` (see
@@ -52,6 +53,12 @@ def _collector(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
+    if args.workers != 1:
+        if args.workers < 1 or args.numba_ab:
+            print("resettrace: --workers must be >= 1, and not with --numba-ab",
+                  file=sys.stderr)
+            return 2
+        return _collector_workers(args)
     if args.report and not args.out:
         print("resettrace: --report writes report.html next to timing.json: give --out",
               file=sys.stderr)
@@ -272,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--numba-ab", action="store_true",
                    help="step a numpy and a numba update_state env side by side (same seed and"
                         " actions, interleaved) and print their A/B table")
+    c.add_argument("--workers", type=int, default=1, metavar="W",
+                   help="run W worker processes (spawned), each its own env and rank "
+                        "(RESETTRACE_WORKER_RANK), into OUT/rank<r>/, and merge them into "
+                        "OUT/merged.json")
     c.add_argument("--report", action="store_true",
                    help="also write OUT/report.html (resettrace report of this run)")
     c.set_defaults(func=_collector)
@@ -346,6 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--json", default=None, help="write the result as JSON")
     fit.set_defaults(func=_fit)
 
+    mg = sub.add_parser("merge", help="many workers' collector runs as one job: per-rank "
+                                      "table and merged statistics")
+    mg.add_argument("runs", nargs="+", metavar="RUN", help="timing.json files or folders")
+    mg.add_argument("-o", "--output", default=None, help="write the merged JSON here")
+    mg.add_argument("--allow-mixed", action="store_true",
+                    help="merge runs of different configurations anyway")
+    mg.set_defaults(func=_merge)
+
     rep = sub.add_parser("report", help="one self-contained HTML report of a collector run")
     rep.add_argument("run", metavar="RUN", help="timing.json, or its folder")
     rep.add_argument("--compare", default=None, metavar="BASE",
@@ -417,6 +436,90 @@ def _fit(args: argparse.Namespace) -> int:
     from resettrace.costmodel import load_fit_inputs, render_fit
 
     return _command(args.json, lambda: load_fit_inputs(args.runs), render_fit)
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from resettrace.merge import load_timing_files, merge_runs, render_merge
+
+    return _command(args.output, lambda: merge_runs(load_timing_files(args.runs),
+                                                    allow_mixed=args.allow_mixed),
+                    render_merge)
+
+
+def _collector_workers(args: argparse.Namespace) -> int:
+    """``bench collector --workers W``: W spawned CLI processes, one rank each, then merged."""
+    import subprocess
+
+    from resettrace.merge import load_timing_files, merge_runs, render_merge
+
+    if not args.out:
+        print("resettrace: --workers writes OUT/rank<r>/ and OUT/merged.json: give --out",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    # share the cores: an engine pool of every CPU per worker would oversubscribe them
+    nthread = args.nthread or max(1, (os.cpu_count() or 1) // args.workers)
+
+    def command(rank: int) -> list[str]:  # the same run; each worker its own seed and folder
+        cmd = ["bench", "collector", "--task", args.task, "--backend", args.backend,
+               "--num-envs", str(args.num_envs), "--warmup", str(args.warmup),
+               "--steps", str(args.steps), "--seed", str(args.seed + rank),
+               "--action-noise", repr(args.action_noise), "--nthread", str(nthread),
+               "--out", str(out / f"rank{rank}")]
+        cmd += ["--model", args.model] if args.model else []
+        cmd += ["--control-dt", repr(args.control_dt)] if args.control_dt else []
+        cmd += ["--randomize"] if args.randomize else []
+        cmd += ["--report"] if args.report else []
+        return cmd
+
+    procs: list[tuple[int, Any, Any]] = []
+    stopped: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:  # the scheduler stops the job
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends this process at once
+        stopped.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    failed = []
+    try:
+        for r in range(args.workers):
+            (out / f"rank{r}").mkdir(parents=True, exist_ok=True)
+            log_file = open(out / f"rank{r}" / "log.txt", "w")  # noqa: SIM115 - closed below
+            env = dict(os.environ, RESETTRACE_WORKER_RANK=str(r))
+            procs.append((r, log_file, subprocess.Popen(
+                [sys.executable, "-m", "resettrace.cli", *command(r)], stdout=log_file,
+                stderr=subprocess.STDOUT, env=env)))
+        print(f"{args.workers} workers started (logs: {out}/rank<r>/log.txt)", file=sys.stderr)
+        for r, _, proc in procs:
+            code = proc.wait()
+            print(f"rank {r}: exit {code}", file=sys.stderr)
+            if code:
+                failed.append(r)
+    except KeyboardInterrupt:  # each worker flushes and writes what it did, then we merge it
+        for _, _, proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, _, proc in procs:
+            proc.wait()
+    finally:
+        for _, log_file, _ in procs:
+            log_file.close()
+    done = [out / f"rank{r}" / "timing.json" for r in range(args.workers)
+            if (out / f"rank{r}" / "timing.json").is_file()]
+    if failed and not stopped:
+        print(f"resettrace: worker(s) {failed} failed: see {out}/rank<r>/log.txt",
+              file=sys.stderr)
+        return 2
+    code = _command(str(out / "merged.json"), lambda: merge_runs(load_timing_files(done)),
+                    render_merge) if done else 2
+    if stopped:
+        name = "SIGINT" if stopped[0] == signal.SIGINT else "SIGTERM"
+        print(f"resettrace: interrupted by {name}: merged the {len(done)} of {args.workers} "
+              "workers' runs written", file=sys.stderr)
+        return 128 + int(stopped[0])
+    return code
 
 
 def _report(args: argparse.Namespace) -> int:

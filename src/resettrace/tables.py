@@ -15,6 +15,8 @@ STAT_FIELDS = ("count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms", "tota
 
 
 def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float):
         if math.isnan(v):
             return "-"

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from resettrace import catalog as C
+from resettrace.config import env_worker_rank
 from resettrace.contract import MAX_ENVS
 from resettrace.tables import STAT_FIELDS, format_table, write_csv, write_json
 
@@ -164,12 +165,14 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
     result = {
         "config": {**asdict(cfg), "mode": tracing.mode},
         "sim": sim,
+        "rank": env_worker_rank() or 0,
         "env_per_s": cfg.num_envs * done_steps / wall if done_steps else 0.0,
         "wall_s": wall,
         "reset_fraction": resets / (steps * cfg.num_envs),
         "stats": {k: {f: s[f] for f in STAT_FIELDS} | {"share_of_parent": s["share_of_parent"]}
                   for k, s in stats.items()},
         "samples": tracing.samples(),
+        "dist": {k: d.as_dict() for k, d in tracing.distributions().items()},
         "model": tracing.cost_model(),
         "export": tracing.export_report(),
     }
@@ -268,12 +271,14 @@ def run_numba_ab(cfg: CollectorConfig, tracing: Any,
     return {
         "config": {**asdict(cfg), "mode": tracing.mode},
         "sim": sim,
+        "rank": env_worker_rank() or 0,
         "env_per_s": a["env_per_s"],
         "wall_s": total_wall,
         "reset_fraction": a["reset_fraction"],
         "stats": {k: {f: s[f] for f in STAT_FIELDS} | {"share_of_parent": s["share_of_parent"]}
                   for k, s in stats.items()},
         "samples": tracing.samples(),
+        "dist": {k: d.as_dict() for k, d in tracing.distributions().items()},
         "model": tracing.cost_model(),
         "export": tracing.export_report(),
         "numba_ab": {

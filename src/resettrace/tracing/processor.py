@@ -53,6 +53,7 @@ from resettrace.catalog import (
     default_key,
 )
 from resettrace.costmodel import FitSums
+from resettrace.distribution import Distribution
 from resettrace.tracing.recorder import (
     R_COUNT,
     R_END,
@@ -300,6 +301,9 @@ class TimingSpanProcessor(SpanProcessor):
         #: per key, the sums of the cost model ``ms = a + b * k`` over its calls (recorder
         #: traces with a reset count; see :mod:`resettrace.costmodel`)
         self._fits: dict[str, FitSums] = {}
+        #: per key, every call's value in mergeable exponential buckets (see
+        #: :mod:`resettrace.distribution`): percentiles that combine across workers
+        self._dists: dict[str, Distribution] = {}
         # open SDK spans that close an account (a gap or set_state's dict) by span id, and
         # the ended declared children of those: span id -> [(phase, ms)]
         self._accounts: OrderedDict[int, Phase] = OrderedDict()
@@ -329,6 +333,7 @@ class TimingSpanProcessor(SpanProcessor):
         self._buffered = 0
         self._series = {}
         self._fits = {}
+        self._dists = {}
         self._open_children = OrderedDict()
         self._accounts = OrderedDict()
         self.traces_seen = self.records_seen = 0
@@ -339,6 +344,10 @@ class TimingSpanProcessor(SpanProcessor):
         if s is None:
             s = self._series[key] = _Series(self._max_samples, self._rng)
         s.add(value)
+        d = self._dists.get(key)
+        if d is None:
+            d = self._dists[key] = Distribution()
+        d.add_one(value)
 
     def on_trace(self, records: Sequence[Record], recorder: Recorder | None = None) -> None:
         """Queue one finished recorder trace (training thread: O(1), no aggregation).
@@ -442,6 +451,10 @@ class TimingSpanProcessor(SpanProcessor):
             if s is None:
                 s = self._series[key] = _Series(self._max_samples, self._rng)
             s.add_many(ordered)
+            d = self._dists.get(key)
+            if d is None:
+                d = self._dists[key] = Distribution()
+            d.add(ordered)
 
     # -- SpanProcessor ------------------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -574,6 +587,14 @@ class TimingSpanProcessor(SpanProcessor):
             self._fold()
             return {k: self._fits[k].copy() for k in _ordered(self._fits, self._order())}
 
+    def distributions(self) -> dict[str, Distribution]:
+        """Per key, every call in mergeable exponential buckets (copies), in catalog order."""
+        self._drain()
+        with self._lock:
+            self._fold()
+            return {k: Distribution.merged([self._dists[k]])
+                    for k in _ordered(self._dists, self._order())}
+
     def samples(self) -> dict[str, list[float]]:
         """The kept samples per key, in arrival order (all of them below ``max_samples``)."""
         self._drain()
@@ -588,6 +609,7 @@ class TimingSpanProcessor(SpanProcessor):
             self._fold()
             self._series.clear()
             self._fits.clear()
+            self._dists.clear()
             self._open_children.clear()
             self._accounts.clear()
             self.traces_seen = self.records_seen = 0

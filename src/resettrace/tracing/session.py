@@ -195,6 +195,11 @@ class Tracing:
     def samples(self) -> dict[str, list[float]]:
         return {} if self.processor is None else self.processor.samples()
 
+    def distributions(self) -> dict[str, Any]:
+        """Per key, every call's value in mergeable exponential buckets (as in
+        ``timing.json``'s ``dist``; :mod:`resettrace.distribution`)."""
+        return {} if self.processor is None else self.processor.distributions()
+
     def cost_model(self) -> dict[str, Any]:
         """Per key, the fit ``ms = a + b * k`` over its calls (:mod:`resettrace.costmodel`):
         the ``model`` section of ``timing.json``."""

@@ -1,0 +1,121 @@
+"""Mergeable distributions and ``resettrace merge`` / ``bench collector --workers``."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.distribution import RELATIVE_ERROR, Distribution
+from resettrace.tracing.session import Tracing
+
+
+def test_merged_workers_give_the_percentiles_of_all_calls_within_the_stated_error() -> None:
+    rng = np.random.default_rng(7)
+    # four workers, each its own distribution (one much slower): a merge of percentiles
+    # would be wrong, a merge of buckets is not
+    workers = [rng.lognormal(mu, 0.6, n) for mu, n in ((-1.5, 40_000), (-1.2, 10_000),
+                                                       (0.5, 5_000), (-1.6, 60_000))]
+    parts = []
+    for w in workers:
+        d = Distribution()
+        d.add(w[:100])
+        d.add(w[100:])
+        parts.append(Distribution.from_dict(json.loads(json.dumps(d.as_dict()))))
+    merged = Distribution.merged(parts)
+    every = np.concatenate(workers)
+    whole = Distribution()
+    whole.add(every)
+    assert merged.counts == whole.counts and merged.count == every.size  # exact merge
+    for q in (0.5, 0.9, 0.99, 0.999):
+        exact = float(np.percentile(every, 100 * q, method="inverted_cdf"))
+        assert abs(merged.quantile(q) / exact - 1) <= RELATIVE_ERROR + 1e-12, q
+    zeros = Distribution()
+    zeros.add(np.zeros(10))
+    zeros.add_one(0.5)
+    assert zeros.quantile(0.5) == 0.0 and zeros.count == 11
+    assert abs(zeros.quantile(1.0) / 0.5 - 1) <= RELATIVE_ERROR
+    assert math.isnan(Distribution().quantile(0.5))
+
+
+def test_the_processor_keeps_every_call_in_its_distribution(clock) -> None:  # type: ignore[no-untyped-def]
+    session = Tracing(Config(mode="timing", max_samples=50))  # samples capped, buckets not
+    rec = session.recorder(backend="test")
+    for i in range(300):
+        with rec.scope(C.ENV_STEP):
+            clock.now += 1_000_000 + 1000 * i
+    dist = session.distributions()[C.ENV_STEP.key]
+    stats = session.stats()[C.ENV_STEP.key]
+    assert dist.count == stats.count == 300
+    exact = 1.0 + 0.001 * (math.ceil(0.9 * 300) - 1)  # the 270th of 1.000 ... 1.299 ms
+    assert abs(dist.quantile(0.9) / exact - 1) <= RELATIVE_ERROR
+    session.shutdown()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "resettrace.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_workers_run_and_merge_and_mixed_runs_are_refused(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    r = _cli("bench", "collector", "--workers", "2", "--num-envs", "16", "--steps", "60",
+             "--warmup", "3", "--action-noise", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "2 workers" in r.stdout and "merged" in r.stdout
+    ranks = [json.loads((out / f"rank{i}" / "timing.json").read_text()) for i in range(2)]
+    assert [d["rank"] for d in ranks] == [0, 1]
+    assert ranks[0]["config"]["seed"] != ranks[1]["config"]["seed"]  # each its own env
+    merged = json.loads((out / "merged.json").read_text())["merged"]
+    for key, s in merged["stats"].items():
+        assert s["count"] == sum(d["stats"][key]["count"] for d in ranks), key
+        assert s["total_ms"] == pytest.approx(sum(d["stats"][key]["total_ms"] for d in ranks))
+        assert s["max_ms"] == max(d["stats"][key]["max_ms"] for d in ranks)
+    assert merged["env_per_s"] == pytest.approx(sum(d["env_per_s"] for d in ranks))
+    other = tmp_path / "other"
+    r = _cli("bench", "collector", "--num-envs", "8", "--steps", "20", "--warmup", "2",
+             "--nthread", "1", "--out", str(other))
+    assert r.returncode == 0, r.stderr
+    mixed = _cli("merge", str(out / "rank0"), str(other))
+    assert mixed.returncode == 2 and "num_envs: 16, 8" in mixed.stderr
+    assert "Traceback" not in mixed.stderr
+    allowed = _cli("merge", str(out / "rank0"), str(other), "--allow-mixed", "-o",
+                   str(tmp_path / "m.json"))
+    assert allowed.returncode == 0 and "MIXED" in allowed.stdout, allowed.stderr
+    assert _cli("merge", str(tmp_path / "none")).returncode == 2
+
+
+def test_sigterm_to_a_workers_job_stops_every_worker_and_merges_what_they_did(
+        tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "job"
+    p = subprocess.Popen([sys.executable, "-m", "resettrace.cli", "bench", "collector",
+                          "--workers", "2", "--num-envs", "8", "--warmup", "1",
+                          "--steps", "1000000", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        logs = [out / f"rank{r}" / "log.txt" for r in range(2)]
+        deadline = time.monotonic() + 120
+        while not all(f.is_file() and "step " in f.read_text() for f in logs):
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.2)  # until both workers are in their timed steps
+        p.send_signal(signal.SIGTERM)
+        stdout, stderr = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, stderr
+    assert "Traceback" not in stderr and "merged the 2 of 2" in stderr
+    merged = json.loads((out / "merged.json").read_text())
+    assert [r["interrupted"]["signal"] for r in merged["ranks"]] == ["SIGTERM", "SIGTERM"]
+    steps = sum(r["interrupted"]["steps_done"] for r in merged["ranks"])
+    assert merged["merged"]["stats"][C.ENV_STEP.key]["count"] >= steps > 0
