@@ -156,3 +156,22 @@ def test_fixture_records_an_env_step_with_a_reset(resettrace) -> None:
     with pytest.raises(KeyError, match="create envs/backends inside the test"):
         resettrace.stat(SET_STATE.key)
 
+
+
+def test_json_report_merges_across_xdist_workers(inner: pytest.Pytester) -> None:
+    """Two xdist workers: the controller writes one file with every test of both, each
+    tagged with its worker, and the merged view counts every call of every test."""
+    inner.makepyfile(test_a=INNER, test_b=INNER)  # one file per worker (--dist loadfile)
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
+                                        "--dist", "loadfile", "--resettrace-json", "stats.json")
+    result.assert_outcomes(passed=6)
+    data = json.loads((inner.path / "stats.json").read_text())
+    tests = data["tests"]
+    assert set(tests) == {f"test_{f}.py::test_{t}_set_state{'s' if t == 'three' else ''}"
+                          for f in "ab" for t in ("three", "one")}
+    assert data["workers"] == ["gw0", "gw1"]
+    assert {tests["test_a.py::test_one_set_state"]["worker"],
+            tests["test_b.py::test_one_set_state"]["worker"]} == {"gw0", "gw1"}
+    merged = data["merged"]["stats"]
+    assert merged[SET_STATE.key]["count"] == 8  # 3 + 1 calls per file, from both workers
+    assert merged[SET_STATE.key]["p50_ms"] > 0

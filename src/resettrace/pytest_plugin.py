@@ -16,9 +16,12 @@ Fixture ``resettrace``
 
 Option ``--resettrace-json PATH``
     The stats of every test that used the fixture, keyed by node id, are written at the
-    end of the session to ``PATH`` as ``{"tests": {nodeid: {"stats": {key: {...}}}}}``,
-    each key's dict having the fields of ``timing.json``'s stats. Not merged across
-    pytest-xdist workers.
+    end of the session to ``PATH`` as ``{"tests": {nodeid: {"stats": {key: {...}},
+    "dist": {...}, "worker": ...}}, "merged": {"stats": ..., "dist": ...}, "workers": [...]}``,
+    each key's dict having the fields of ``timing.json``'s stats. Under pytest-xdist each
+    worker hands its tests' results to the controller (``workeroutput``), which writes the
+    one file: ``merged`` is every test's calls together, its percentiles read from the
+    summed exponential buckets (:mod:`resettrace.distribution`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ __all__ = ["ResettraceCapture"]
 
 JSON_OPTION = "--resettrace-json"
 #: node id -> the test's stats, for the JSON report
-_RESULTS = pytest.StashKey[dict[str, dict[str, dict[str, Any]]]]()
+_RESULTS = pytest.StashKey[dict[str, dict[str, Any]]]()
 #: resolved ``--resettrace-json`` path (relative paths: to the invocation directory)
 _JSON_PATH = pytest.StashKey[Path]()
 
@@ -108,7 +111,12 @@ def resettrace(request: pytest.FixtureRequest) -> Iterator[ResettraceCapture]:
             yield capture
         results = request.config.stash.get(_RESULTS, None)
         if results is not None:
-            results[request.node.nodeid] = capture.stats()
+            import os
+
+            results[request.node.nodeid] = {
+                "stats": capture.stats(),
+                "dist": {k: d.as_dict() for k, d in session.distributions().items()},
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
     finally:
         session.shutdown()
         if session.processor is not None:
@@ -121,11 +129,34 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = config.stash.get(_JSON_PATH, None)
     if path is None:
         return
-    from resettrace.tables import write_json
+    import json
 
     results = config.stash[_RESULTS]
-    write_json(path, {"tests": {nodeid: {"stats": stats}
-                                 for nodeid, stats in results.items()}})
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller writes the file
+        workeroutput["resettrace"] = json.dumps(results)
+        return
+    from resettrace.merge import merge_runs
+    from resettrace.tables import write_json
+
+    merged: dict[str, Any] = {}
+    if results:
+        m = merge_runs([(nodeid, {"stats": r["stats"], "dist": r["dist"]})
+                        for nodeid, r in results.items()])["merged"]
+        merged = {"stats": m["stats"], "dist": m["dist"]}
+    write_json(path, {"tests": results, "merged": merged,
+                      "workers": sorted({r["worker"] for r in results.values()})})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist, on the controller: a worker finished; keep its tests' results."""
+    import json
+
+    raw = getattr(node, "workeroutput", {}).get("resettrace")
+    results = node.config.stash.get(_RESULTS, None)
+    if raw and results is not None:
+        results.update(json.loads(raw))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
