@@ -7,7 +7,7 @@ DEMO_OUT ?= out/demo
 # `RESETTRACE_EXPORTER=otlp make demo` streams the demo's spans to a collector instead
 RESETTRACE_EXPORTER ?= file:$(DEMO_OUT)/spans.jsonl
 
-.PHONY: demo test browser lint bench-overhead clean
+.PHONY: demo test system-deps lint bench-overhead clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,14 +21,16 @@ demo: $(STAMP)
 		--num-envs 1024 --warmup 20 --steps 800 --out $(DEMO_OUT) --report
 	@echo "report: $(DEMO_OUT)/report.html (one self-contained file: open it in a browser)"
 
-# the report test opens the HTML report in Debian's chromium through chromedriver
-browser:
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
-		echo "installing chromium and chromium-driver (apt-get, as root) for the report test"; \
+# system programs the suite runs for real: Debian's chromium and chromedriver (the report
+# test) and prometheus (the metrics test)
+system-deps:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+		&& command -v prometheus >/dev/null || { \
+		echo "installing chromium, chromium-driver and prometheus (apt-get, as root) for the tests"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq chromium chromium-driver; }
+			apt-get install -y -qq chromium chromium-driver prometheus; }
 
-test: $(STAMP) browser
+test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q examples/own_env
 

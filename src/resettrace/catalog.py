@@ -388,6 +388,12 @@ ATTR_BACKEND = "resettrace.backend.name"
 ATTR_TASK = "resettrace.task.name"
 ATTR_EXPORT_DROPPED = "resettrace.export.dropped"
 ATTR_WORKER_RANK = "resettrace.worker.rank"  # resource attribute of a worker process
+ATTR_PHASE = "resettrace.phase"  # metric attribute: the phase's span name
+
+#: metrics (``RESETTRACE_METRICS``): phase durations, and counts of resets and env steps
+METRIC_PHASE_DURATION = "resettrace.phase.duration"  # histogram, unit ms
+METRIC_RESETS = "resettrace.resets"  # counter: envs reset
+METRIC_ENV_STEPS = "resettrace.env_steps"  # counter: env steps (batched calls)
 
 #: Instrumentation scope of the spans resettrace materialises from its own records.
 INSTRUMENTATION_SCOPE = "resettrace.recorder"

@@ -74,6 +74,10 @@ ENV_QUEUE_SIZE = "RESETTRACE_QUEUE_SIZE"
 ENV_SHUTDOWN_TIMEOUT = "RESETTRACE_SHUTDOWN_TIMEOUT"
 ENV_WORKER_RANK = "RESETTRACE_WORKER_RANK"
 ENV_HANDLE_SIGTERM = "RESETTRACE_HANDLE_SIGTERM"
+ENV_METRICS = "RESETTRACE_METRICS"
+ENV_METRIC_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+#: the Prometheus scrape port when ``prometheus`` names none (OpenTelemetry's)
+DEFAULT_PROMETHEUS_PORT = 9464
 ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
 ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 ENV_OTLP_ENDPOINT = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -122,6 +126,11 @@ class Config:
     otlp_timeout_s: float = 2.0
     #: Extra resource attributes for exported spans.
     resource_attributes: Mapping[str, Any] = field(default_factory=dict)
+    #: metrics of the aggregated statistics: ``otlp``, ``prometheus[:PORT]``
+    #: (``RESETTRACE_METRICS``)
+    metrics: tuple[str, ...] = ()
+    #: seconds between OTLP metric exports (``OTEL_METRIC_EXPORT_INTERVAL``, ms)
+    metrics_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -157,6 +166,16 @@ class Config:
         if not 0 < self.otlp_timeout_s < math.inf:
             raise ValueError("otlp_timeout_s must be a finite number > 0, got "
                              f"{self.otlp_timeout_s}")
+        if isinstance(self.metrics, str):
+            object.__setattr__(self, "metrics", tuple(
+                x.strip() for x in self.metrics.split(",") if x.strip()))
+        for spec in self.metrics:
+            problem = metrics_problem(spec)
+            if problem:
+                raise ValueError(problem)
+        if not 0 < self.metrics_interval_s < math.inf:
+            raise ValueError("metrics_interval_s must be a finite number > 0, got "
+                             f"{self.metrics_interval_s}")
 
     @property
     def enabled(self) -> bool:
@@ -190,6 +209,9 @@ class Config:
             "handle_sigterm": _flag(env, ENV_HANDLE_SIGTERM, d.handle_sigterm),
             "otlp_protocol": _otlp_protocol(env),
             "otlp_timeout_s": _first_number(env, ENV_OTLP_TIMEOUT, d.otlp_timeout_s),
+            "metrics": _metrics(env),
+            "metrics_interval_s": _number(env, ENV_METRIC_INTERVAL, float,
+                                          1e3 * d.metrics_interval_s, minimum=1.0) / 1e3,
         }
         values["otlp_endpoint"] = _otlp_endpoint(env, values["otlp_protocol"])
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -214,6 +236,34 @@ def exporter_problem(spec: str) -> str | None:
     if kind not in PATH_KINDS and sep:
         return f"exporter {kind!r} takes no argument, got {spec!r}"
     return None
+
+
+def metrics_problem(spec: str) -> str | None:
+    """Why ``spec`` is not a valid ``RESETTRACE_METRICS`` item, or ``None``."""
+    kind, sep, arg = spec.partition(":")
+    if kind == "otlp" and not sep:
+        return None
+    if kind == "prometheus":
+        if not sep:
+            return None
+        if arg.isdigit() and 0 < int(arg) < 65536:
+            return None
+        return f"metrics {spec!r}: the port must be a number in 1-65535"
+    return f"unknown metrics {spec!r}; known: otlp, prometheus, prometheus:PORT"
+
+
+def _metrics(env: Mapping[str, str]) -> tuple[str, ...]:
+    raw = env.get(ENV_METRICS, "").strip()
+    if not raw or raw.lower() in ("off", "0", "false", "no"):
+        return ()
+    good = []
+    for spec in (x.strip() for x in raw.split(",") if x.strip()):
+        problem = metrics_problem(spec)
+        if problem:
+            log.warning("%s: ignoring %r: %s", ENV_METRICS, spec, problem)
+            continue
+        good.append(spec)
+    return tuple(good)
 
 
 def endpoint_problem(url: str) -> str | None:

@@ -32,11 +32,13 @@ _FACTOR = 2.0 ** SCALE
 class Distribution:
     """Counts per exponential bucket of one key's values (ms), mergeable by addition."""
 
-    __slots__ = ("zero", "counts")
+    __slots__ = ("zero", "counts", "min")
 
     def __init__(self) -> None:
         self.zero = 0
         self.counts: dict[int, int] = {}
+        #: the smallest positive value added (exact; inf when none)
+        self.min = math.inf
 
     @property
     def count(self) -> int:
@@ -48,6 +50,7 @@ class Distribution:
         self.zero += int(v.size - positive.size)
         if not positive.size:
             return
+        self.min = min(self.min, float(positive.min()))
         idx = np.ceil(np.log2(positive) * _FACTOR).astype(np.int64) - 1
         keys, n = np.unique(idx, return_counts=True)
         counts = self.counts
@@ -56,6 +59,7 @@ class Distribution:
 
     def add_one(self, value: float) -> None:
         if value > 0:
+            self.min = min(self.min, value)
             k = math.ceil(math.log2(value) * _FACTOR) - 1
             self.counts[k] = self.counts.get(k, 0) + 1
         else:
@@ -63,6 +67,7 @@ class Distribution:
 
     def merge(self, other: Distribution) -> None:
         self.zero += other.zero
+        self.min = min(self.min, other.min)
         for k, c in other.counts.items():
             self.counts[k] = self.counts.get(k, 0) + c
 
@@ -85,6 +90,7 @@ class Distribution:
 
     def as_dict(self) -> dict[str, Any]:
         return {"scale": SCALE, "zero": self.zero,
+                "min": None if math.isinf(self.min) else self.min,
                 "buckets": {str(k): c for k, c in sorted(self.counts.items())}}
 
     @classmethod
@@ -94,6 +100,8 @@ class Distribution:
                              f"scale {SCALE}")
         out = cls()
         out.zero = int(d.get("zero", 0))
+        if d.get("min") is not None:
+            out.min = float(d["min"])
         out.counts = {int(k): int(c) for k, c in (d.get("buckets") or {}).items()}
         return out
 

@@ -263,6 +263,52 @@ class GrpcReceiver(_Receiver):
             server.stop(grace=None).wait(5.0)
 
 
+class GrpcMetricsReceiver:
+    """OTLP/gRPC metrics receiver on ``127.0.0.1:<ephemeral>``: keeps every request."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+        self._lock = threading.Lock()
+        self._server: grpc.Server | None = None
+        self.port: int | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def __enter__(self) -> GrpcMetricsReceiver:
+        from opentelemetry.proto.collector.metrics.v1 import (
+            metrics_service_pb2,
+            metrics_service_pb2_grpc,
+        )
+
+        owner = self
+
+        class _Service(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request, context):  # grpc method name
+                with owner._lock:
+                    owner.requests.append(request)
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2),
+                             options=[("grpc.so_reuseport", 0)])
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Service(), server)
+        self.port = server.add_insecure_port(f"{HOST}:0")
+        server.start()
+        self._server = server
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None).wait(5.0)
+            self._server = None
+
+    def last(self) -> Any:
+        """The latest request (cumulative metrics: it holds everything)."""
+        with self._lock:
+            return self.requests[-1] if self.requests else None
+
+
 # --------------------------------------------------------------------------- HTTP
 
 

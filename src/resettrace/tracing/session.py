@@ -86,6 +86,7 @@ class Tracing:
         self._provider: Any = None
         self._owns_provider = False
         self._closed = False
+        self.metrics: Any = None
         if not self.config.enabled:
             return
         from resettrace.tracing.processor import TimingSpanProcessor
@@ -94,6 +95,12 @@ class Tracing:
                                              catalog=self.catalog)
         if self.config.exports_spans:
             self._start_export(tracer_provider)
+        if self.config.metrics:
+            from resettrace.tracing.metrics import MetricsExport
+
+            self.metrics = MetricsExport(self)
+            if not self.config.exports_spans:
+                _register_exit_hooks(self)  # the last push at exit
 
     def _start_export(self, tracer_provider: Any) -> None:
         from resettrace.tracing.sampling import TraceSampler
@@ -223,6 +230,8 @@ class Tracing:
             "spans_sampled_out": 0 if self.sampler is None else self.sampler.sampled_out_spans,
             "spans_pending": 0 if m is None else m.pending_spans,
         }
+        if self.metrics is not None:
+            report["metrics"] = self.metrics.report()
         if p is not None:
             proc = p.report()
             report["spans_sent"] = proc["spans_sent"]
@@ -269,6 +278,8 @@ class Tracing:
             self.process.close(max(0.05, deadline - time.monotonic()))
         if self._owns_provider and self._provider is not None:
             self._provider.shutdown()
+        if self.metrics is not None:
+            self.metrics.close(max(0.1, deadline - time.monotonic()))
         if self.config.exports_spans:
             report = self.export_report()
             lost = report.get("spans_not_delivered", 0) or report["spans_dropped"]

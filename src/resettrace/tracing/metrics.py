@@ -1,0 +1,306 @@
+"""Metrics of the aggregated statistics: OTLP push and a Prometheus scrape endpoint.
+
+``RESETTRACE_METRICS=otlp`` and/or ``prometheus[:PORT]`` (``timing`` and ``trace`` modes).
+The metrics are read from the timing processor's exact statistics when they are exported
+or scraped, so they see every call whatever the trace sampling, and nothing is added to the
+hot path or to the aggregation: no per-call instrument call is made anywhere.
+
+* ``resettrace.phase.duration`` (unit ``ms``): per phase, its calls in the processor's
+  base-2 exponential buckets (:mod:`resettrace.distribution`, scale 5), with the exact
+  count, sum, min and max. OTLP gets it as an exponential histogram; Prometheus as a classic
+  histogram ``resettrace_phase_duration_milliseconds`` whose ``le`` bounds are the same
+  buckets merged four to one (``2 ** (1/8)`` apart: ``histogram_quantile`` is then within
+  about 9% of the exact percentile).
+* ``resettrace.resets`` (envs reset) and ``resettrace.env_steps`` (env step calls): counters.
+
+A forked process drops its copies (no push thread, not serving the parent's port): give a
+worker its own session.
+
+Attributes: ``resettrace.phase`` (the span name), ``resettrace.backend.name``,
+``resettrace.task.name`` (from the session's resource attributes, as the CLI sets them) and
+``resettrace.worker.rank``. OTLP pushes use the SDK's OTLP metric exporter (its endpoint,
+headers and timeout variables: ``OTEL_EXPORTER_OTLP_METRICS_*``, else the generic ones) every
+``OTEL_METRIC_EXPORT_INTERVAL`` ms (default 60,000) on a daemon thread, and once more at
+shutdown; failed or timed-out exports are counted (:meth:`MetricsExport.report`), never
+raised. The scrape endpoint is ``prometheus_client``'s HTTP server on ``0.0.0.0:PORT``
+(default 9464), serving a collector that reads the statistics at each scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from resettrace import catalog as C
+from resettrace.config import DEFAULT_PROMETHEUS_PORT
+from resettrace.distribution import SCALE, Distribution
+
+if TYPE_CHECKING:
+    from resettrace.tracing.session import Tracing
+
+__all__ = ["MetricsExport", "PROMETHEUS_SCALE"]
+
+log = logging.getLogger("resettrace")
+
+#: the scale of the Prometheus buckets (the processor's buckets merged 2**(SCALE-this) to one)
+PROMETHEUS_SCALE = 3
+_PROM_SHIFT = SCALE - PROMETHEUS_SCALE
+_SCOPE = "resettrace"
+
+
+def _label(name: str) -> str:
+    return name.replace(".", "_")
+
+
+class MetricsExport:
+    """The metrics of one tracing session (see the module docstring)."""
+
+    def __init__(self, session: Tracing) -> None:
+        self.session = session
+        self.specs = session.config.metrics
+        self.exports = self.failed = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._exporter: Any = None
+        self._server: Any = None
+        self._start_ns = time.time_ns()
+        self.prometheus_port: int | None = None
+        _LIVE.add(self)
+        for spec in self.specs:
+            kind, _, arg = spec.partition(":")
+            if kind == "otlp":
+                self._start_otlp()
+            elif kind == "prometheus":
+                self._start_prometheus(int(arg) if arg else DEFAULT_PROMETHEUS_PORT)
+
+    # -- what is exported -------------------------------------------------------------------
+    def attributes(self) -> dict[str, Any]:
+        res = self.session.resource_attributes()
+        return {C.ATTR_BACKEND: str(res.get(C.ATTR_BACKEND, "")),
+                C.ATTR_TASK: str(res.get(C.ATTR_TASK, "")),
+                C.ATTR_WORKER_RANK: int(res.get(C.ATTR_WORKER_RANK, 0) or 0)}
+
+    def _phases(self) -> Iterator[tuple[str, Distribution, Mapping[str, Any]]]:
+        """(span name, buckets, stats) of every timed phase with calls."""
+        proc = self.session.processor
+        if proc is None:
+            return
+        dists = proc.distributions()
+        stats = proc.stats()
+        for key, dist in dists.items():
+            if not key.endswith("_ms") or key not in stats or not dist.count:
+                continue
+            phase = C.CATALOG.by_key.get(key)
+            owner = C.CATALOG.gap_parent.get(key)
+            name = phase.span if phase else f"{owner.span}.rest" if owner else key
+            yield name, dist, stats[key].as_dict()
+
+    def _counters(self) -> tuple[int, int]:
+        proc = self.session.processor
+        if proc is None:
+            return 0, 0
+        stats = proc.stats([C.RESET_DONE_COUNT, C.ENV_STEP.key])
+        resets = stats.get(C.RESET_DONE_COUNT)
+        steps = stats.get(C.ENV_STEP.key)
+        return (int(round(resets.total_ms)) if resets else 0), (steps.count if steps else 0)
+
+    def metrics_data(self) -> Any:
+        """The current statistics as the SDK's ``MetricsData`` (cumulative)."""
+        from opentelemetry.sdk.metrics._internal.point import Buckets
+        from opentelemetry.sdk.metrics.export import (
+            AggregationTemporality,
+            ExponentialHistogram,
+            ExponentialHistogramDataPoint,
+            Metric,
+            MetricsData,
+            NumberDataPoint,
+            ResourceMetrics,
+            ScopeMetrics,
+            Sum,
+        )
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        now = time.time_ns()
+        base = self.attributes()
+        points = []
+        for name, dist, s in self._phases():
+            lo = min(dist.counts) if dist.counts else 0
+            hi = max(dist.counts) if dist.counts else -1
+            counts = [dist.counts.get(i, 0) for i in range(lo, hi + 1)]
+            points.append(ExponentialHistogramDataPoint(
+                attributes={**base, C.ATTR_PHASE: name}, start_time_unix_nano=self._start_ns,
+                time_unix_nano=now, count=dist.count, sum=float(s["total_ms"]), scale=SCALE,
+                zero_count=dist.zero, positive=Buckets(offset=lo, bucket_counts=counts),
+                negative=Buckets(offset=0, bucket_counts=[]), flags=0,
+                min=0.0 if dist.zero else dist.min, max=float(s["max_ms"])))
+        resets, steps = self._counters()
+        cumulative = AggregationTemporality.CUMULATIVE
+
+        def counter(name: str, value: int, unit: str) -> Metric:
+            return Metric(name=name, description=None, unit=unit, data=Sum(
+                data_points=[NumberDataPoint(attributes=base, start_time_unix_nano=self._start_ns,
+                                             time_unix_nano=now, value=value)],
+                aggregation_temporality=cumulative, is_monotonic=True))
+
+        metrics = [Metric(name=C.METRIC_PHASE_DURATION, description="resettrace phase durations",
+                          unit="ms", data=ExponentialHistogram(
+                              data_points=points, aggregation_temporality=cumulative)),
+                   counter(C.METRIC_RESETS, resets, "{env}"),
+                   counter(C.METRIC_ENV_STEPS, steps, "{step}")]
+        resource = Resource.create(self.session.resource_attributes())
+        return MetricsData(resource_metrics=[ResourceMetrics(
+            resource=resource, scope_metrics=[ScopeMetrics(
+                scope=InstrumentationScope(_SCOPE), metrics=metrics, schema_url="")],
+            schema_url="")])
+
+    # -- OTLP -------------------------------------------------------------------------------
+    def _start_otlp(self) -> None:
+        cfg = self.session.config
+        try:
+            if cfg.otlp_protocol == "grpc":
+                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                    OTLPMetricExporter,
+                )
+            else:
+                from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
+                    OTLPMetricExporter,
+                )
+            # endpoint, headers and timeout from OTEL_EXPORTER_OTLP_METRICS_* or the generic
+            # variables, as the SDK reads them
+            self._exporter = OTLPMetricExporter()
+        except Exception as e:  # a bad setting: said once, training goes on
+            log.warning("resettrace: OTLP metrics are off: %s", e)
+            return
+        self._thread = threading.Thread(target=self._push_loop, daemon=True,
+                                        name="resettrace-metrics")
+        self._thread.start()
+
+    def _push_loop(self) -> None:
+        interval = self.session.config.metrics_interval_s
+        while not self._stop.wait(interval):
+            self.push()
+
+    def push(self, timeout_s: float = 10.0) -> bool:
+        """Export the statistics now (OTLP); False (and counted) when it failed."""
+        if self._exporter is None:
+            return False
+        from opentelemetry.sdk.metrics.export import MetricExportResult
+
+        try:
+            ok = self._exporter.export(self.metrics_data(),
+                                       timeout_millis=1e3 * timeout_s) is MetricExportResult.SUCCESS
+        except Exception:  # exporting must never break training
+            log.debug("resettrace: metrics export raised", exc_info=True)
+            ok = False
+        self.exports += 1
+        if not ok:
+            self.failed += 1
+        return ok
+
+    # -- Prometheus ------------------------------------------------------------------------
+    def _start_prometheus(self, port: int) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+        except ImportError:
+            log.warning("resettrace: RESETTRACE_METRICS=prometheus needs prometheus_client "
+                        "(pip install opentelemetry-exporter-prometheus)")
+            return
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_PromCollector(self))
+        try:
+            self._server = start_http_server(port, addr="0.0.0.0", registry=registry)
+        except OSError as e:
+            log.warning("resettrace: the Prometheus endpoint on port %d is off: %s", port,
+                        e.strerror or e)
+            return
+        self.prometheus_port = port
+
+    def _after_fork_in_child(self) -> None:
+        """A forked process has no push thread and does not serve the parent's port: its
+        copies are dropped (closing only its inherited socket), so closing never waits on
+        a server loop that does not run here."""
+        if self._server is not None:
+            server, _thread = self._server
+            try:
+                server.socket.close()
+            except OSError:
+                pass
+        self._server = None
+        self._thread = None
+        self._exporter = None  # gRPC channels do not survive a fork
+        self.prometheus_port = None
+        self.specs = ()
+
+    def report(self) -> dict[str, Any]:
+        return {"metrics": list(self.specs), "otlp_exports": self.exports,
+                "otlp_failed": self.failed, "prometheus_port": self.prometheus_port}
+
+    def close(self, timeout_s: float) -> None:
+        """Stop the push thread after one last export (bounded), and the scrape server."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=min(timeout_s, 1.0))
+            self.push(timeout_s=max(0.1, timeout_s))
+        if self._exporter is not None:
+            try:
+                self._exporter.shutdown(timeout_millis=1e3 * min(timeout_s, 1.0))
+            except Exception:
+                pass
+        if self._server is not None:
+            server, _thread = self._server
+            server.shutdown()
+            server.server_close()
+            self._server = None
+
+
+_LIVE: weakref.WeakSet[MetricsExport] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for m in list(_LIVE):
+        m._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _PromCollector:
+    """A ``prometheus_client`` collector reading the statistics at each scrape."""
+
+    def __init__(self, owner: MetricsExport) -> None:
+        self.owner = owner
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        base = {_label(k): str(v) for k, v in self.owner.attributes().items()}
+        names = [*base, _label(C.ATTR_PHASE)]
+        hist = HistogramMetricFamily(_label(C.METRIC_PHASE_DURATION) + "_milliseconds",
+                                     "resettrace phase durations (ms)", labels=names)
+        for name, dist, s in self.owner._phases():
+            merged: dict[int, int] = {}
+            for i, c in dist.counts.items():  # bucket i of scale 5 lies in bucket i >> 2 of 3
+                j = i >> _PROM_SHIFT
+                merged[j] = merged.get(j, 0) + c
+            buckets = []
+            seen = dist.zero
+            for j in sorted(merged):
+                seen += merged[j]
+                upper = 2.0 ** ((j + 1) / 2 ** PROMETHEUS_SCALE)
+                buckets.append((repr(upper), seen))
+            buckets.append(("+Inf", dist.count))
+            hist.add_metric([*base.values(), name], buckets, sum_value=float(s["total_ms"]))
+        yield hist
+        resets, steps = self.owner._counters()
+        for metric, value in ((C.METRIC_RESETS, resets), (C.METRIC_ENV_STEPS, steps)):
+            family = CounterMetricFamily(_label(metric), f"resettrace {metric}",
+                                         labels=list(base))
+            family.add_metric(list(base.values()), value)
+            yield family
+
