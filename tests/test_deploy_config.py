@@ -1,8 +1,9 @@
-"""The compose stack (OTel Collector -> Jaeger v2), checked without Docker.
+"""The compose stack (OTel Collector -> Jaeger v2, Prometheus), checked without Docker.
 
 Docker cannot run on the development machines, so these tests read the YAML files and check
 what a typo would break: component references, the sampling policies, and the ports and host
-names that connect resettrace, the collector and Jaeger.
+names that connect resettrace, the collector, Prometheus and Jaeger. The Prometheus config is
+also checked by the real ``promtool`` (Debian's prometheus package; ``make test`` installs it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 COLLECTOR_FILE = ROOT / "collector_config" / "otel-collector.yaml"
 JAEGER_FILE = ROOT / "collector_config" / "jaeger.yaml"
+PROMETHEUS_FILE = ROOT / "collector_config" / "prometheus.yaml"
+PROMETHEUS_SERVICE = "prometheus"
 
 COLLECTOR_SERVICE = "otel-collector"
 JAEGER_SERVICE = "jaeger"
@@ -109,7 +112,7 @@ def config_path_in_container(service: dict[str, Any]) -> str:
     for i, arg in enumerate(args):
         if arg == "--config" and i + 1 < len(args):
             return args[i + 1]
-        if arg.startswith("--config="):
+        if arg.startswith(("--config=", "--config.file=")):
             return arg.split("=", 1)[1]
     raise AssertionError(f"no --config in command {args}")
 
@@ -157,7 +160,8 @@ def tail_sampling(collector: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- both Collector-style configs ---------------------------------------------------------
-@pytest.mark.parametrize("path", [COLLECTOR_FILE, JAEGER_FILE, COMPOSE_FILE], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [COLLECTOR_FILE, JAEGER_FILE, COMPOSE_FILE, PROMETHEUS_FILE],
+                         ids=lambda p: p.name)
 def test_yaml_parses_to_a_mapping(path: Path) -> None:
     assert path.is_file(), f"{path} missing"
     assert _load(path)
@@ -173,7 +177,9 @@ def test_every_referenced_component_is_defined(path: Path) -> None:
         assert pipeline.get("receivers"), f"{pipeline_name}: no receivers"
         assert pipeline.get("exporters"), f"{pipeline_name}: no exporters"
         for kind in PIPELINE_KINDS:
-            defined = config.get(kind) or {}
+            defined = dict(config.get(kind) or {})
+            if kind != "processors":  # a connector is a pipeline's exporter and another's receiver
+                defined.update(config.get("connectors") or {})
             missing += [f"{kind}.{cid} ({pipeline_name})" for cid in pipeline.get(kind) or []
                         if cid not in defined]
     defined_extensions = config.get("extensions") or {}
@@ -318,7 +324,7 @@ def test_images_pinned_to_a_version(compose: dict[str, Any]) -> None:
         "Jaeger v2 is required by collector_config/jaeger.yaml"
 
 
-@pytest.mark.parametrize("service_name", [COLLECTOR_SERVICE, JAEGER_SERVICE])
+@pytest.mark.parametrize("service_name", [COLLECTOR_SERVICE, JAEGER_SERVICE, PROMETHEUS_SERVICE])
 def test_mounted_configs_exist_read_only(compose: dict[str, Any], service_name: str) -> None:
     mounts = bind_mounts(compose["services"][service_name])
     assert mounts, f"{service_name}: no bind mounts"
@@ -336,3 +342,69 @@ def test_compose_service_wiring(compose: dict[str, Any]) -> None:
         assert service.get("restart") == "unless-stopped", name
         probe = " ".join(map(str, (service.get("healthcheck") or {}).get("test") or []))
         assert not re.search(r"\b(curl|wget)\b", probe), f"{name}: distroless image, no {probe}"
+
+
+# -- metrics: collector -> Prometheus -> Jaeger's Monitor tab ------------------------------
+def _pipelines(config: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    return {name: p for name, p in config["service"]["pipelines"].items()
+            if component_type(name) == kind}
+
+
+def test_collector_serves_resettrace_metrics_and_spanmetrics_of_every_span(
+        collector: dict[str, Any]) -> None:
+    connectors = collector.get("connectors") or {}
+    span_ids = ids_of_type(connectors, "spanmetrics")
+    assert span_ids, "no spanmetrics connector"
+    traces = _pipelines(collector, "traces")
+    feeding = [name for name, p in traces.items() if span_ids[0] in (p.get("exporters") or [])]
+    assert feeding, "no traces pipeline feeds the spanmetrics connector"
+    for name in feeding:  # before sampling: the Monitor tab's numbers are of every span
+        assert not any(component_type(c) == "tail_sampling"
+                       for c in traces[name].get("processors") or []), name
+    metrics = _pipelines(collector, "metrics")
+    assert metrics, "no metrics pipeline"
+    [pipeline] = metrics.values()
+    receivers = pipeline["receivers"]
+    assert "otlp" in receivers and span_ids[0] in receivers, receivers  # resettrace's + span
+    prom = [e for e in pipeline["exporters"] if component_type(e) == "prometheus"]
+    assert prom, pipeline["exporters"]
+    host, port = host_port(collector["exporters"][prom[0]]["endpoint"])
+    assert host == "0.0.0.0" and port == 8889
+    unit = connectors[span_ids[0]].get("histogram", {}).get("unit", "ms")
+    assert unit == "ms"  # Jaeger's normalize_duration reads ..._duration_milliseconds
+
+
+def test_prometheus_scrapes_the_collector_and_promtool_accepts_it(
+        compose: dict[str, Any], collector: dict[str, Any]) -> None:
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool (Debian's prometheus package) is missing: run `make test`"
+    r = subprocess.run([promtool, "check", "config", str(PROMETHEUS_FILE)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    config = _load(PROMETHEUS_FILE)
+    targets = [t for job in config["scrape_configs"]
+               for sc in job.get("static_configs") or [] for t in sc["targets"]]
+    [prom] = [e for p in _pipelines(collector, "metrics").values() for e in p["exporters"]
+              if component_type(e) == "prometheus"]
+    _, port = host_port(collector["exporters"][prom]["endpoint"])
+    assert f"{COLLECTOR_SERVICE}:{port}" in targets, targets
+    service = compose["services"][PROMETHEUS_SERVICE]
+    assert mounted_config(compose, PROMETHEUS_SERVICE) == PROMETHEUS_FILE.resolve()
+    # resettrace's exponential histograms arrive as native histograms
+    assert "--enable-feature=native-histograms" in command_args(service)
+    assert published_ports(service).get(9090) == 9090
+
+
+def test_jaegers_monitor_tab_reads_the_compose_prometheus(
+        jaeger: dict[str, Any], compose: dict[str, Any]) -> None:
+    extensions = jaeger["extensions"]
+    name = extensions["jaeger_query"]["storage"].get("metrics")
+    assert name, "jaeger_query has no metrics storage: the Monitor tab stays empty"
+    backend = extensions["jaeger_storage"]["metric_backends"][name]["prometheus"]
+    host, port = host_port(backend["endpoint"])
+    assert host == PROMETHEUS_SERVICE and host in compose["services"] and port == 9090
+    assert backend.get("normalize_calls") is True and backend.get("normalize_duration") is True
+    assert PROMETHEUS_SERVICE in (compose["services"][JAEGER_SERVICE].get("depends_on") or [])
