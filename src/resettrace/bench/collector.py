@@ -396,6 +396,15 @@ def render_report(result: Mapping[str, Any]) -> str:
     exp = result.get("export") or {}
     if cfg["mode"] == "trace":
         parts.append(render_export(exp))
+    metrics = exp.get("metrics")
+    if metrics:
+        line = f"metrics ({', '.join(metrics['metrics'])}):"
+        if any(m == "otlp" for m in metrics["metrics"]):
+            line += (f" {metrics['otlp_exports']} OTLP pushes, {metrics['otlp_failed']} "
+                     "failed")
+        if metrics.get("prometheus_port"):
+            line += f"; served for scraping on port {metrics['prometheus_port']}"
+        parts.append(line)
     if "numba_ab" in result:
         parts.append(render_numba_ab(result["numba_ab"]))
     return "\n\n".join(parts)
