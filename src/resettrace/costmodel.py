@@ -335,20 +335,10 @@ def load_fit_inputs(paths: Sequence[str]) -> dict[str, Any]:
     """``resettrace fit``'s result for ``paths``: collector runs (``timing.json`` files or
     folders of them) or one ``bench set-state-ab`` JSON."""
     import json
-    from pathlib import Path
 
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            found = sorted(p.rglob("timing.json"))
-            if not found:
-                raise ValueError(f"{p}: no timing.json in this folder")
-            files += found
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"no such run: {p}")
+    from resettrace.tables import timing_files
+
+    files = timing_files(paths)
     runs: list[tuple[str, int, dict[str, FitSums]]] = []
     for f in files:
         try:

@@ -21,7 +21,7 @@ from typing import Any
 from resettrace import catalog as C
 from resettrace.costmodel import FitSums, model_section
 from resettrace.distribution import RELATIVE_ERROR, Distribution
-from resettrace.tables import format_table
+from resettrace.tables import format_table, timing_files
 
 __all__ = ["merge_runs", "load_timing_files", "render_merge"]
 
@@ -29,18 +29,7 @@ _CONFIG_FIELDS = ("task", "backend", "num_envs", "model", "randomize", "control_
 
 
 def load_timing_files(paths: Sequence[str | Path]) -> list[tuple[str, dict[str, Any]]]:
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            found = sorted(p.rglob("timing.json"))
-            if not found:
-                raise ValueError(f"{p}: no timing.json in this folder")
-            files += found
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"no such run: {p}")
+    files = timing_files(paths)
     out = []
     for f in files:
         try:
