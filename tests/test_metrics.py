@@ -77,14 +77,15 @@ def test_otlp_metrics_carry_every_call_and_failures_are_counted(
     report = session.export_report()["metrics"]
     assert report["otlp_exports"] >= 2 and report["otlp_failed"] == 0
 
-    # nobody listening: every push fails, is counted, and nothing blocks or raises
+    # nobody listening: every push fails, is counted, and nothing blocks or raises; the
+    # last push at shutdown costs no more than the shutdown's timeout (the SDK alone would
+    # retry for its own 10 s)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", f"http://127.0.0.1:{_free_port()}")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "0.5")
     down = Tracing(Config(mode="timing", metrics=("otlp",), metrics_interval_s=0.2))
     _run(down, steps=20)
     t0 = time.monotonic()
     down.shutdown(timeout_s=1.0)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 2.5
     lost = down.export_report()["metrics"]
     assert lost["otlp_exports"] >= 1 and lost["otlp_failed"] == lost["otlp_exports"]
 

@@ -171,9 +171,11 @@ class MetricsExport:
                 from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
                     OTLPMetricExporter,
                 )
-            # endpoint, headers and timeout from OTEL_EXPORTER_OTLP_METRICS_* or the generic
-            # variables, as the SDK reads them
-            self._exporter = OTLPMetricExporter()
+            # endpoint and headers from OTEL_EXPORTER_OTLP_METRICS_* or the generic variables,
+            # as the SDK reads them; the timeout is resettrace's OTLP timeout unless
+            # OTEL_EXPORTER_OTLP_METRICS_TIMEOUT says otherwise (the SDK's own is 10 s)
+            own = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "").strip()
+            self._exporter = OTLPMetricExporter(timeout=None if own else cfg.otlp_timeout_s)
         except Exception as e:  # a bad setting: said once, training goes on
             log.warning("resettrace: OTLP metrics are off: %s", e)
             return
@@ -186,21 +188,23 @@ class MetricsExport:
         while not self._stop.wait(interval):
             self.push()
 
-    def push(self, timeout_s: float = 10.0) -> bool:
+    def push(self, timeout_s: float = 10.0, *, _count: bool = True) -> bool:
         """Export the statistics now (OTLP); False (and counted) when it failed."""
-        if self._exporter is None:
+        exporter = self._exporter
+        if exporter is None:
             return False
         from opentelemetry.sdk.metrics.export import MetricExportResult
 
         try:
-            ok = self._exporter.export(self.metrics_data(),
-                                       timeout_millis=1e3 * timeout_s) is MetricExportResult.SUCCESS
+            ok = exporter.export(self.metrics_data(),
+                                 timeout_millis=1e3 * timeout_s) is MetricExportResult.SUCCESS
         except Exception:  # exporting must never break training
             log.debug("resettrace: metrics export raised", exc_info=True)
             ok = False
-        self.exports += 1
-        if not ok:
-            self.failed += 1
+        if _count:
+            self.exports += 1
+            if not ok:
+                self.failed += 1
         return ok
 
     # -- Prometheus ------------------------------------------------------------------------
@@ -209,7 +213,7 @@ class MetricsExport:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
             log.warning("resettrace: RESETTRACE_METRICS=prometheus needs prometheus_client "
-                        "(pip install opentelemetry-exporter-prometheus)")
+                        "(pip install prometheus-client)")
             return
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_PromCollector(self))
@@ -244,9 +248,21 @@ class MetricsExport:
     def close(self, timeout_s: float) -> None:
         """Stop the push thread after one last export (bounded), and the scrape server."""
         self._stop.set()
+        deadline = time.monotonic() + timeout_s
         if self._thread is not None:
             self._thread.join(timeout=min(timeout_s, 1.0))
-            self.push(timeout_s=max(0.1, timeout_s))
+            # the last push, on a thread of its own: a collector that is down or slow costs
+            # this shutdown no more than its timeout (a push still running then is counted
+            # as failed)
+            result: list[bool] = []
+            last = threading.Thread(target=lambda: result.append(self.push(
+                max(0.1, deadline - time.monotonic()), _count=False)), daemon=True,
+                name="resettrace-metrics-last")
+            last.start()
+            last.join(timeout=max(0.05, deadline - time.monotonic()))
+            self.exports += 1
+            if not (result and result[0]):
+                self.failed += 1
         if self._exporter is not None:
             try:
                 self._exporter.shutdown(timeout_millis=1e3 * min(timeout_s, 1.0))
