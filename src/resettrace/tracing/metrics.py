@@ -33,7 +33,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from resettrace import catalog as C
@@ -85,29 +85,29 @@ class MetricsExport:
                 C.ATTR_TASK: str(res.get(C.ATTR_TASK, "")),
                 C.ATTR_WORKER_RANK: int(res.get(C.ATTR_WORKER_RANK, 0) or 0)}
 
-    def _phases(self) -> Iterator[tuple[str, Distribution, Mapping[str, Any]]]:
-        """(span name, buckets, stats) of every timed phase with calls."""
+    def _phases(self) -> Iterator[tuple[str, Distribution, tuple[int, float, float]]]:
+        """(span name, buckets, exact (count, total, max)) of every timed phase with calls."""
         proc = self.session.processor
         if proc is None:
             return
         dists = proc.distributions()
-        stats = proc.stats()
+        totals = proc.totals()
         for key, dist in dists.items():
-            if not key.endswith("_ms") or key not in stats or not dist.count:
+            if not key.endswith("_ms") or key not in totals or not dist.count:
                 continue
             phase = C.CATALOG.by_key.get(key)
             owner = C.CATALOG.gap_parent.get(key)
             name = phase.span if phase else f"{owner.span}.rest" if owner else key
-            yield name, dist, stats[key].as_dict()
+            yield name, dist, totals[key]
 
     def _counters(self) -> tuple[int, int]:
         proc = self.session.processor
         if proc is None:
             return 0, 0
-        stats = proc.stats([C.RESET_DONE_COUNT, C.ENV_STEP.key])
-        resets = stats.get(C.RESET_DONE_COUNT)
-        steps = stats.get(C.ENV_STEP.key)
-        return (int(round(resets.total_ms)) if resets else 0), (steps.count if steps else 0)
+        totals = proc.totals()
+        resets = totals.get(C.RESET_DONE_COUNT)
+        steps = totals.get(C.ENV_STEP.key)
+        return (int(round(resets[1])) if resets else 0), (steps[0] if steps else 0)
 
     def metrics_data(self) -> Any:
         """The current statistics as the SDK's ``MetricsData`` (cumulative)."""
@@ -129,16 +129,16 @@ class MetricsExport:
         now = time.time_ns()
         base = self.attributes()
         points = []
-        for name, dist, s in self._phases():
+        for name, dist, (_count, total, mx) in self._phases():
             lo = min(dist.counts) if dist.counts else 0
             hi = max(dist.counts) if dist.counts else -1
             counts = [dist.counts.get(i, 0) for i in range(lo, hi + 1)]
             points.append(ExponentialHistogramDataPoint(
                 attributes={**base, C.ATTR_PHASE: name}, start_time_unix_nano=self._start_ns,
-                time_unix_nano=now, count=dist.count, sum=float(s["total_ms"]), scale=SCALE,
+                time_unix_nano=now, count=dist.count, sum=float(total), scale=SCALE,
                 zero_count=dist.zero, positive=Buckets(offset=lo, bucket_counts=counts),
                 negative=Buckets(offset=0, bucket_counts=[]), flags=0,
-                min=0.0 if dist.zero else dist.min, max=float(s["max_ms"])))
+                min=0.0 if dist.zero else dist.min, max=float(mx)))
         resets, steps = self._counters()
         cumulative = AggregationTemporality.CUMULATIVE
 
@@ -299,7 +299,7 @@ class _PromCollector:
         names = [*base, _label(C.ATTR_PHASE)]
         hist = HistogramMetricFamily(_label(C.METRIC_PHASE_DURATION) + "_milliseconds",
                                      "resettrace phase durations (ms)", labels=names)
-        for name, dist, s in self.owner._phases():
+        for name, dist, (_count, total, _mx) in self.owner._phases():
             merged: dict[int, int] = {}
             for i, c in dist.counts.items():  # bucket i of scale 5 lies in bucket i >> 2 of 3
                 j = i >> _PROM_SHIFT
@@ -311,7 +311,7 @@ class _PromCollector:
                 upper = 2.0 ** ((j + 1) / 2 ** PROMETHEUS_SCALE)
                 buckets.append((repr(upper), seen))
             buckets.append(("+Inf", dist.count))
-            hist.add_metric([*base.values(), name], buckets, sum_value=float(s["total_ms"]))
+            hist.add_metric([*base.values(), name], buckets, sum_value=float(total))
         yield hist
         resets, steps = self.owner._counters()
         for metric, value in ((C.METRIC_RESETS, resets), (C.METRIC_ENV_STEPS, steps)):

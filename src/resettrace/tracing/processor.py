@@ -579,6 +579,14 @@ class TimingSpanProcessor(SpanProcessor):
                               max_ms=mx, total_ms=total, share_of_parent=share)
         return out
 
+    def totals(self) -> dict[str, tuple[int, float, float]]:
+        """Per key, the exact ``(count, total, max)`` so far, without the percentiles (no
+        sorting: cheap enough for every metrics scrape)."""
+        self._drain()
+        with self._lock:
+            self._fold()
+            return {k: (s.count, s.total, s.max) for k, s in self._series.items()}
+
     def fit_sums(self) -> dict[str, FitSums]:
         """Per key, the sums of its cost model over every call with a reset count k (a
         copy; :meth:`FitSums.fit` gives ``a + b * k``), in catalog order."""
