@@ -41,7 +41,8 @@ def test_variants_leave_identical_state(name: str, k: int) -> None:
         if variant == "baseline":
             out = ab.baseline_set_state(be, ids, q, v)
             assert out is not None and tuple(out["timing"]) == C.SET_STATE_KEYS
-        elif variant == "optimized":
+        elif variant in ("optimized", "lazy"):
+            be.lazy_kinematics = variant == "lazy"  # eager, or as shipped
             be.set_state(ids, q, v)
         else:
             ab.make_floor(be, ids, q, v)()
@@ -52,7 +53,7 @@ def test_variants_leave_identical_state(name: str, k: int) -> None:
         be.close()
     ref = after["baseline"]
     assert not np.allclose(ref["qvel"], 0.0)  # the inputs were really written
-    for variant in ("optimized", "floor"):
+    for variant in ("optimized", "lazy", "floor"):
         for field, want in ref.items():
             np.testing.assert_array_equal(after[variant][field], want,
                                           err_msg=f"{variant} {field}")
@@ -112,13 +113,14 @@ def test_cli_writes_the_json_schema(tmp_path) -> None:
         (b, n) for b in BACKENDS for n in (64, 128)}
     for c in cells:
         assert {"backend", "num_envs", "ratio", "k", "baseline_ms", "optimized_ms",
-                "floor_ms", "speedup", "keys"} <= set(c)
+                "lazy_ms", "floor_ms", "speedup", "lazy_floor_ratio", "keys"} <= set(c)
+        assert c["lazy_floor_ratio"] == pytest.approx(c["lazy_ms"] / c["floor_ms"])
         assert c["k"] == round(0.05 * c["num_envs"]) and c["ratio"] == 0.05
         assert set(c["keys"]) == set(C.SET_STATE_KEYS)
         assert min(c["baseline_ms"], c["optimized_ms"], c["floor_ms"]) > 0.0
         assert c["speedup"] == pytest.approx(c["baseline_ms"] / c["optimized_ms"])
         for v in c["keys"].values():
-            assert {"baseline_ms", "optimized_ms", "speedup"} == set(v)
+            assert {"baseline_ms", "optimized_ms", "lazy_ms", "speedup"} == set(v)
     assert [f["backend"] for f in doc["fixed_k"]] == list(BACKENDS)
     assert all(f["num_envs"] == [64, 128] and f["ratio"] > 0 for f in doc["fixed_k"])
     bad = subprocess.run([sys.executable, "-m", "resettrace.cli", "bench", "set-state-ab",

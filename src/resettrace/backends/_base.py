@@ -82,6 +82,11 @@ class RowBackend:
     #: the engine's float type, and whether its base quaternion is xyzw (contract: wxyz)
     _dtype: Any = np.float64
     _xyzw = False
+    #: ``set_state`` leaves the reset rows' kinematics stale instead of running forward
+    #: kinematics: they are computed when poses are read (``get_body_pose_rows``, timed
+    #: where it is called), and not at all when the next physics step, which recomputes
+    #: them from qpos, comes first. ``False``: forward kinematics inside ``set_state``.
+    lazy_kinematics = True
 
     def _init_rows(self, m: mujoco.MjModel) -> None:
         """Keyframe, actuator columns, control limits and scratch rows of model ``m``."""
@@ -91,12 +96,35 @@ class RowBackend:
         self._ctrl_lo = self.info.ctrl_range[:, 0].copy()
         self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
         self._scratch = Scratch((self.nq,), (self.nv,), (self.nu,), dtype=self._dtype)
+        #: rows whose kinematics have not been computed since their set_state
+        self._kin_stale = np.zeros(self.num_envs, dtype=bool)
 
     def _start_at_keyframe(self) -> None:
         """Every env at the keyframe, its actuators holding it (untraced)."""
         q = np.broadcast_to(self._keyframe, (self.num_envs, self.nq))
         with bind(NOOP_RECORDER):
             self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
+
+    def _kinematics(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any) -> None:
+        """Forward kinematics of the reset rows: now (eager), or marked stale (lazy)."""
+        with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
+            if self.lazy_kinematics:
+                self._kin_stale[ids] = True
+            else:
+                self._forward(ids, index)
+
+    def _fresh_kinematics(self, rows: np.ndarray) -> None:
+        """Before poses of the sorted unique ``rows`` are read: compute the kinematics of
+        those still stale since their set_state (the cost lands in the reader's phase)."""
+        stale = rows[self._kin_stale[rows]]
+        if stale.size:
+            self._forward(stale, None)
+            self._kin_stale[stale] = False
+
+    def _forward(self, ids: np.ndarray, index: Any) -> None:
+        """The engine's forward kinematics of the sorted unique rows ``ids`` (``index``:
+        their handle from :meth:`_index`, or None to build one)."""
+        raise NotImplementedError
 
     @property
     def keyframe_qpos(self) -> np.ndarray:

@@ -21,7 +21,12 @@ geom_overrides     per-env contact-geom sizes of the k rows (``set_size_override
 set_dof_vel/pos    0.0: covered by the fused ``data_reset`` call
 actuator_ctrl      ``sub.actuator_ctrls = ctrl`` (full ``(k, nu)``): position targets hold
                    the new joint pose, clipped to the control range
-forward_kinematic  ``model.forward_kinematic(sub)``: kinematics of the k rows only
+forward_kinematic  lazy (default): the k rows' kinematics are marked stale (O(k)) and
+                   computed (``model.forward_kinematic`` on the stale rows) when their poses
+                   are read, timed in the reader's phase, or not at all when the next
+                   physics step comes first (it recomputes them: eager and lazy runs are
+                   bit-identical); eager (``lazy_kinematics = False``):
+                   ``model.forward_kinematic(sub)`` here
 refresh_pose_cache mark the k rows' pose cache stale (O(k)): poses are read back lazily,
                    for the rows asked, by ``get_body_pose_rows`` (one
                    ``model.get_link_poses`` on those rows), so their cost is timed where
@@ -329,6 +334,7 @@ class MotrixBackend(RowBackend):
                     self.model.step(self.data)
                 else:
                     self.model.step_n(self.data, n)
+            self._kin_stale[:] = False  # the step computed every row's kinematics
         self.poses.mark_stale()
 
     def _index(self, ids: np.ndarray) -> Any:
@@ -347,8 +353,7 @@ class MotrixBackend(RowBackend):
             self._randomize(rec, sub, rand)  # overrides leave the DoF state alone
         with rec.scope(C.SET_STATE_ACTUATOR_CTRL), _G_CTRL:
             sub.actuator_ctrls = ctrl  # computed with the rows in qpos_convert
-        with rec.scope(C.SET_STATE_FORWARD_KINEMATIC), _G_FK:
-            model.forward_kinematic(sub)
+        self._kinematics(rec, ids, sub)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
             self.poses.mark_stale(ids)  # read back lazily by get_body_pose_rows
 
@@ -404,11 +409,20 @@ class MotrixBackend(RowBackend):
                 for geom, s0 in base["sized"]:
                     geom.set_size_override(sub, s0[None, :] * size[:, None])
 
+    def _forward(self, ids: np.ndarray, index: Any) -> None:
+        """``index``: the rows' slice handle (``data[DisjointIndices]``), or None."""
+        if index is None:
+            with _G_SLICE:
+                index = self.data[ms.DisjointIndices(ids)]
+        with _G_FK:
+            self.model.forward_kinematic(index)
+
     def _refresh_pose(self, rows: np.ndarray) -> None:
         """Link poses of the sorted unique ``rows`` into the cache.
 
         ``get_link_poses`` on a handle of those rows reads them only; one gather turns
         its xyz + xyzw into the contract's xyz + wxyz."""
+        self._fresh_kinematics(rows)
         (links,) = self._scratch_pose.rows(rows.size)
         with _G_SLICE:
             sub = self.data[ms.DisjointIndices(rows)]

@@ -14,7 +14,11 @@ reset_rand         per-env friction, mass (then ``set_const``), kp/kd of the k r
 geom_overrides     per-env contact geom sizes (and bounding radii) of the k rows
 set_dof_pos/vel    write qpos / qvel rows
 actuator_ctrl      write the targets that hold the new joint pose
-forward_kinematic  ``forward(ids, stage=POS)``: kinematics of the k rows only
+forward_kinematic  lazy (default): the k rows' kinematics are marked stale (O(k)) and
+                   computed (``forward(ids, stage=POS)`` of the stale rows) when their poses
+                   are read, timed in the reader's phase, or not at all when the next
+                   physics step, which recomputes them, comes first; eager
+                   (``lazy_kinematics = False``): ``forward(ids, stage=POS)`` here
 refresh_pose_cache mark the k rows' pose cache stale (O(k)): ``get_body_pose_rows``
                    copies ``xpos``/``xquat`` of the rows asked when they are read, so that
                    cost is timed where the poses are read (e.g. the reset observation)
@@ -98,6 +102,8 @@ class MujocoBackend(RowBackend):
                              f"got {ctrl.shape}")
         self._ctrl[...] = ctrl
         self.batch.step(nstep=int(nsteps))
+        if nsteps:
+            self._kin_stale[:] = False  # the step computed every row's kinematics
         self.poses.mark_stale()
 
     def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any,
@@ -114,8 +120,7 @@ class MujocoBackend(RowBackend):
             self._qvel[ids] = v
         with rec.scope(C.SET_STATE_ACTUATOR_CTRL):
             self._ctrl[ids] = ctrl  # computed with the rows in qpos_convert
-        with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
-            self.batch.forward(ids, stage=_STAGE_POS)
+        self._kinematics(rec, ids, index)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
             self.poses.mark_stale(ids)  # read back lazily by get_body_pose_rows
 
@@ -156,8 +161,12 @@ class MujocoBackend(RowBackend):
                 self._expanded("geom_rbound")[ids[:, None], sized] = \
                     m.geom_rbound[sized] * scale
 
+    def _forward(self, ids: np.ndarray, index: Any) -> None:
+        self.batch.forward(ids, stage=_STAGE_POS)
+
     def _refresh_pose(self, ids: np.ndarray) -> None:
         """Poses of the rows from the engine's last call on them."""
+        self._fresh_kinematics(ids)
         pose = self.poses.pose
         pose[ids, :, :3] = self._xpos[ids]
         pose[ids, :, 3:] = self._xquat[ids]

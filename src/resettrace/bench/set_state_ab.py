@@ -19,7 +19,12 @@ random order per round, with the same inputs:
     ``Batch.reset(ids, stage=NONE)``, separate qpos / qvel / ctrl writes, a full
     ``forward(ids)`` and the poses of the reset rows into the cache.
 ``optimized``
-    The backend's own ``set_state`` (the shipped path).
+    The backend's own ``set_state`` with eager kinematics (``lazy_kinematics = False``:
+    forward kinematics of the reset rows inside the call).
+``lazy``
+    The backend's own ``set_state`` as shipped (``lazy_kinematics = True``): the reset rows'
+    kinematics are left to the next pose read or physics step, so the call does less than
+    the floor, which computes them.
 ``floor``
     The bare engine floor for the same k rows: the fewest engine calls that reach the same
     final state (qpos, qvel, ctrl, kinematics of the reset rows fresh in the engine), with
@@ -60,7 +65,7 @@ from resettrace.tracing.recorder import Recorder
 __all__ = ["SetStateABConfig", "run_set_state_ab", "render_set_state_ab", "VARIANTS",
            "baseline_set_state", "make_floor", "final_state", "make_inputs"]
 
-VARIANTS = ("baseline", "optimized", "floor")
+VARIANTS = ("baseline", "optimized", "lazy", "floor")
 _XYZW_FROM_WXYZ = [4, 5, 6, 3]  # qpos columns of the engine's base quaternion
 BACKENDS = ("mujoco", "motrix")
 
@@ -324,7 +329,7 @@ def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
               ) -> dict[str, Any]:
     inputs = [make_inputs(be, k, rng) for _ in range(cfg.pool)]
     floors = [make_floor(be, *inp) for inp in inputs]
-    timings: dict[str, list[dict[str, float]]] = {"baseline": [], "optimized": []}
+    timings: dict[str, list[dict[str, float]]] = {"baseline": [], "optimized": [], "lazy": []}
     floor_ms: list[float] = []
 
     def one(variant: str, i: int, record: bool) -> None:
@@ -337,8 +342,11 @@ def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
             if record:
                 floor_ms.append((t1 - t0) * 1e-6)
             return
-        out = (baseline_set_state(be, ids, q, v) if variant == "baseline"
-               else be.set_state(ids, q, v))
+        if variant == "baseline":
+            out = baseline_set_state(be, ids, q, v)
+        else:
+            be.lazy_kinematics = variant == "lazy"
+            out = be.set_state(ids, q, v)
         if record:
             assert out is not None
             timings[variant].append(out["timing"])
@@ -349,25 +357,33 @@ def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
     for i in range(cfg.calls):
         for variant in rng.permutation(VARIANTS):
             one(str(variant), i, True)
+    be.__dict__.pop("lazy_kinematics", None)  # the shipped default again
     base = [sum(t.values()) for t in timings["baseline"]]
     opt = [sum(t.values()) for t in timings["optimized"]]
+    lazy = [sum(t.values()) for t in timings["lazy"]]
     keys = {}
     for key in C.SET_STATE_KEYS:
         b = _p50([t[key] for t in timings["baseline"]])
         o = _p50([t[key] for t in timings["optimized"]])
-        keys[key] = {"baseline_ms": b, "optimized_ms": o, "speedup": _ratio(b, o)}
-    b50, o50, f50 = _p50(base), _p50(opt), _p50(floor_ms)
-    return {"baseline_ms": b50, "optimized_ms": o50, "floor_ms": f50,
+        lz = _p50([t[key] for t in timings["lazy"]])
+        keys[key] = {"baseline_ms": b, "optimized_ms": o, "lazy_ms": lz,
+                     "speedup": _ratio(b, o)}
+    b50, o50, l50, f50 = _p50(base), _p50(opt), _p50(lazy), _p50(floor_ms)
+    return {"baseline_ms": b50, "optimized_ms": o50, "lazy_ms": l50, "floor_ms": f50,
             "baseline_p90_ms": float(np.percentile(base, 90)),
             "optimized_p90_ms": float(np.percentile(opt, 90)),
+            "lazy_p90_ms": float(np.percentile(lazy, 90)),
             "floor_p90_ms": float(np.percentile(floor_ms, 90)),
-            "speedup": _ratio(b50, o50), "floor_ratio": _ratio(o50, f50), "keys": keys}
+            "speedup": _ratio(b50, o50), "floor_ratio": _ratio(o50, f50),
+            "lazy_floor_ratio": _ratio(l50, f50), "keys": keys}
 
 
 def _run_fixed_k(instances: dict[int, Any], cfg: SetStateABConfig,
                  rng: np.random.Generator) -> dict[str, Any]:
-    """Optimized ``set_state`` of ``fixed_k`` rows on every instance, round-robin."""
+    """Optimized (eager) ``set_state`` of ``fixed_k`` rows on every instance, round-robin."""
     sizes = sorted(instances)
+    for be in instances.values():
+        be.lazy_kinematics = False
     inputs = {n: [make_inputs(instances[n], cfg.fixed_k, rng) for _ in range(cfg.pool)]
               for n in sizes}
     times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -377,6 +393,8 @@ def _run_fixed_k(instances: dict[int, Any], cfg: SetStateABConfig,
             if i >= cfg.warmup:
                 assert out is not None
                 times[int(n)].append(sum(out["timing"].values()))
+    for be in instances.values():
+        be.__dict__.pop("lazy_kinematics", None)
     p50 = [_p50(times[n]) for n in sizes]
     return {"k": cfg.fixed_k, "num_envs": sizes, "optimized_ms": p50,
             "ratio": _ratio(p50[-1], p50[0])}
@@ -423,22 +441,25 @@ def render_set_state_ab(result: dict[str, Any], per_key: bool = True) -> str:
         by_backend.setdefault(c["backend"], []).append(c)
     for name, cells in by_backend.items():
         rows = [[c["num_envs"], f"{100 * c['ratio']:g}%", c["k"], c["baseline_ms"],
-                 c["optimized_ms"], c["floor_ms"], _x(c["speedup"]), _x(c["floor_ratio"])]
+                 c["optimized_ms"], c["lazy_ms"], c["floor_ms"], _x(c["speedup"]),
+                 _x(c["floor_ratio"]), _x(c["lazy_floor_ratio"])]
                 for c in cells]
         out.append(format_table(
-            f"set_state A/B, {name}: p50 ms of the set_state span (floor: engine calls only)",
-            ["envs", "ratio", "k", "baseline", "optimized", "floor", "speedup",
-             "opt/floor"], rows))
+            f"set_state A/B, {name}: p50 ms of the set_state span (floor: engine calls only; "
+            "optimized: eager kinematics; lazy: as shipped)",
+            ["envs", "ratio", "k", "baseline", "optimized", "lazy", "floor", "speedup",
+             "opt/floor", "lazy/floor"], rows))
         out.append("")
         if per_key:
             for c in cells:
-                krows = [[key, v["baseline_ms"], v["optimized_ms"], _x(v["speedup"])]
+                krows = [[key, v["baseline_ms"], v["optimized_ms"], v["lazy_ms"],
+                          _x(v["speedup"])]
                          for key, v in c["keys"].items()
                          if v["baseline_ms"] > 0.0 or v["optimized_ms"] > 0.0]
                 out.append(format_table(
                     f"{name} {c['num_envs']} envs, k={c['k']}: per-key p50 ms "
                     f"(set_state speedup {_x(c['speedup']):.2f}x)",
-                    ["key", "baseline", "optimized", "speedup"], krows))
+                    ["key", "baseline", "optimized", "lazy", "speedup"], krows))
                 out.append("")
     for f in result.get("fixed_k", []):
         sizes = ", ".join(f"{n} envs {ms:.3f} ms"
