@@ -20,6 +20,7 @@ def _rollout(task: str, backend: str, lazy: bool, steps: int = 150, n: int = 16
     RowBackend.lazy_kinematics = lazy
     try:
         env = resettrace.make_env(task, backend=backend, num_envs=n, seed=3, nthread=1)
+        env.backend.lazy_kinematics = lazy  # motion tracking would choose eager itself
         rng = np.random.default_rng(5)
         history, resets = [], 0
         for _ in range(steps):
@@ -84,3 +85,14 @@ def test_kinematics_run_only_where_poses_are_read(backend: str, timing_session) 
     assert len(calls) == 1  # the step computed the reset rows' kinematics
     assert timing_session.stats()[C.DR_RESET_BODY_POSE.key].count == 1
     b.close()
+
+
+def test_motion_tracking_chooses_eager_kinematics_walk_flat_lazy() -> None:
+    """Motion tracking reads the reset rows' poses right after set_state: eager is cheaper
+    there; walk-flat reads qpos and qvel only: lazy."""
+    tracking = resettrace.make_env("g1_motion_tracking", backend="mujoco", num_envs=4, nthread=1)
+    walking = resettrace.make_env("g1_walk_flat", backend="mujoco", num_envs=4, nthread=1)
+    assert tracking.backend.lazy_kinematics is False
+    assert walking.backend.lazy_kinematics is True
+    tracking.close()
+    walking.close()

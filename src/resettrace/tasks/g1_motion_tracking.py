@@ -178,6 +178,10 @@ class G1MotionTracking(G1Task):
 
     name = "g1_motion_tracking"
     config: MotionTrackingConfig
+    #: its reset observation reads the reset rows' body poses right after set_state: eager
+    #: kinematics there cost less than a second engine call at the read (measured: lazy
+    #: reset_done +5-7% on both backends)
+    reads_reset_poses = True
 
     def __init__(self, config: MotionTrackingConfig | None = None, **overrides: Any) -> None:
         super().__init__(config if config is not None else MotionTrackingConfig(**overrides))
