@@ -180,3 +180,17 @@ def test_export_bench_json(tmp_path) -> None:
                        "--warmup", "0", "--nthread", "1", "--json", str(tmp_path)])
     assert unwritable.returncode == 2 and "cannot write" in unwritable.stderr
     assert "Traceback" not in unwritable.stderr
+
+
+def test_collector_says_each_bad_setting_once(tmp_path) -> None:
+    """The CLI reads the environment once: each warning is one line, not two."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESETTRACE", "OTEL_"))}
+    env.update(RESETTRACE_METRICS="prometheus:99999", RESETTRACE_EXPORTER="bogus",
+               RESETTRACE="trace")
+    r = subprocess.run([sys.executable, "-m", "resettrace.cli", "bench", "collector",
+                        "--num-envs", "4", "--steps", "2", "--warmup", "0", "--nthread", "1"],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("ignoring 'prometheus:99999'") == 1, r.stderr
+    assert r.stderr.count("ignoring 'bogus'") == 1, r.stderr
+    assert "using the default 'file:resettrace-spans.jsonl'" in r.stderr

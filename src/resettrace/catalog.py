@@ -160,6 +160,15 @@ class Catalog:
         parent = self.by_span.get(phase.parent)
         return None if parent is None else parent.key
 
+    def label(self, key: str) -> str:
+        """A key as people read it: its phase's span name (``set_state.mask``), a gap as
+        ``<span> (rest)``, anything else as the key itself."""
+        phase = self.by_key.get(key)
+        if phase is not None:
+            return phase.span
+        owner = self.gap_parent.get(key)
+        return f"{owner.span} (rest)" if owner is not None else key
+
     def all_keys(self) -> tuple[str, ...]:
         """Every phase key, then every gap key, then the counts (the stats order)."""
         phases = list(self._phases)

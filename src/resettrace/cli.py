@@ -19,6 +19,7 @@ down with a bounded timeout before it exits.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -81,9 +82,10 @@ def _collector(args: argparse.Namespace) -> int:
             overrides["mode"] = "timing"
         elif env_cfg.mode == "trace" and not os.environ.get(ENV_EXPORTER) and args.out:
             overrides["exporters"] = (f"file:{Path(args.out) / 'spans.jsonl'}",)
-        tracing = Tracing(Config.from_env(
-            **overrides, resource_attributes={ATTR_TASK: args.task, ATTR_BACKEND: args.backend,
-                                              ATTR_ENV_COUNT: args.num_envs}))
+        # the environment read once (its warnings said once), then the CLI's overrides
+        tracing = Tracing(dataclasses.replace(
+            env_cfg, **overrides, resource_attributes={
+                ATTR_TASK: args.task, ATTR_BACKEND: args.backend, ATTR_ENV_COUNT: args.num_envs}))
     except ValueError as e:  # contradictory settings
         print(f"resettrace: {e}", file=sys.stderr)
         return 2

@@ -419,6 +419,6 @@ def _exporters(env: Mapping[str, str], default: tuple[str, ...]) -> tuple[str, .
         good.append(spec)
     if not good:
         log.warning("%s=%r names no usable exporter; using the default %r", ENV_EXPORTER, raw,
-                    ",".join(default))
+                    ",".join(default or DEFAULT_EXPORTERS))
         return default
     return tuple(good)

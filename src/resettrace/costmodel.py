@@ -233,8 +233,9 @@ def model_section(sums: Mapping[str, FitSums]) -> dict[str, Any]:
 def _reset_path_keys() -> list[str]:
     from resettrace import catalog as C
 
+    # reset_done and everything below it (the env step's other keys are not reset work)
     return [k for k in C.CATALOG.all_keys() if k.endswith("_ms")
-            and k not in C.ENV_STEP_KEYS or k == C.RESET_DONE.key]
+            and (k not in C.ENV_STEP_KEYS or k == C.RESET_DONE.key)]
 
 
 def fit_runs(runs: Sequence[tuple[str, int, Mapping[str, FitSums]]]) -> dict[str, Any]:

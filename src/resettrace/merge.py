@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from resettrace import catalog as C
+from resettrace.compare import CONFIG_FIELDS
 from resettrace.costmodel import FitSums, model_section
 from resettrace.distribution import RELATIVE_ERROR, Distribution
 from resettrace.tables import format_table, timing_files
 
 __all__ = ["merge_runs", "load_timing_files", "render_merge"]
 
-_CONFIG_FIELDS = ("task", "backend", "num_envs", "model", "randomize", "control_dt", "mode")
 
 
 def load_timing_files(paths: Sequence[str | Path]) -> list[tuple[str, dict[str, Any]]]:
@@ -50,7 +50,7 @@ def merge_runs(runs: Sequence[tuple[str, Mapping[str, Any]]], *,
         raise ValueError("no runs to merge")
     configs = [dict(d.get("config") or {}) for _, d in runs]
     differ = [f"{k}: " + ", ".join(sorted({json.dumps(c.get(k)) for c in configs}))
-              for k in _CONFIG_FIELDS if len({json.dumps(c.get(k)) for c in configs}) > 1]
+              for k in CONFIG_FIELDS if len({json.dumps(c.get(k)) for c in configs}) > 1]
     if differ and not allow_mixed:
         raise ValueError("the runs have different configurations (" + "; ".join(differ)
                          + "): --allow-mixed merges them anyway")

@@ -30,21 +30,12 @@ __all__ = ["build_report", "write_report", "CHART_IDS"]
 
 #: the chart divs of every report (``compare-*`` only with a base run)
 CHART_IDS = ("icicle", "histograms", "percentiles", "over-run", "cost-model")
-_COMPARE_IDS = ("compare-table", "compare-deltas")
 #: histograms and over-the-run lines for this many of the costliest reset-path keys
 _TOP = 9
 #: calls drawn in the reset count scatter
 _MAX_POINTS = 5000
 _VERDICT_COLOURS = {"slower": "#d62728", "faster": "#2ca02c", "within noise": "#7f7f7f",
                     "new": "#ff7f0e", "gone": "#1f77b4"}
-
-
-def _label(key: str) -> str:
-    phase = C.CATALOG.by_key.get(key)
-    if phase is not None:
-        return phase.span
-    owner = C.CATALOG.gap_parent.get(key)
-    return f"{owner.span} (rest)" if owner is not None else key
 
 
 def _icicle(stats: Mapping[str, Mapping[str, Any]]) -> Any:
@@ -71,7 +62,7 @@ def _icicle(stats: Mapping[str, Mapping[str, Any]]) -> Any:
             for j in kids:
                 values[j] *= values[i] / total
     return go.Figure(go.Icicle(
-        ids=ids, labels=[_label(k) for k in ids], parents=parents, values=values,
+        ids=ids, labels=[C.CATALOG.label(k) for k in ids], parents=parents, values=values,
         branchvalues="total", tiling={"orientation": "v"}, sort=False,
         hovertemplate="%{label}<br>%{value:.4f} ms per env step<br>"
                       "%{percentParent:.1%} of its parent<extra></extra>",
@@ -96,13 +87,13 @@ def _histograms(stats: Mapping[str, Mapping[str, Any]], samples: Mapping[str, Se
 
     cols = 3
     rows = max(1, math.ceil(len(keys) / cols))
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[_label(k) for k in keys])
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[C.CATALOG.label(k) for k in keys])
     for i, key in enumerate(keys):
         r, c = i // cols + 1, i % cols + 1
         v = np.asarray(samples[key], dtype=np.float64)
         hi = float(np.percentile(v, 99.5)) if v.size else 1.0
-        fig.add_trace(go.Histogram(x=v[v <= hi], nbinsx=60, name=_label(key), showlegend=False,
-                                   marker_color="#4c78a8"), row=r, col=c)
+        fig.add_trace(go.Histogram(x=v[v <= hi], nbinsx=60, name=C.CATALOG.label(key),
+                                   showlegend=False, marker_color="#4c78a8"), row=r, col=c)
         for q, dash in (("p50_ms", "solid"), ("p90_ms", "dash"), ("p99_ms", "dot")):
             x = stats[key].get(q)
             if x is not None:
@@ -118,7 +109,7 @@ def _percentiles(stats: Mapping[str, Mapping[str, Any]]) -> Any:
 
     keys = [k for k in C.CATALOG.all_keys() if k in stats and k.endswith("_ms")]
     cols = ["count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms"]
-    cells = [[_label(k) for k in keys]] + [
+    cells = [[C.CATALOG.label(k) for k in keys]] + [
         [("-" if stats[k].get(c) is None else
           f"{stats[k][c]:,}" if c == "count" else f"{stats[k][c]:.4f}") for k in keys]
         for c in cols]
@@ -140,7 +131,7 @@ def _over_run(samples: Mapping[str, Sequence[float]], keys: Sequence[str]) -> An
         m = v.size // block
         med = np.median(v[:m * block].reshape(m, block), axis=1)
         fig.add_trace(go.Scatter(x=np.arange(m) * block, y=med, mode="lines",
-                                 name=_label(key),
+                                 name=C.CATALOG.label(key),
                                  yaxis="y2" if key == C.PHYSICS.key else "y"))
     fig.update_layout(title="phase time over the run (median of each block of consecutive "
                             "calls; physics on the right axis)",
@@ -163,14 +154,15 @@ def _cost_model(samples: Mapping[str, Sequence[float]], model: Mapping[str, Any]
         y = np.asarray(samples.get(key, []), dtype=np.float64)
         if k.size and y.size == k.size:  # one sample of each per reset_done call, in order
             fig.add_trace(go.Scatter(x=k[pick], y=y[pick], mode="markers",
-                                     name=f"{_label(key)} calls"
+                                     name=f"{C.CATALOG.label(key)} calls"
                                      + (f" ({pick.size} of {k.size})" if pick.size < k.size
                                         else ""),
                                      marker={"size": 4, "opacity": 0.35, "color": colour}))
         fit = (model.get("keys") or {}).get(key, {}).get("fit")
         if fit and fit.get("b_ms") is not None and fit.get("k_max") is not None:
             xs = np.array([fit["k_min"], fit["k_max"]])
-            label = (f"{_label(key)}: {fit['a_ms']:.4f} ms + {1e3 * fit['b_ms']:.2f} us x k"
+            label = (f"{C.CATALOG.label(key)}: {fit['a_ms']:.4f} ms + "
+                     f"{1e3 * fit['b_ms']:.2f} us x k"
                      + (f" (R2 {fit['r2']:.2f})" if fit.get("r2") is not None else ""))
             fig.add_trace(go.Scatter(x=xs, y=fit["a_ms"] + fit["b_ms"] * xs, mode="lines",
                                      name=label, line={"color": colour, "width": 3}))
@@ -209,7 +201,7 @@ def _compare_figures(result: Mapping[str, Any]) -> tuple[Any, Any]:
                             if result["not_comparable"] else ""),
                 "height": 26 * len(rows[0]) + 130, "margin": {"t": 60, "b": 10}})
     deltas = go.Figure(go.Bar(
-        y=[_label(k["key"]) for k in keys], x=[k["delta_pct"] or 0.0 for k in keys],
+        y=[C.CATALOG.label(k["key"]) for k in keys], x=[k["delta_pct"] or 0.0 for k in keys],
         orientation="h",
         error_x={"type": "data", "symmetric": False,
                  "array": [(k["ci_high_pct"] or 0) - (k["delta_pct"] or 0) for k in keys],

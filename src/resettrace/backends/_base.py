@@ -113,17 +113,19 @@ class RowBackend:
             else:
                 self._forward(ids, index)
 
-    def _fresh_kinematics(self, rows: np.ndarray) -> None:
+    def _fresh_kinematics(self, rows: np.ndarray, index: Any = None) -> None:
         """Before poses of the sorted unique ``rows`` are read: compute the kinematics of
-        those still stale since their set_state (the cost lands in the reader's phase)."""
+        those still stale since their set_state (the cost lands in the reader's phase).
+        ``index``: the reader's handle on ``rows``, used when they are all stale."""
         stale = rows[self._kin_stale[rows]]
         if stale.size:
-            self._forward(stale, None)
+            self._forward(stale, index if stale.size == rows.size else None)
             self._kin_stale[stale] = False
 
     def _forward(self, ids: np.ndarray, index: Any) -> None:
-        """The engine's forward kinematics of the sorted unique rows ``ids`` (``index``:
-        their handle from :meth:`_index`, or None to build one)."""
+        """The engine's forward kinematics of the sorted unique rows ``ids``; ``index``:
+        the engine's handle on exactly those rows as :meth:`_forward` takes it (MotrixSim:
+        their data slice), or None to build one."""
         raise NotImplementedError
 
     @property

@@ -422,10 +422,10 @@ class MotrixBackend(RowBackend):
 
         ``get_link_poses`` on a handle of those rows reads them only; one gather turns
         its xyz + xyzw into the contract's xyz + wxyz."""
-        self._fresh_kinematics(rows)
         (links,) = self._scratch_pose.rows(rows.size)
         with _G_SLICE:
             sub = self.data[ms.DisjointIndices(rows)]
+        self._fresh_kinematics(rows, sub)  # one slice for the kinematics and the read
         with _G_POSES:
             self.model.get_link_poses(sub, out=links)
         self.poses.pose[rows, 1:] = links[..., _POSE_FROM_ENGINE]

@@ -95,10 +95,7 @@ class MetricsExport:
         for key, dist in dists.items():
             if not key.endswith("_ms") or key not in totals or not dist.count:
                 continue
-            phase = C.CATALOG.by_key.get(key)
-            owner = C.CATALOG.gap_parent.get(key)
-            name = phase.span if phase else f"{owner.span}.rest" if owner else key
-            yield name, dist, totals[key]
+            yield C.CATALOG.label(key), dist, totals[key]
 
     def _counters(self) -> tuple[int, int]:
         proc = self.session.processor
