@@ -134,7 +134,11 @@ def test_fit_and_compare_cli_on_real_runs(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         model = json.loads((tmp_path / f"n{n}" / "timing.json").read_text())["model"]
         fit = model["keys"]["dr_reset_set_state_ms"]["fit"]
-        assert fit["n"] > 0 and fit["a_ms"] > 0
+        # the fit reproduces the mean cost (a alone can fall below 0: the lazy set_state of
+        # a few rows has almost no fixed cost, and its intercept is noise around that)
+        assert fit["n"] > 0 and fit["mean_ms"] > 0
+        assert fit["a_ms"] + fit["b_ms"] * fit["k_mean"] == pytest.approx(fit["mean_ms"],
+                                                                          rel=1e-6)
     out = tmp_path / "fit.json"
     r = _cli("fit", str(tmp_path / "n16"), str(tmp_path / "n64"), "--json", str(out))
     assert r.returncode == 0, r.stderr

@@ -6,11 +6,17 @@ shrunk), the start of every env at the keyframe, and ``set_state`` itself up to 
 engine writes:
 
 =============  ========================================================================
-mask           ``check_ids`` (then :meth:`RowBackend._index`: the engine's row handle)
-qpos_convert   one compiled pass into the scratch rows (``convert_rows``), then the
-               randomization rows checked and put in id order
+mask           ``id_array``: the ids are a 1-D integer array (no pass over them)
+qpos_convert   one compiled pass (``convert_rows``): the ids checked sorted, unique and
+               in range into the int32 index (unsorted ids: sorted first, then a second
+               pass), the rows into the scratch rows (:meth:`RowBackend._reset_rows`);
+               then the randomization rows checked and put in id order
 (engine)       :meth:`RowBackend._write_rows`, each engine's own phases
 =============  ========================================================================
+
+Every check above runs in as few Python calls as it can: right after a physics step or
+forward kinematics has evicted the caches, each numpy call on a handful of rows costs
+several microseconds, and a 20-row reset makes a dozen of them.
 
 A backend subclasses it, sets ``name``, ``_dtype`` (the engine's float type) and
 ``_xyzw`` (the engine's base quaternion order), and calls :meth:`RowBackend._init_rows`
@@ -26,7 +32,7 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends._validate import check_ids, convert_rows
+from resettrace.backends._validate import convert_rows, id_array
 from resettrace.contract import MAX_ENVS, BackendInfo, SetStateResult
 from resettrace.model_facts import keyframe_qpos
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
@@ -45,13 +51,16 @@ def check_num_envs(num_envs: Any) -> int:
 
 class Scratch:
     """Reused rows of several widths: ``rows(k)`` gives k rows of each, grown (doubling)
-    when k exceeds them, never shrunk, so that a reset allocates nothing."""
+    when k exceeds them, never shrunk, so that a reset allocates nothing. ``fill``: the
+    value every new row starts with (a row of the first width; else uninitialised)."""
 
-    __slots__ = ("_shapes", "_dtype", "_size", "_bufs")
+    __slots__ = ("_shapes", "_dtype", "_size", "_bufs", "_fill")
 
-    def __init__(self, *shapes: tuple[int, ...], dtype: Any = np.float64) -> None:
+    def __init__(self, *shapes: tuple[int, ...], dtype: Any = np.float64,
+                 fill: np.ndarray | None = None) -> None:
         self._shapes = shapes
         self._dtype = dtype
+        self._fill = fill
         self._size = -1
         self._bufs: tuple[np.ndarray, ...] = ()
         self._grow(0)
@@ -59,6 +68,8 @@ class Scratch:
     def _grow(self, k: int) -> None:
         self._size = size = max(k, 2 * self._size, 1)
         self._bufs = tuple(np.empty((size, *s), self._dtype) for s in self._shapes)
+        if self._fill is not None:
+            self._bufs[0][:] = self._fill
 
     def rows(self, k: int) -> tuple[np.ndarray, ...]:
         if k > self._size:
@@ -96,6 +107,7 @@ class RowBackend:
         self._ctrl_lo = self.info.ctrl_range[:, 0].copy()
         self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
         self._scratch = Scratch((self.nq,), (self.nv,), (self.nu,), dtype=self._dtype)
+        self._ids = Scratch((), dtype=np.int32)  # the sorted ids, as engines index rows
         #: rows whose kinematics have not been computed since their set_state
         self._kin_stale = np.zeros(self.num_envs, dtype=bool)
 
@@ -138,28 +150,28 @@ class RowBackend:
         rec = current_recorder(self.recorder)
         with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
             with rec.scope(C.SET_STATE_MASK):
-                ids, order = check_ids(env_ids, self.num_envs)
-                k = ids.size
-                index = self._index(ids) if k else None
+                ids_in = id_array(env_ids)
+                k = ids_in.size
             with rec.scope(C.SET_STATE_QPOS_CONVERT):
-                q, v, ctrl = self._scratch.rows(k)
-                convert_rows(qpos, qvel, order, q, v, ctrl, self._act_qadr, self._ctrl_lo,
-                             self._ctrl_hi, xyzw=self._xyzw)
+                q, v, ctrl = self._reset_rows(k)
+                ids, order = convert_rows(ids_in, self.num_envs, self._ids.rows(k)[0], qpos,
+                                          qvel, q, v, ctrl, self._act_qadr, self._ctrl_lo,
+                                          self._ctrl_hi, xyzw=self._xyzw)
                 if randomization is not None:
                     randomization.validate(k)
                     if order is not None:
                         randomization = reorder_rows(randomization, order)
             if k:
-                self._write_rows(rec, ids, index, q, v, ctrl, randomization)
+                self._write_rows(rec, ids, q, v, ctrl, randomization)
         return {"timing": t} if (t := outer.timing()) is not None else None
 
     # -- each engine's own -----------------------------------------------------------------
-    def _index(self, ids: np.ndarray) -> Any:
-        """The engine's handle on the sorted int32 rows ``ids`` (default: the ids)."""
-        return ids
+    def _reset_rows(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """k scratch rows of qpos, qvel and ctrl for the compiled pass to fill."""
+        return self._scratch.rows(k)  # type: ignore[return-value]
 
-    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any,
-                    q: np.ndarray, v: np.ndarray, ctrl: np.ndarray,
-                    rand: RandomizationRows | None) -> None:
-        """Write the k validated rows (id order) to the engine, each step in its phase."""
+    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, q: np.ndarray,
+                    v: np.ndarray, ctrl: np.ndarray, rand: RandomizationRows | None) -> None:
+        """Write the k validated rows (``ids``: sorted int32 scratch, valid until the next
+        ``set_state``) to the engine, each step in its phase."""
         raise NotImplementedError

@@ -1,15 +1,19 @@
 """One numba pass that turns the caller's reset rows into engine rows.
 
 ``prepare_rows`` does in one call what would otherwise be a dozen small numpy calls
-on every reset (each costs microseconds, more right after a physics step has
-evicted the caches): copy qpos/qvel rows into reused scratch (in id order), reject
-non-finite values (also values that overflow a float32 engine), normalise the base
-quaternion (rejecting a zero one), optionally reorder it wxyz -> xyzw, and compute
-the actuator targets that hold the new joint pose, clipped to the control range.
+on every reset (each costs microseconds, several times that right after a physics step
+or forward kinematics has evicted the caches): check that the env ids are sorted, unique
+and in range and copy them into the engine's int32 index, copy qpos/qvel rows into
+reused scratch (in id order), reject non-finite values (also values that overflow a
+float32 engine), normalise the base quaternion (rejecting a zero one), optionally
+reorder it wxyz -> xyzw, and compute the actuator targets that hold the new joint pose,
+clipped to the control range. The scratch rows may be column views of wider rows (the
+MuJoCo backend's whole state rows).
 
-It returns ``(code, row, col)``: 0 when the rows are good, else the first problem
-(:data:`BAD_QPOS`, :data:`BAD_QVEL`, :data:`ZERO_QUAT`) at the caller's row ``row``;
-nothing has reached an engine then.
+It returns ``(code, row, col)``: 0 when the ids and rows are good, else the first problem
+(:data:`BAD_ID` at position ``row`` of the ids, :data:`UNSORTED` ids at ``row``: the
+caller sorts them and calls again with the order, :data:`BAD_QPOS`, :data:`BAD_QVEL`,
+:data:`ZERO_QUAT` at the caller's row ``row``); nothing has reached an engine then.
 """
 
 from __future__ import annotations
@@ -19,18 +23,29 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["prepare_rows", "NO_ORDER", "OK", "BAD_QPOS", "BAD_QVEL", "ZERO_QUAT"]
+__all__ = ["prepare_rows", "NO_ORDER", "OK", "BAD_QPOS", "BAD_QVEL", "ZERO_QUAT", "BAD_ID",
+           "UNSORTED"]
 
-OK, BAD_QPOS, BAD_QVEL, ZERO_QUAT = 0, 1, 2, 3
+OK, BAD_QPOS, BAD_QVEL, ZERO_QUAT, BAD_ID, UNSORTED = 0, 1, 2, 3, 4, 5
 #: ``order`` argument for rows already in id order
 NO_ORDER = np.zeros(0, np.int64)
 _QUAT_EPS = 1e-9
 
 
 @njit(cache=True)
-def prepare_rows(q_in, v_in, order, q_out, v_out, ctrl_out, act_qadr, ctrl_lo,
-                 ctrl_hi, xyzw):  # pragma: no cover - compiled
+def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, v_out, ctrl_out,
+                 act_qadr, ctrl_lo, ctrl_hi, xyzw):  # pragma: no cover - compiled
     k, nq = q_out.shape
+    prev = np.int64(-1)
+    for i in range(k):
+        x = ids_in[i]
+        if x < 0 or x >= num_envs:
+            return BAD_ID, i, 0
+        xi = np.int64(x)
+        if xi <= prev:
+            return UNSORTED, i, 0
+        prev = xi
+        ids_out[i] = xi
     nv = v_out.shape[1]
     nu = ctrl_out.shape[1]
     for i in range(k):

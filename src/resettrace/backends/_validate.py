@@ -9,10 +9,25 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["check_ids", "check_rows", "normalise_quat_into", "QUAT_EPS"]
+__all__ = ["check_ids", "id_array", "convert_rows", "check_rows", "normalise_quat_into",
+           "QUAT_EPS"]
 
 #: A base quaternion shorter than this cannot be normalised.
 QUAT_EPS = 1e-9
+
+
+def id_array(env_ids: object) -> np.ndarray:
+    """``env_ids`` as a 1-D integer array (a view where possible): the checks that need no
+    pass over the values (those are in the compiled pass, or :func:`check_ids`)."""
+    ids = np.asarray(env_ids)
+    if ids.dtype == np.bool_:
+        raise ValueError("env_ids must be integer ids, not a boolean mask "
+                         "(use np.flatnonzero(mask))")
+    if ids.ndim != 1:
+        raise ValueError(f"env_ids must be one-dimensional, got shape {ids.shape}")
+    if ids.size and ids.dtype.kind not in "iu":
+        raise ValueError(f"env_ids must be integers, got dtype {ids.dtype}")
+    return ids
 
 
 def check_ids(env_ids: object, num_envs: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -21,16 +36,9 @@ def check_ids(env_ids: object, num_envs: int) -> tuple[np.ndarray, np.ndarray | 
     Ids must be a 1-D array of integers, unique, in ``[0, num_envs)``. Unsorted ids
     are accepted: the returned order puts the caller's rows in id order.
     """
-    ids = np.asarray(env_ids)
-    if ids.dtype == np.bool_:
-        raise ValueError("env_ids must be integer ids, not a boolean mask "
-                         "(use np.flatnonzero(mask))")
-    if ids.ndim != 1:
-        raise ValueError(f"env_ids must be one-dimensional, got shape {ids.shape}")
+    ids = id_array(env_ids)
     if ids.size == 0:
         return np.zeros(0, np.int32), None
-    if ids.dtype.kind not in "iu":
-        raise ValueError(f"env_ids must be integers, got dtype {ids.dtype}")
     order = None
     if ids.size > 1 and not (ids[1:] > ids[:-1]).all():
         order = np.argsort(ids, kind="stable")
@@ -40,11 +48,14 @@ def check_ids(env_ids: object, num_envs: int) -> tuple[np.ndarray, np.ndarray | 
             raise ValueError(f"env_ids must be unique, got {ids[dup[0]]} twice")
     lo, hi = ids[0], ids[-1]  # sorted: the ends are the extremes
     if lo < 0 or hi >= num_envs:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"env_ids must be in [0, {num_envs}), got {bad}")
+        _out_of_range(lo if lo < 0 else hi, num_envs)
     if ids.dtype != np.int32 or not ids.flags.c_contiguous:
         ids = np.ascontiguousarray(ids, dtype=np.int32)
     return ids, order
+
+
+def _out_of_range(bad: object, num_envs: int) -> None:
+    raise ValueError(f"env_ids must be in [0, {num_envs}), got {bad}")
 
 
 def check_rows(name: str, rows: object, k: int, width: int) -> np.ndarray:
@@ -80,17 +91,21 @@ def _shaped(name: str, rows: object, k: int, width: int) -> np.ndarray:
     return a
 
 
-def convert_rows(qpos: object, qvel: object, order: np.ndarray | None, q_out: np.ndarray,
-                 v_out: np.ndarray, ctrl_out: np.ndarray, act_qadr: np.ndarray,
-                 ctrl_lo: np.ndarray, ctrl_hi: np.ndarray, *, xyzw: bool) -> None:
-    """Validate the caller's rows and write the engine rows and actuator targets.
+def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: object,
+                 qvel: object, q_out: np.ndarray, v_out: np.ndarray, ctrl_out: np.ndarray,
+                 act_qadr: np.ndarray, ctrl_lo: np.ndarray, ctrl_hi: np.ndarray, *,
+                 xyzw: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Validate the caller's ids and rows and write the engine's index and rows.
 
-    ``q_out``/``v_out``/``ctrl_out`` are ``k``-row scratch (any float dtype): qpos and
-    qvel in id order (``order``), the base quaternion normalised (and reordered to
-    xyzw when ``xyzw``), the targets holding the new joint pose. One compiled pass
-    (:mod:`resettrace.backends._kernels`); ``ValueError`` naming the caller's row on
-    a wrong shape, a non-finite or (for float32 scratch) too large value, or a zero
-    quaternion.
+    ``ids_in`` is :func:`id_array`'s; ``ids_out`` (int32), ``q_out``/``v_out``/
+    ``ctrl_out`` are ``k``-row scratch (any float dtype, column views of wider rows
+    allowed). Returns the sorted int32 ids (``ids_out``, or :func:`check_ids`' for ids
+    that are not sorted) and the order that put the caller's rows in id order (None when
+    they were): qpos and qvel in id order, the base quaternion normalised (and reordered
+    to xyzw when ``xyzw``), the targets holding the new joint pose. One compiled pass
+    (:mod:`resettrace.backends._kernels`), two for unsorted ids; ``ValueError`` naming
+    the caller's id or row on a bad id, a wrong shape, a non-finite or (for float32
+    scratch) too large value, or a zero quaternion.
     """
     from resettrace.backends import _kernels as K
 
@@ -98,11 +113,18 @@ def convert_rows(qpos: object, qvel: object, order: np.ndarray | None, q_out: np
     q_in = _shaped("qpos", qpos, k, q_out.shape[1])
     v_in = _shaped("qvel", qvel, k, v_out.shape[1])
     if k == 0:
-        return
-    code, row, col = K.prepare_rows(q_in, v_in, K.NO_ORDER if order is None else order,
+        return ids_out, None
+    order: np.ndarray | None = None
+    code, row, col = K.prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, K.NO_ORDER,
                                     q_out, v_out, ctrl_out, act_qadr, ctrl_lo, ctrl_hi, xyzw)
+    if code == K.UNSORTED:  # sort (and check unique) here, then the compiled pass again
+        ids, order = check_ids(ids_in, num_envs)
+        code, row, col = K.prepare_rows(ids, num_envs, ids_out, q_in, v_in, order, q_out,
+                                        v_out, ctrl_out, act_qadr, ctrl_lo, ctrl_hi, xyzw)
     if code == K.OK:
-        return
+        return ids_out, order
+    if code == K.BAD_ID:
+        _out_of_range(ids_in[row], num_envs)
     if code == K.ZERO_QUAT:
         raise ValueError(f"qpos has a zero base quaternion at row {row}")
     name, src = ("qpos", q_in) if code == K.BAD_QPOS else ("qvel", v_in)

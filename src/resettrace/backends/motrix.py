@@ -6,12 +6,14 @@ exceeds them), and the engine is called four times (slice, fused reset + DoF wri
 controls, kinematics of the k rows):
 
 =================  ====================================================================
-mask               validate and sort the ids (no bool mask: slicing by one is O(N)),
-                   build the ``DisjointIndices`` of the k rows
-qpos_convert       one compiled pass: validate qpos/qvel, normalise the base quaternion,
+mask               the ids are a 1-D integer array (no bool mask: slicing by one is O(N))
+qpos_convert       one compiled pass: check the ids (sorted, unique, in range) into an
+                   int32 index, validate qpos/qvel, normalise the base quaternion,
                    contract **wxyz** to engine **xyzw**, compute the actuator targets,
                    into reused float32 scratch rows
-data_slice         ``data[DisjointIndices(ids)]``: a handle on the k rows, O(k)
+data_slice         ``data[DisjointIndices(ids)]``: a handle on the k rows, O(k); the
+                   handles of the last 16 id sets are kept, and ids that repeat reuse
+                   theirs (the lazy pose read of the same rows too)
 data_reset         ``sub.reset(model, q, v)``: one fused engine call that resets the rows
                    (DoF state, controls and override buffers back to the model defaults)
                    **and** writes their DoF positions and velocities
@@ -153,6 +155,8 @@ class _Guard:
 _G_LOAD = _Guard("load_model")
 _G_DATA = _Guard("SceneData")
 _G_INDICES = _Guard("DisjointIndices")
+#: row handles kept for id sets that repeat (a handle holds ~k ints)
+_SLICES = 16
 _G_SLICE = _Guard("SceneData[DisjointIndices]")
 _G_RESET = _Guard("SceneData.reset")
 _G_CTRL = _Guard("SceneData.actuator_ctrls")
@@ -253,6 +257,8 @@ class MotrixBackend(RowBackend):
         self._qpos_all = np.zeros((self.num_envs, self.nq))
         self._qvel_all = np.zeros((self.num_envs, self.nv))
         self._ctrl_all = np.zeros((self.num_envs, self.nu), _F32)
+        #: row handles (``data[DisjointIndices(ids)]``) of recent id sets, by their bytes
+        self._slices: dict[bytes, Any] = {}
         self._start_at_keyframe()
 
     def _match_mujoco(self, mj: mujoco.MjModel) -> tuple[np.ndarray, np.ndarray]:
@@ -337,16 +343,26 @@ class MotrixBackend(RowBackend):
             self._kin_stale[:] = False  # the step computed every row's kinematics
         self.poses.mark_stale()
 
-    def _index(self, ids: np.ndarray) -> Any:
-        with _G_INDICES:
-            return ms.DisjointIndices(ids)
+    def _slice(self, ids: np.ndarray) -> Any:
+        """The engine's handle on the sorted int32 rows ``ids``: ``data[DisjointIndices]``,
+        built once for ids that repeat (the last :data:`_SLICES` id sets are kept)."""
+        key = ids.tobytes()
+        sub = self._slices.get(key)
+        if sub is None:
+            with _G_INDICES:
+                index = ms.DisjointIndices(ids.copy())  # ids may be scratch
+            with _G_SLICE:
+                sub = self.data[index]
+            if len(self._slices) >= _SLICES:
+                del self._slices[next(iter(self._slices))]  # the first kept
+            self._slices[key] = sub
+        return sub
 
-    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any,
-                    q: np.ndarray, v: np.ndarray, ctrl: np.ndarray,
-                    rand: RandomizationRows | None) -> None:
+    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, q: np.ndarray,
+                    v: np.ndarray, ctrl: np.ndarray, rand: RandomizationRows | None) -> None:
         model = self.model
-        with rec.scope(C.SET_STATE_DATA_SLICE), _G_SLICE:
-            sub = self.data[index]
+        with rec.scope(C.SET_STATE_DATA_SLICE):
+            sub = self._slice(ids)
         with rec.scope(C.SET_STATE_DATA_RESET), _G_RESET:
             sub.reset(model, q, v)  # reset + DoF write in one call (see the module docstring)
         if rand is not None and not rand.empty:
@@ -412,8 +428,7 @@ class MotrixBackend(RowBackend):
     def _forward(self, ids: np.ndarray, index: Any) -> None:
         """``index``: the rows' slice handle (``data[DisjointIndices]``), or None."""
         if index is None:
-            with _G_SLICE:
-                index = self.data[ms.DisjointIndices(ids)]
+            index = self._slice(ids)
         with _G_FK:
             self.model.forward_kinematic(index)
 
@@ -423,8 +438,7 @@ class MotrixBackend(RowBackend):
         ``get_link_poses`` on a handle of those rows reads them only; one gather turns
         its xyz + xyzw into the contract's xyz + wxyz."""
         (links,) = self._scratch_pose.rows(rows.size)
-        with _G_SLICE:
-            sub = self.data[ms.DisjointIndices(rows)]
+        sub = self._slice(rows)
         self._fresh_kinematics(rows, sub)  # one slice for the kinematics and the read
         with _G_POSES:
             self.model.get_link_poses(sub, out=links)

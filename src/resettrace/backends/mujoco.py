@@ -2,18 +2,22 @@
 
 ``set_state`` for k of N rows (every step timed under its catalog phase). No step does
 O(N) work: ids become an int32 index (never a bool mask), scratch rows are reused (grown
-when k exceeds them), and the engine is called once (``forward`` of the k rows):
+when k exceeds them), and the engine is called once (``forward`` of the k rows, eager
+only):
 
 =================  ====================================================================
-mask               validate and sort the ids into an int32 index (no bool mask)
-qpos_convert       one compiled pass: validate qpos/qvel, normalise the base quaternion,
-                   compute the actuator targets, into reused scratch rows
-data_reset         write the state row of a freshly reset env to the k rows and clear
-                   their warning counters: ``Batch.reset(ids, stage=NONE)``, 6-8x faster
+mask               the ids are a 1-D integer array
+qpos_convert       one compiled pass: check the ids (sorted, unique, in range) into an
+                   int32 index, validate qpos/qvel, normalise the base quaternion, compute
+                   the actuator targets, into reused **whole state rows** (the state row of
+                   a freshly reset env, with qpos, qvel and ctrl in their columns)
 reset_rand         per-env friction, mass (then ``set_const``), kp/kd of the k rows
 geom_overrides     per-env contact geom sizes (and bounding radii) of the k rows
-set_dof_pos/vel    write qpos / qvel rows
-actuator_ctrl      write the targets that hold the new joint pose
+data_reset         one scatter of those state rows into the k rows (a fresh reset, the
+                   new qpos, qvel and controls: ``Batch.reset(ids, stage=NONE)`` and three
+                   row writes in one) and their warning counters cleared
+set_dof_pos/vel    0.0: written with the state rows
+actuator_ctrl      0.0: written with the state rows (the targets hold the new joint pose)
 forward_kinematic  lazy (default): the k rows' kinematics are marked stale (O(k)) and
                    computed (``forward(ids, stage=POS)`` of the stale rows) when their poses
                    are read, timed in the reader's phase, or not at all when the next
@@ -26,10 +30,12 @@ refresh_pose_cache mark the k rows' pose cache stale (O(k)): ``get_body_pose_row
 
 ``reset_rand`` and ``geom_overrides`` run only with a randomization payload
 (:class:`~resettrace.randomization.RandomizationRows`); the batch then keeps
-per-env copies of those model fields. ``data_slice`` (no slice handle: rows are
-indexed directly), ``clear_forces`` (applied forces are state rows, zeroed by the
-data reset), ``invalidate_velocity``, ``pool_reset`` and ``state_scatter`` (the
-rows are written in place) do not apply and are reported as 0.0.
+per-env copies of those model fields. They run before the state rows are written (they
+change model fields only: ``set_const`` leaves the state rows as they were).
+``data_slice`` (no slice handle: rows are indexed directly), ``clear_forces`` (applied
+forces are state rows, zeroed by the data reset), ``invalidate_velocity``, ``pool_reset``
+and ``state_scatter`` (the rows are written in place) do not apply and are reported as
+0.0.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import numpy as np
 from mujoco import batch as mj_batch
 
 from resettrace import catalog as C
-from resettrace.backends._base import RowBackend, check_num_envs
+from resettrace.backends._base import RowBackend, Scratch, check_num_envs
 from resettrace.backends._pose import PoseCache
 from resettrace.model_facts import (
     DEFAULT_MODEL,
@@ -61,6 +67,29 @@ __all__ = ["MujocoBackend", "load_model", "DEFAULT_MODEL", "KEYFRAME"]
 
 _STAGE_NONE = int(mujoco.mjtStage.mjSTAGE_NONE)
 _STAGE_POS = int(mujoco.mjtStage.mjSTAGE_POS)
+
+
+def forward_rows(batch: Any, ids: np.ndarray) -> None:
+    """Forward kinematics (``stage=POS``) of the sorted unique int32 rows ``ids``, already
+    validated: the engine's own call, without ``Batch.forward``'s second check of the
+    ids (several numpy calls); failures raise as ``Batch.forward`` raises them."""
+    raw = getattr(batch, "_b", None)
+    if raw is None or not hasattr(raw, "forward") or not hasattr(batch, "_check"):
+        batch.forward(ids, stage=_STAGE_POS)  # a mujoco.batch without these internals
+        return
+    nfail = raw.forward(ids, _STAGE_POS)
+    if nfail:
+        batch._check(ids, nfail)
+
+
+def state_columns(m: mujoco.MjModel) -> tuple[slice, slice, slice]:
+    """The qpos, qvel and ctrl columns of a ``Batch.state`` row (mjSTATE_INTEGRATION):
+    each component follows every component of a lower bit."""
+    sig = mujoco.mjtState
+    return tuple(slice(at, at + n) for at, n in  # type: ignore[return-value]
+                 ((int(mujoco.mj_stateSize(m, int(s) - 1)), n)
+                  for s, n in ((sig.mjSTATE_QPOS, m.nq), (sig.mjSTATE_QVEL, m.nv),
+                               (sig.mjSTATE_CTRL, m.nu))))
 
 
 class MujocoBackend(RowBackend):
@@ -90,6 +119,14 @@ class MujocoBackend(RowBackend):
         probe.reset(stage=_STAGE_NONE)
         self._template = np.array(probe.state[0])
         del probe
+        # reset rows are built whole (the template, qpos, qvel and ctrl in their columns)
+        # and written with one scatter
+        self._cols = state_columns(m)
+        if self._state.shape[1] != self._template.size or any(
+                c.stop > self._template.size for c in self._cols):
+            raise RuntimeError(f"mujoco.batch state rows of width {self._state.shape[1]} "
+                               f"do not hold qpos/qvel/ctrl where mjSTATE_INTEGRATION does")
+        self._state_rows = Scratch(self._template.shape, fill=self._template)
         self.poses = PoseCache(self.num_envs, self.info.body_names, self._refresh_pose)
         # the robot's colliding geoms (not the world's), and those whose size can scale
         self._contact_geoms, self._sized_geoms = robot_contact_geoms(m)
@@ -106,21 +143,20 @@ class MujocoBackend(RowBackend):
             self._kin_stale[:] = False  # the step computed every row's kinematics
         self.poses.mark_stale()
 
-    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any,
-                    q: np.ndarray, v: np.ndarray, ctrl: np.ndarray,
-                    rand: RandomizationRows | None) -> None:
-        with rec.scope(C.SET_STATE_DATA_RESET):
-            self._state[ids] = self._template
-            self._warning[ids] = 0  # warning counters live outside the state rows
+    def _reset_rows(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        (rows,) = self._state_rows.rows(k)
+        cq, cv, cc = self._cols
+        return rows[:, cq], rows[:, cv], rows[:, cc]
+
+    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, q: np.ndarray,
+                    v: np.ndarray, ctrl: np.ndarray, rand: RandomizationRows | None) -> None:
         if rand is not None and not rand.empty:
             self._randomize(rec, ids, rand)
-        with rec.scope(C.SET_STATE_SET_DOF_POS):
-            self._qpos[ids] = q
-        with rec.scope(C.SET_STATE_SET_DOF_VEL):
-            self._qvel[ids] = v
-        with rec.scope(C.SET_STATE_ACTUATOR_CTRL):
-            self._ctrl[ids] = ctrl  # computed with the rows in qpos_convert
-        self._kinematics(rec, ids, index)
+        with rec.scope(C.SET_STATE_DATA_RESET):
+            # q, v and ctrl are columns of these rows (qpos_convert wrote them there)
+            self._state[ids] = self._state_rows.rows(ids.size)[0]
+            self._warning[ids] = 0  # warning counters live outside the state rows
+        self._kinematics(rec, ids, None)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
             self.poses.mark_stale(ids)  # read back lazily by get_body_pose_rows
 
@@ -162,7 +198,7 @@ class MujocoBackend(RowBackend):
                     m.geom_rbound[sized] * scale
 
     def _forward(self, ids: np.ndarray, index: Any) -> None:
-        self.batch.forward(ids, stage=_STAGE_POS)
+        forward_rows(self.batch, ids)
 
     def _refresh_pose(self, ids: np.ndarray) -> None:
         """Poses of the rows from the engine's last call on them."""

@@ -32,7 +32,9 @@ random order per round, with the same inputs:
     pre-built ``data[DisjointIndices(ids)]`` handle, ``sub.reset(model, q, v,
     forward_kinematic=True)`` then ``sub.actuator_ctrls = ctrl`` (2 calls). MuJoCo: one
     scatter of whole pre-built state rows (template + qpos + qvel + ctrl), the warning
-    counters zeroed, ``forward(ids, stage=POS)`` (1 call).
+    counters zeroed, the engine's ``forward(ids, stage=POS)`` on the ids checked
+    beforehand (1 call; ``Batch.forward`` would check them again, as ``set_state`` does
+    not).
 
 Sweeps backends x ``num_envs`` x reset ratios (k = round(ratio * num_envs)), ``warmup``
 untimed then ``calls`` timed calls per variant and cell. ``baseline_ms`` and
@@ -240,16 +242,6 @@ def baseline_set_state(backend: Any, env_ids: Any, qpos: Any, qvel: Any,
 
 
 # -- floor: the fewest engine calls, nothing else ---------------------------------------------
-def _state_offsets(m: Any) -> tuple[int, int, int]:
-    """Offsets of qpos, qvel and ctrl in a ``Batch.state`` row (mjSTATE_INTEGRATION): each
-    component follows every component of a lower bit."""
-    import mujoco
-
-    sig = mujoco.mjtState
-    return tuple(int(mujoco.mj_stateSize(m, int(s) - 1))  # type: ignore[return-value]
-                 for s in (sig.mjSTATE_QPOS, sig.mjSTATE_QVEL, sig.mjSTATE_CTRL))
-
-
 def make_floor(backend: Any, env_ids: np.ndarray, qpos: np.ndarray, qvel: np.ndarray
                ) -> Callable[[], None]:
     """The bare engine floor for sorted unique ``env_ids``: inputs converted and the index
@@ -275,20 +267,20 @@ def make_floor(backend: Any, env_ids: np.ndarray, qpos: np.ndarray, qvel: np.nda
             sub.actuator_ctrls = ce
 
         return motrix_floor
-    from resettrace.backends.mujoco import _STAGE_POS
+    from resettrace.backends.mujoco import forward_rows, state_columns
 
     b, m = backend.batch, backend.model
-    oq, ov, oc = _state_offsets(m)
+    cq, cv, cc = state_columns(m)
     rows = np.tile(backend._template, (ids.size, 1))
-    rows[:, oq:oq + m.nq] = q
-    rows[:, ov:ov + m.nv] = qvel
-    rows[:, oc:oc + m.nu] = np.clip(q[:, 7 + info.actuator_joint], lo, hi)
+    rows[:, cq] = q
+    rows[:, cv] = qvel
+    rows[:, cc] = np.clip(q[:, 7 + info.actuator_joint], lo, hi)
     state, warning = backend._state, backend._warning
 
     def mujoco_floor() -> None:
         state[ids] = rows
         warning[ids] = 0
-        b.forward(ids, stage=_STAGE_POS)
+        forward_rows(b, ids)  # the engine's call on ids checked here, as set_state's
 
     return mujoco_floor
 

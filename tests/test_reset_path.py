@@ -1,0 +1,99 @@
+"""The small-k reset path: ids checked inside the compiled row pass, the MuJoCo backend's
+one scatter of whole state rows, MotrixSim's row handles reused for ids that repeat."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import resettrace
+from helpers import stand_rows
+
+N = 24
+
+
+def _make(name: str):
+    return resettrace.make_backend(name, num_envs=N, nthread=1)
+
+
+def _state(b) -> tuple[np.ndarray, ...]:
+    ctrl = np.asarray(b.data.actuator_ctrls, np.float64) if b.name == "motrix" \
+        else np.array(b._ctrl)
+    return (np.array(b.get_qpos_rows()), np.array(b.get_qvel_rows()), ctrl,
+            np.array(b.get_body_pose_rows(None, b.info.body_names)))
+
+
+@pytest.mark.parametrize("name", ["mujoco", "motrix"])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32,
+                                   np.uint32, np.uint64, list])
+def test_every_integer_id_type_resets_the_same_rows(name, dtype) -> None:
+    ids = np.array([1, 5, 6, 20])
+    q, v = stand_rows(_make(name), len(ids), np.random.default_rng(2))
+    want, got = _make(name), _make(name)
+    want.set_state(ids.astype(np.int64), q, v)
+    got.set_state(ids.tolist() if dtype is list else ids.astype(dtype), q, v)
+    for a, b in zip(_state(want), _state(got), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["mujoco", "motrix"])
+@pytest.mark.parametrize("ids,match", [
+    (np.array([3, 1, N]), f"in \\[0, {N}\\), got {N}"),  # unsorted and out of range
+    (np.array([5, -2, 1]), f"in \\[0, {N}\\), got -2"),
+    (np.array([2, 9, 1, 9]), "unique, got 9 twice"),
+    (np.array([1, 2**63 + 5], np.uint64), f"got {2**63 + 5}"),  # no wrap to a valid id
+    (np.array([2, 4, N + 3]), f"got {N + 3}"),  # sorted: found by the compiled pass
+])
+def test_bad_ids_name_the_id_and_touch_nothing(name, ids, match) -> None:
+    b = _make(name)
+    before = _state(b)
+    q, v = stand_rows(b, len(ids), np.random.default_rng(3))
+    with pytest.raises(ValueError, match=match):
+        b.set_state(ids, q, v)
+    for x, y in zip(before, _state(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_mujoco_writes_whole_fresh_state_rows() -> None:
+    """After steps have filled every state component, set_state's one scatter leaves each
+    reset row as a fresh engine reset followed by the qpos, qvel and ctrl writes, also
+    once the scratch rows have grown."""
+    from resettrace.backends.mujoco import _STAGE_NONE
+
+    b, twin = _make("mujoco"), _make("mujoco")
+    rng = np.random.default_rng(4)
+    for be in (b, twin):
+        for _ in range(5):
+            be.step(np.random.default_rng(1).normal(0, 0.5, (N, be.nu)), 3)
+    for ids in (np.array([3]), np.array([0, 2, 3, 7, 8, 11, 12, 19, 20, 23])):  # k grows
+        q, v = stand_rows(b, len(ids), rng)
+        b.set_state(ids, q, v)
+        # the published path: the engine's reset, then each field written
+        twin.batch.reset(ids, stage=_STAGE_NONE)
+        tq = np.array(q)
+        tq[:, 3:7] /= np.linalg.norm(tq[:, 3:7], axis=1, keepdims=True)
+        twin._qpos[ids], twin._qvel[ids] = tq, v
+        twin._ctrl[ids] = np.clip(tq[:, 7 + b.info.actuator_joint], b._ctrl_lo, b._ctrl_hi)
+        np.testing.assert_array_equal(b._state[ids], twin._state[ids])
+        np.testing.assert_array_equal(b._state, twin._state)  # other rows untouched too
+
+
+def test_motrix_reuses_the_row_handle_of_ids_that_repeat() -> None:
+    b = _make("motrix")
+    rng = np.random.default_rng(5)
+    a, c = np.array([1, 4, 9]), np.array([2, 4, 10])
+    b.set_state(a, *stand_rows(b, 3, rng))
+    handle = b._slices[a.astype(np.int32).tobytes()]
+    b.set_state(c, *stand_rows(b, 3, rng))  # the scratch ids now hold c
+    qa, va = stand_rows(b, 3, rng)
+    b.set_state(a, qa, va)
+    assert b._slices[a.astype(np.int32).tobytes()] is handle  # reused, not rebuilt
+    ref = _make("motrix")
+    ref.set_state(a, qa, va)
+    np.testing.assert_array_equal(b.get_qpos_rows(a), ref.get_qpos_rows(a))
+    np.testing.assert_array_equal(b.get_body_pose_rows(a, ["pelvis"]),
+                                  ref.get_body_pose_rows(a, ["pelvis"]))
+    for i in range(40):  # bounded: the first kept go first
+        b.set_state([i % N, (i + 1) % N] if i % N < N - 1 else [0, N - 1],
+                    *stand_rows(b, 2, rng))
+    assert len(b._slices) <= 16
