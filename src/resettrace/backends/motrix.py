@@ -2,8 +2,9 @@
 
 ``set_state`` for k of N rows (every step timed under its catalog phase). No step does
 O(N) work: ids become an index (never a bool mask), scratch rows are reused (grown when k
-exceeds them), and the engine is called four times (slice, fused reset + DoF write,
-controls, kinematics of the k rows):
+exceeds them), and the engine is called at most four times (slice, unless the ids
+repeat; fused reset + DoF write; controls; eager kinematics of the k rows, fused into the
+reset when no randomization comes between):
 
 =================  ====================================================================
 mask               the ids are a 1-D integer array (no bool mask: slicing by one is O(N))
@@ -28,20 +29,20 @@ forward_kinematic  lazy (default): the k rows' kinematics are marked stale (O(k)
                    are read, timed in the reader's phase, or not at all when the next
                    physics step comes first (it recomputes them: eager and lazy runs are
                    bit-identical); eager (``lazy_kinematics = False``):
-                   ``model.forward_kinematic(sub)`` here
+                   ``model.forward_kinematic(sub)`` here, or, with no randomization
+                   payload, inside the ``data_reset`` call (0.0 here; see below)
 refresh_pose_cache mark the k rows' pose cache stale (O(k)): poses are read back lazily,
                    for the rows asked, by ``get_body_pose_rows`` (one
                    ``model.get_link_poses`` on those rows), so their cost is timed where
                    they are read (e.g. the reset observation)
 =================  ====================================================================
 
-Why FK is not fused into the reset call as well (``sub.reset(..., forward_kinematic=True)``,
-or a ``compile_write(..., reset=True, forward_kinematic=True)`` plan): measured side by side
-(interleaved, 1024-4096 envs, k = 20-205) the fully fused call and reset + write then FK
-differ by one engine call's fixed cost (0-35 us, within run-to-run noise; FK is ~90% of
-either), a write plan carrying the controls is 5-10% slower (its buffer is filled row by
-row), and a separate FK call keeps randomization where it must be (after the reset, before
-the kinematics) and the FK time under its own key.
+Eager kinematics with no randomization payload is fused into the reset call
+(``sub.reset(model, q, v, forward_kinematic=True)``): measured interleaved (400 calls
+each, 1024-4096 envs, k = 20-82) that saves 29-40 us against reset, controls, then a
+separate FK call (18% at k = 20). The forward_kinematic key then reads 0.0 and
+``data_reset`` carries the kinematics. With a payload FK stays a call of its own, after
+the overrides, under its own key.
 
 ``reset_rand`` and ``geom_overrides`` run only with a randomization payload
 (:class:`~resettrace.randomization.RandomizationRows`). ``clear_forces`` (external forces
@@ -363,13 +364,18 @@ class MotrixBackend(RowBackend):
         model = self.model
         with rec.scope(C.SET_STATE_DATA_SLICE):
             sub = self._slice(ids)
+        randomize = rand is not None and not rand.empty
+        # eager kinematics with no override to come between: in the reset call itself
+        fused = not (self.lazy_kinematics or randomize)
         with rec.scope(C.SET_STATE_DATA_RESET), _G_RESET:
-            sub.reset(model, q, v)  # reset + DoF write in one call (see the module docstring)
-        if rand is not None and not rand.empty:
+            # reset + DoF write (+ FK) in one call (see the module docstring)
+            sub.reset(model, q, v, forward_kinematic=fused)
+        if rand is not None and randomize:
             self._randomize(rec, sub, rand)  # overrides leave the DoF state alone
         with rec.scope(C.SET_STATE_ACTUATOR_CTRL), _G_CTRL:
             sub.actuator_ctrls = ctrl  # computed with the rows in qpos_convert
-        self._kinematics(rec, ids, sub)
+        if not fused:
+            self._kinematics(rec, ids, sub)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
             self.poses.mark_stale(ids)  # read back lazily by get_body_pose_rows
 
