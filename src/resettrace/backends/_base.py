@@ -32,7 +32,7 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends._validate import convert_rows, id_array
+from resettrace.backends._validate import OutRows, convert_rows, id_array
 from resettrace.contract import MAX_ENVS, BackendInfo, SetStateResult
 from resettrace.model_facts import keyframe_qpos
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
@@ -153,25 +153,27 @@ class RowBackend:
                 ids_in = id_array(env_ids)
                 k = ids_in.size
             with rec.scope(C.SET_STATE_QPOS_CONVERT):
-                q, v, ctrl = self._reset_rows(k)
+                out = self._reset_rows(k)
                 ids, order = convert_rows(ids_in, self.num_envs, self._ids.rows(k)[0], qpos,
-                                          qvel, q, v, ctrl, self._act_qadr, self._ctrl_lo,
+                                          qvel, out, self._act_qadr, self._ctrl_lo,
                                           self._ctrl_hi, xyzw=self._xyzw)
                 if randomization is not None:
                     randomization.validate(k)
                     if order is not None:
                         randomization = reorder_rows(randomization, order)
             if k:
-                self._write_rows(rec, ids, q, v, ctrl, randomization)
+                self._write_rows(rec, ids, out, randomization)
         return {"timing": t} if (t := outer.timing()) is not None else None
 
     # -- each engine's own -----------------------------------------------------------------
-    def _reset_rows(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _reset_rows(self, k: int) -> OutRows:
         """k scratch rows of qpos, qvel and ctrl for the compiled pass to fill."""
-        return self._scratch.rows(k)  # type: ignore[return-value]
+        q, v, ctrl = self._scratch.rows(k)
+        return OutRows(q, 0, v, 0, ctrl, 0, self.nq, self.nv)
 
-    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, q: np.ndarray,
-                    v: np.ndarray, ctrl: np.ndarray, rand: RandomizationRows | None) -> None:
+    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, rows: OutRows,
+                    rand: RandomizationRows | None) -> None:
         """Write the k validated rows (``ids``: sorted int32 scratch, valid until the next
-        ``set_state``) to the engine, each step in its phase."""
+        ``set_state``; ``rows``: what :meth:`_reset_rows` gave, filled) to the engine, each
+        step in its phase."""
         raise NotImplementedError

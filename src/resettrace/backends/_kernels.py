@@ -7,8 +7,9 @@ and in range and copy them into the engine's int32 index, copy qpos/qvel rows in
 reused scratch (in id order), reject non-finite values (also values that overflow a
 float32 engine), normalise the base quaternion (rejecting a zero one), optionally
 reorder it wxyz -> xyzw, and compute the actuator targets that hold the new joint pose,
-clipped to the control range. The scratch rows may be column views of wider rows (the
-MuJoCo backend's whole state rows).
+clipped to the control range. qpos, qvel and the targets go to columns ``oq``, ``ov``
+and on from ``oc`` of their output rows, which may be one array (the MuJoCo backend's whole
+state rows): C-contiguous outputs keep the call's own cost (argument dispatch) low.
 
 It returns ``(code, row, col)``: 0 when the ids and rows are good, else the first problem
 (:data:`BAD_ID` at position ``row`` of the ids, :data:`UNSORTED` ids at ``row``: the
@@ -33,9 +34,9 @@ _QUAT_EPS = 1e-9
 
 
 @njit(cache=True)
-def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, v_out, ctrl_out,
-                 act_qadr, ctrl_lo, ctrl_hi, xyzw):  # pragma: no cover - compiled
-    k, nq = q_out.shape
+def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, oq, v_out, ov,
+                 ctrl_out, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw):  # pragma: no cover
+    k, nq = q_in.shape
     prev = np.int64(-1)
     for i in range(k):
         x = ids_in[i]
@@ -46,17 +47,17 @@ def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, v_out, ctr
             return UNSORTED, i, 0
         prev = xi
         ids_out[i] = xi
-    nv = v_out.shape[1]
-    nu = ctrl_out.shape[1]
+    nv = v_in.shape[1]
+    nu = ctrl_lo.shape[0]
     for i in range(k):
         src = order[i] if order.shape[0] else i
         for j in range(nq):
-            q_out[i, j] = q_in[src, j]
-            if not math.isfinite(q_out[i, j]) or not math.isfinite(q_in[src, j]):
+            q_out[i, oq + j] = q_in[src, j]
+            if not math.isfinite(q_out[i, oq + j]) or not math.isfinite(q_in[src, j]):
                 return BAD_QPOS, src, j
         for j in range(nv):
-            v_out[i, j] = v_in[src, j]
-            if not math.isfinite(v_out[i, j]) or not math.isfinite(v_in[src, j]):
+            v_out[i, ov + j] = v_in[src, j]
+            if not math.isfinite(v_out[i, ov + j]) or not math.isfinite(v_in[src, j]):
                 return BAD_QVEL, src, j
         w = float(q_in[src, 3])
         x = float(q_in[src, 4])
@@ -66,20 +67,20 @@ def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, v_out, ctr
         if norm < _QUAT_EPS:
             return ZERO_QUAT, src, 3
         if xyzw:
-            q_out[i, 3] = x / norm
-            q_out[i, 4] = y / norm
-            q_out[i, 5] = z / norm
-            q_out[i, 6] = w / norm
+            q_out[i, oq + 3] = x / norm
+            q_out[i, oq + 4] = y / norm
+            q_out[i, oq + 5] = z / norm
+            q_out[i, oq + 6] = w / norm
         else:
-            q_out[i, 3] = w / norm
-            q_out[i, 4] = x / norm
-            q_out[i, 5] = y / norm
-            q_out[i, 6] = z / norm
+            q_out[i, oq + 3] = w / norm
+            q_out[i, oq + 4] = x / norm
+            q_out[i, oq + 5] = y / norm
+            q_out[i, oq + 6] = z / norm
         for a in range(nu):
-            c = q_out[i, act_qadr[a]]
+            c = q_out[i, oq + act_qadr[a]]
             if c < ctrl_lo[a]:
                 c = ctrl_lo[a]
             elif c > ctrl_hi[a]:
                 c = ctrl_hi[a]
-            ctrl_out[i, a] = c
+            ctrl_out[i, oc + a] = c
     return OK, 0, 0

@@ -7,10 +7,12 @@ process) and leaves every env's state untouched.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-__all__ = ["check_ids", "id_array", "convert_rows", "check_rows", "normalise_quat_into",
-           "QUAT_EPS"]
+__all__ = ["check_ids", "id_array", "convert_rows", "OutRows", "check_rows",
+           "normalise_quat_into", "QUAT_EPS"]
 
 #: A base quaternion shorter than this cannot be normalised.
 QUAT_EPS = 1e-9
@@ -91,15 +93,28 @@ def _shaped(name: str, rows: object, k: int, width: int) -> np.ndarray:
     return a
 
 
+class OutRows(NamedTuple):
+    """Where :func:`convert_rows` writes k rows: qpos to columns ``oq:oq + nq`` of ``q``,
+    qvel to ``ov:ov + nv`` of ``v``, the targets from ``oc`` on of ``ctrl`` (the three may
+    be one array of whole engine rows)."""
+
+    q: np.ndarray
+    oq: int
+    v: np.ndarray
+    ov: int
+    ctrl: np.ndarray
+    oc: int
+    nq: int
+    nv: int
+
+
 def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: object,
-                 qvel: object, q_out: np.ndarray, v_out: np.ndarray, ctrl_out: np.ndarray,
-                 act_qadr: np.ndarray, ctrl_lo: np.ndarray, ctrl_hi: np.ndarray, *,
-                 xyzw: bool) -> tuple[np.ndarray, np.ndarray | None]:
+                 qvel: object, out: OutRows, act_qadr: np.ndarray, ctrl_lo: np.ndarray,
+                 ctrl_hi: np.ndarray, *, xyzw: bool) -> tuple[np.ndarray, np.ndarray | None]:
     """Validate the caller's ids and rows and write the engine's index and rows.
 
-    ``ids_in`` is :func:`id_array`'s; ``ids_out`` (int32), ``q_out``/``v_out``/
-    ``ctrl_out`` are ``k``-row scratch (any float dtype, column views of wider rows
-    allowed). Returns the sorted int32 ids (``ids_out``, or :func:`check_ids`' for ids
+    ``ids_in`` is :func:`id_array`'s; ``ids_out`` (int32) and ``out`` (any float dtype)
+    are ``k``-row scratch. Returns the sorted int32 ids (``ids_out``, or :func:`check_ids`' for ids
     that are not sorted) and the order that put the caller's rows in id order (None when
     they were): qpos and qvel in id order, the base quaternion normalised (and reordered
     to xyzw when ``xyzw``), the targets holding the new joint pose. One compiled pass
@@ -109,18 +124,19 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
     """
     from resettrace.backends import _kernels as K
 
-    k = q_out.shape[0]
-    q_in = _shaped("qpos", qpos, k, q_out.shape[1])
-    v_in = _shaped("qvel", qvel, k, v_out.shape[1])
+    k = ids_out.shape[0]
+    q_in = _shaped("qpos", qpos, k, out.nq)
+    v_in = _shaped("qvel", qvel, k, out.nv)
     if k == 0:
         return ids_out, None
     order: np.ndarray | None = None
-    code, row, col = K.prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, K.NO_ORDER,
-                                    q_out, v_out, ctrl_out, act_qadr, ctrl_lo, ctrl_hi, xyzw)
+    q, oq, v, ov, c, oc = out[:6]
+    code, row, col = K.prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, K.NO_ORDER, q, oq,
+                                    v, ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw)
     if code == K.UNSORTED:  # sort (and check unique) here, then the compiled pass again
         ids, order = check_ids(ids_in, num_envs)
-        code, row, col = K.prepare_rows(ids, num_envs, ids_out, q_in, v_in, order, q_out,
-                                        v_out, ctrl_out, act_qadr, ctrl_lo, ctrl_hi, xyzw)
+        code, row, col = K.prepare_rows(ids, num_envs, ids_out, q_in, v_in, order, q, oq, v,
+                                        ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw)
     if code == K.OK:
         return ids_out, order
     if code == K.BAD_ID:

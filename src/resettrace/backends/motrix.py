@@ -13,8 +13,8 @@ qpos_convert       one compiled pass: check the ids (sorted, unique, in range) i
                    contract **wxyz** to engine **xyzw**, compute the actuator targets,
                    into reused float32 scratch rows
 data_slice         ``data[DisjointIndices(ids)]``: a handle on the k rows, O(k); the
-                   handles of the last 16 id sets are kept, and ids that repeat reuse
-                   theirs (the lazy pose read of the same rows too)
+                   handles of 16 id sets are kept (the oldest built goes first), and
+                   ids that repeat reuse theirs (the lazy pose read of the same rows too)
 data_reset         ``sub.reset(model, q, v)``: one fused engine call that resets the rows
                    (DoF state, controls and override buffers back to the model defaults)
                    **and** writes their DoF positions and velocities
@@ -77,6 +77,7 @@ import numpy as np
 from resettrace import catalog as C
 from resettrace.backends._base import RowBackend, Scratch, check_num_envs
 from resettrace.backends._pose import PoseCache
+from resettrace.backends._validate import OutRows
 from resettrace.contract import BackendInfo
 from resettrace.model_facts import (
     DEFAULT_MODEL,
@@ -346,7 +347,8 @@ class MotrixBackend(RowBackend):
 
     def _slice(self, ids: np.ndarray) -> Any:
         """The engine's handle on the sorted int32 rows ``ids``: ``data[DisjointIndices]``,
-        built once for ids that repeat (the last :data:`_SLICES` id sets are kept)."""
+        built once for ids that repeat (:data:`_SLICES` id sets are kept, the oldest built
+        goes first)."""
         key = ids.tobytes()
         sub = self._slices.get(key)
         if sub is None:
@@ -359,9 +361,9 @@ class MotrixBackend(RowBackend):
             self._slices[key] = sub
         return sub
 
-    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, q: np.ndarray,
-                    v: np.ndarray, ctrl: np.ndarray, rand: RandomizationRows | None) -> None:
-        model = self.model
+    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, rows: OutRows,
+                    rand: RandomizationRows | None) -> None:
+        model, q, v, ctrl = self.model, rows.q, rows.v, rows.ctrl
         with rec.scope(C.SET_STATE_DATA_SLICE):
             sub = self._slice(ids)
         randomize = rand is not None and not rand.empty

@@ -51,6 +51,7 @@ from mujoco import batch as mj_batch
 from resettrace import catalog as C
 from resettrace.backends._base import RowBackend, Scratch, check_num_envs
 from resettrace.backends._pose import PoseCache
+from resettrace.backends._validate import OutRows
 from resettrace.model_facts import (
     DEFAULT_MODEL,
     KEYFRAME,
@@ -143,18 +144,17 @@ class MujocoBackend(RowBackend):
             self._kin_stale[:] = False  # the step computed every row's kinematics
         self.poses.mark_stale()
 
-    def _reset_rows(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        (rows,) = self._state_rows.rows(k)
-        cq, cv, cc = self._cols
-        return rows[:, cq], rows[:, cv], rows[:, cc]
+    def _reset_rows(self, k: int) -> OutRows:
+        (rows,) = self._state_rows.rows(k)  # qpos, qvel and ctrl are columns of these rows
+        return OutRows(rows, self._cols[0].start, rows, self._cols[1].start, rows,
+                       self._cols[2].start, self.nq, self.nv)
 
-    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, q: np.ndarray,
-                    v: np.ndarray, ctrl: np.ndarray, rand: RandomizationRows | None) -> None:
+    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, rows: OutRows,
+                    rand: RandomizationRows | None) -> None:
         if rand is not None and not rand.empty:
             self._randomize(rec, ids, rand)
         with rec.scope(C.SET_STATE_DATA_RESET):
-            # q, v and ctrl are columns of these rows (qpos_convert wrote them there)
-            self._state[ids] = self._state_rows.rows(ids.size)[0]
+            self._state[ids] = rows.q  # the whole rows qpos_convert wrote
             self._warning[ids] = 0  # warning counters live outside the state rows
         self._kinematics(rec, ids, None)
         with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
