@@ -97,3 +97,25 @@ def test_motrix_reuses_the_row_handle_of_ids_that_repeat() -> None:
         b.set_state([i % N, (i + 1) % N] if i % N < N - 1 else [0, N - 1],
                     *stand_rows(b, 2, rng))
     assert len(b._slices) <= 16
+
+
+def test_mujoco_forward_falls_back_to_the_public_call() -> None:
+    """Without mujoco.batch's internals, forward kinematics goes through Batch.forward."""
+    from resettrace.backends.mujoco import _STAGE_POS, forward_rows
+
+    calls = []
+
+    class PublicOnly:
+        def forward(self, ids, stage):
+            calls.append((list(ids), stage))
+
+    forward_rows(PublicOnly())(np.array([1, 3], np.int32))
+    assert calls == [([1, 3], _STAGE_POS)]
+    b = _make("mujoco")  # the engine's own call computes the same poses as Batch.forward
+    q, v = stand_rows(b, 2, np.random.default_rng(6))
+    b.set_state(np.array([4, 9]), q, v)
+    ids = np.array([4, 9], np.int32)
+    b._fk(ids)
+    fast = np.array(b._xpos[ids])
+    b.batch.forward(ids, stage=_STAGE_POS)
+    np.testing.assert_array_equal(fast, b._xpos[ids])

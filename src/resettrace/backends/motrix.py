@@ -353,7 +353,7 @@ class MotrixBackend(RowBackend):
         sub = self._slices.get(key)
         if sub is None:
             with _G_INDICES:
-                index = ms.DisjointIndices(ids.copy())  # ids may be scratch
+                index = ms.DisjointIndices(ids)  # a copy of the ids (they may be scratch)
             with _G_SLICE:
                 sub = self.data[index]
             if len(self._slices) >= _SLICES:
@@ -366,13 +366,14 @@ class MotrixBackend(RowBackend):
         model, q, v, ctrl = self.model, rows.q, rows.v, rows.ctrl
         with rec.scope(C.SET_STATE_DATA_SLICE):
             sub = self._slice(ids)
-        randomize = rand is not None and not rand.empty
+        if rand is not None and rand.empty:
+            rand = None
         # eager kinematics with no override to come between: in the reset call itself
-        fused = not (self.lazy_kinematics or randomize)
+        fused = not self.lazy_kinematics and rand is None
         with rec.scope(C.SET_STATE_DATA_RESET), _G_RESET:
             # reset + DoF write (+ FK) in one call (see the module docstring)
             sub.reset(model, q, v, forward_kinematic=fused)
-        if rand is not None and randomize:
+        if rand is not None:
             self._randomize(rec, sub, rand)  # overrides leave the DoF state alone
         with rec.scope(C.SET_STATE_ACTUATOR_CTRL), _G_CTRL:
             sub.actuator_ctrls = ctrl  # computed with the rows in qpos_convert

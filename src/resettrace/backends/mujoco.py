@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import mujoco
@@ -70,17 +71,22 @@ _STAGE_NONE = int(mujoco.mjtStage.mjSTAGE_NONE)
 _STAGE_POS = int(mujoco.mjtStage.mjSTAGE_POS)
 
 
-def forward_rows(batch: Any, ids: np.ndarray) -> None:
-    """Forward kinematics (``stage=POS``) of the sorted unique int32 rows ``ids``, already
-    validated: the engine's own call, without ``Batch.forward``'s second check of the
-    ids (several numpy calls); failures raise as ``Batch.forward`` raises them."""
-    raw = getattr(batch, "_b", None)
-    if raw is None or not hasattr(raw, "forward") or not hasattr(batch, "_check"):
-        batch.forward(ids, stage=_STAGE_POS)  # a mujoco.batch without these internals
-        return
-    nfail = raw.forward(ids, _STAGE_POS)
-    if nfail:
-        batch._check(ids, nfail)
+def forward_rows(batch: Any) -> Callable[[np.ndarray], None]:
+    """``fk(ids)``: forward kinematics (``stage=POS``) of the sorted unique int32 rows
+    ``ids``, already validated: the engine's own call, without ``Batch.forward``'s second
+    check of the ids (several numpy calls); failures raise as ``Batch.forward`` raises
+    them. ``Batch.forward`` itself where ``mujoco.batch`` lacks those internals."""
+    raw, check = getattr(batch, "_b", None), getattr(batch, "_check", None)
+    if raw is None or check is None or not hasattr(raw, "forward"):
+        return lambda ids: batch.forward(ids, stage=_STAGE_POS)
+    engine_forward = raw.forward
+
+    def fk(ids: np.ndarray) -> None:
+        nfail = engine_forward(ids, _STAGE_POS)
+        if nfail:
+            check(ids, nfail)
+
+    return fk
 
 
 def state_columns(m: mujoco.MjModel) -> tuple[slice, slice, slice]:
@@ -122,12 +128,13 @@ class MujocoBackend(RowBackend):
         del probe
         # reset rows are built whole (the template, qpos, qvel and ctrl in their columns)
         # and written with one scatter
-        self._cols = state_columns(m)
-        if self._state.shape[1] != self._template.size or any(
-                c.stop > self._template.size for c in self._cols):
-            raise RuntimeError(f"mujoco.batch state rows of width {self._state.shape[1]} "
+        cols = state_columns(m)
+        if cols[-1].stop > self._template.size:
+            raise RuntimeError(f"mujoco.batch state rows of width {self._template.size} "
                                f"do not hold qpos/qvel/ctrl where mjSTATE_INTEGRATION does")
+        self._state_cols = tuple(c.start for c in cols)
         self._state_rows = Scratch(self._template.shape, fill=self._template)
+        self._fk = forward_rows(b)
         self.poses = PoseCache(self.num_envs, self.info.body_names, self._refresh_pose)
         # the robot's colliding geoms (not the world's), and those whose size can scale
         self._contact_geoms, self._sized_geoms = robot_contact_geoms(m)
@@ -146,8 +153,8 @@ class MujocoBackend(RowBackend):
 
     def _reset_rows(self, k: int) -> OutRows:
         (rows,) = self._state_rows.rows(k)  # qpos, qvel and ctrl are columns of these rows
-        return OutRows(rows, self._cols[0].start, rows, self._cols[1].start, rows,
-                       self._cols[2].start, self.nq, self.nv)
+        oq, ov, oc = self._state_cols
+        return OutRows(rows, oq, rows, ov, rows, oc, self.nq, self.nv)
 
     def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, rows: OutRows,
                     rand: RandomizationRows | None) -> None:
@@ -198,7 +205,7 @@ class MujocoBackend(RowBackend):
                     m.geom_rbound[sized] * scale
 
     def _forward(self, ids: np.ndarray, index: Any) -> None:
-        forward_rows(self.batch, ids)
+        self._fk(ids)
 
     def _refresh_pose(self, ids: np.ndarray) -> None:
         """Poses of the rows from the engine's last call on them."""

@@ -275,12 +275,12 @@ def make_floor(backend: Any, env_ids: np.ndarray, qpos: np.ndarray, qvel: np.nda
     rows[:, cq] = q
     rows[:, cv] = qvel
     rows[:, cc] = np.clip(q[:, 7 + info.actuator_joint], lo, hi)
-    state, warning = backend._state, backend._warning
+    state, warning, fk = backend._state, backend._warning, forward_rows(b)
 
     def mujoco_floor() -> None:
         state[ids] = rows
         warning[ids] = 0
-        forward_rows(b, ids)  # the engine's call on ids checked here, as set_state's
+        fk(ids)  # the engine's call on ids checked here, as set_state's
 
     return mujoco_floor
 
