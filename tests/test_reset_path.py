@@ -54,6 +54,55 @@ def test_bad_ids_name_the_id_and_touch_nothing(name, ids, match) -> None:
         np.testing.assert_array_equal(x, y)
 
 
+def _bad_last_row(field: str, q: np.ndarray, v: np.ndarray) -> None:
+    if field == "nan_qpos":
+        q[-1, 9] = np.nan
+    elif field == "inf_qvel":
+        v[-1, 4] = np.inf
+    else:
+        q[-1, 3:7] = 0.0
+
+
+@pytest.mark.parametrize("name", ["mujoco", "motrix"])
+@pytest.mark.parametrize("ids", [np.array([2, 5, 9, 17]), np.array([17, 2, 9, 5])])
+@pytest.mark.parametrize("field,match", [("nan_qpos", "qpos has a non-finite"),
+                                         ("inf_qvel", "qvel has a non-finite"),
+                                         ("zero_quat", "zero base quaternion")])
+def test_a_bad_last_row_touches_no_row(name, ids, field, match) -> None:
+    """The pass writes engine rows itself (MuJoCo: the state rows): a bad value in the
+    last row, found after the earlier rows were converted, leaves every row as it was."""
+    b = _make(name)
+    b.step(np.zeros((N, b.nu)), 2)
+    before = _state(b)
+    raw = np.array(b._state) if name == "mujoco" else None
+    q, v = stand_rows(b, len(ids), np.random.default_rng(5))
+    _bad_last_row(field, q, v)
+    with pytest.raises(ValueError, match=match):
+        b.set_state(ids, q, v)
+    for x, y in zip(before, _state(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+    if raw is not None:
+        np.testing.assert_array_equal(raw, b._state)
+
+
+@pytest.mark.parametrize("name", ["mujoco", "motrix"])
+def test_a_bad_randomization_payload_touches_no_row(name) -> None:
+    from resettrace.randomization import RandomizationRows
+
+    b = _make(name)
+    b.step(np.zeros((N, b.nu)), 2)
+    before = _state(b)
+    raw = np.array(b._state) if name == "mujoco" else None
+    q, v = stand_rows(b, 3, np.random.default_rng(6))
+    bad = RandomizationRows(friction=np.array([1.0, np.nan, 1.0]))
+    with pytest.raises(ValueError, match="friction must be finite"):
+        b.set_state(np.array([4, 1, 8]), q, v, randomization=bad)
+    for x, y in zip(before, _state(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+    if raw is not None:
+        np.testing.assert_array_equal(raw, b._state)
+
+
 def test_mujoco_writes_whole_fresh_state_rows() -> None:
     """After steps have filled every state component, set_state's one scatter leaves each
     reset row as a fresh engine reset followed by the qpos, qvel and ctrl writes, also
@@ -67,7 +116,10 @@ def test_mujoco_writes_whole_fresh_state_rows() -> None:
             be.step(np.random.default_rng(1).normal(0, 0.5, (N, be.nu)), 3)
     for ids in (np.array([3]), np.array([0, 2, 3, 7, 8, 11, 12, 19, 20, 23])):  # k grows
         q, v = stand_rows(b, len(ids), rng)
+        b._warning[:] = twin._warning[:] = 7  # counters a reset clears (its rows only)
         b.set_state(ids, q, v)
+        assert (b._warning[ids] == 0).all()
+        np.testing.assert_array_equal(np.delete(b._warning, ids, axis=0), 7)
         # the published path: the engine's reset, then each field written
         twin.batch.reset(ids, stage=_STAGE_NONE)
         tq = np.array(q)

@@ -9,7 +9,8 @@ engine writes:
 mask           ``id_array``: the ids are a 1-D integer array (no pass over them)
 qpos_convert   one compiled pass (``convert_rows``): the ids checked sorted, unique and
                in range into the int32 index (unsorted ids: sorted first, then a second
-               pass), the rows into the scratch rows (:meth:`RowBackend._reset_rows`);
+               pass), the rows into the scratch rows (:meth:`RowBackend._reset_rows`),
+               and the rows marked: pose cache stale, and kinematics stale when lazy;
                then the randomization rows checked and put in id order
 (engine)       :meth:`RowBackend._write_rows`, each engine's own phases
 =============  ========================================================================
@@ -32,6 +33,7 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
+from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import OutRows, convert_rows, id_array
 from resettrace.contract import MAX_ENVS, BackendInfo, SetStateResult
 from resettrace.model_facts import keyframe_qpos
@@ -77,6 +79,11 @@ class Scratch:
         return tuple([b[:k] for b in self._bufs])
 
 
+#: what :meth:`RowBackend._reset_rows` gives the compiled pass: output rows, the engine
+#: state rows it scatters them to (or None), their warning counters (or None)
+PassTarget = tuple[OutRows, np.ndarray | None, np.ndarray | None]
+
+
 class RowBackend:
     """The shared reset path of the bundled backends (see the module docstring)."""
 
@@ -86,6 +93,8 @@ class RowBackend:
     nv: int
     nu: int
     info: BackendInfo
+    #: the rows' body poses, read back lazily (set by the subclass before its first reset)
+    poses: PoseCache
     #: where set_state is recorded when no recorder is bound (``None``: the default
     #: session's); a bound recorder (``resettrace.bind``) wins, so that set_state nests
     #: in the caller's trace
@@ -118,11 +127,10 @@ class RowBackend:
             self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
 
     def _kinematics(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any) -> None:
-        """Forward kinematics of the reset rows: now (eager), or marked stale (lazy)."""
-        with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
-            if self.lazy_kinematics:
-                self._kin_stale[ids] = True
-            else:
+        """Forward kinematics of the reset rows when eager; lazy, the compiled pass has
+        marked them stale and nothing runs here (the key reads 0.0)."""
+        if not self.lazy_kinematics:
+            with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
                 self._forward(ids, index)
 
     def _fresh_kinematics(self, rows: np.ndarray, index: Any = None) -> None:
@@ -153,23 +161,31 @@ class RowBackend:
                 ids_in = id_array(env_ids)
                 k = ids_in.size
             with rec.scope(C.SET_STATE_QPOS_CONVERT):
-                out = self._reset_rows(k)
+                if randomization is not None:
+                    randomization.validate(k)  # before the pass: it may write the engine
+                    if randomization.empty:
+                        randomization = None
+                out, state, warning = self._reset_rows(k)
                 ids, order = convert_rows(ids_in, self.num_envs, self._ids.rows(k)[0], qpos,
                                           qvel, out, self._act_qadr, self._ctrl_lo,
-                                          self._ctrl_hi, xyzw=self._xyzw)
-                if randomization is not None:
-                    randomization.validate(k)
-                    if order is not None:
-                        randomization = reorder_rows(randomization, order)
+                                          self._ctrl_hi, xyzw=self._xyzw,
+                                          fresh=self.poses.fresh, stale=self._kin_stale,
+                                          lazy=bool(self.lazy_kinematics), state=state,
+                                          warning=warning)
+                if randomization is not None and order is not None:
+                    randomization = reorder_rows(randomization, order)
             if k:
                 self._write_rows(rec, ids, out, randomization)
         return {"timing": t} if (t := outer.timing()) is not None else None
 
     # -- each engine's own -----------------------------------------------------------------
-    def _reset_rows(self, k: int) -> OutRows:
-        """k scratch rows of qpos, qvel and ctrl for the compiled pass to fill."""
+    def _reset_rows(self, k: int) -> PassTarget:
+        """Where the compiled pass writes k rows: the output rows, the engine's state rows
+        it scatters them to itself (``state[ids] = rows``, or None) and their warning
+        counters (or None). Here: k scratch rows of qpos, qvel and ctrl, nothing
+        scattered."""
         q, v, ctrl = self._scratch.rows(k)
-        return OutRows(q, 0, v, 0, ctrl, 0, self.nq, self.nv)
+        return OutRows(q, 0, v, 0, ctrl, 0, self.nq, self.nv), None, None
 
     def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, rows: OutRows,
                     rand: RandomizationRows | None) -> None:

@@ -11,10 +11,18 @@ clipped to the control range. qpos, qvel and the targets go to columns ``oq``, `
 and on from ``oc`` of their output rows, which may be one array (the MuJoCo backend's whole
 state rows): C-contiguous outputs keep the call's own cost (argument dispatch) low.
 
+Once everything checked out it marks the rows' pose cache stale (``fresh[id] = False``)
+and, with ``lazy``, their kinematics stale (``stale[id] = True``); given an engine state
+array ``state`` (``num_envs`` rows; :data:`NO_STATE` for none) it copies the whole output
+rows ``q_out`` into ``state[ids]`` and zeroes ``warning[ids]`` (when ``warning`` has rows):
+the MuJoCo backend's data reset, in the same call. Each numpy call this saves would run on
+the caches the engine's last call evicted.
+
 It returns ``(code, row, col)``: 0 when the ids and rows are good, else the first problem
 (:data:`BAD_ID` at position ``row`` of the ids, :data:`UNSORTED` ids at ``row``: the
 caller sorts them and calls again with the order, :data:`BAD_QPOS`, :data:`BAD_QVEL`,
-:data:`ZERO_QUAT` at the caller's row ``row``); nothing has reached an engine then.
+:data:`ZERO_QUAT` at the caller's row ``row``); nothing has reached an engine, and no
+mark is set, then.
 """
 
 from __future__ import annotations
@@ -24,18 +32,22 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["prepare_rows", "NO_ORDER", "OK", "BAD_QPOS", "BAD_QVEL", "ZERO_QUAT", "BAD_ID",
-           "UNSORTED"]
+__all__ = ["prepare_rows", "NO_ORDER", "NO_STATE", "NO_WARNING", "OK", "BAD_QPOS", "BAD_QVEL",
+           "ZERO_QUAT", "BAD_ID", "UNSORTED"]
 
 OK, BAD_QPOS, BAD_QVEL, ZERO_QUAT, BAD_ID, UNSORTED = 0, 1, 2, 3, 4, 5
 #: ``order`` argument for rows already in id order
 NO_ORDER = np.zeros(0, np.int64)
+#: ``state`` and ``warning`` arguments when no engine state is written in the pass
+NO_STATE = np.zeros((0, 0), np.float64)
+NO_WARNING = np.zeros((0, 0, 0), np.int32)
 _QUAT_EPS = 1e-9
 
 
 @njit(cache=True)
 def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, oq, v_out, ov,
-                 ctrl_out, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw):  # pragma: no cover
+                 ctrl_out, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw, fresh, stale,
+                 lazy, state, warning):  # pragma: no cover
     k, nq = q_in.shape
     prev = np.int64(-1)
     for i in range(k):
@@ -83,4 +95,17 @@ def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, oq, v_out,
             elif c > ctrl_hi[a]:
                 c = ctrl_hi[a]
             ctrl_out[i, oc + a] = c
+    for i in range(k):
+        r = ids_out[i]
+        fresh[r] = False
+        if lazy:
+            stale[r] = True
+    if state.shape[0]:
+        width = state.shape[1]
+        for i in range(k):
+            r = ids_out[i]
+            for j in range(width):
+                state[r, j] = q_out[i, j]
+            if warning.shape[0]:
+                warning[r] = 0
     return OK, 0, 0

@@ -110,14 +110,20 @@ class OutRows(NamedTuple):
 
 def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: object,
                  qvel: object, out: OutRows, act_qadr: np.ndarray, ctrl_lo: np.ndarray,
-                 ctrl_hi: np.ndarray, *, xyzw: bool) -> tuple[np.ndarray, np.ndarray | None]:
+                 ctrl_hi: np.ndarray, *, xyzw: bool, fresh: np.ndarray, stale: np.ndarray,
+                 lazy: bool, state: np.ndarray | None = None, warning: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Validate the caller's ids and rows and write the engine's index and rows.
 
     ``ids_in`` is :func:`id_array`'s; ``ids_out`` (int32) and ``out`` (any float dtype)
     are ``k``-row scratch. Returns the sorted int32 ids (``ids_out``, or :func:`check_ids`' for ids
     that are not sorted) and the order that put the caller's rows in id order (None when
     they were): qpos and qvel in id order, the base quaternion normalised (and reordered
-    to xyzw when ``xyzw``), the targets holding the new joint pose. One compiled pass
+    to xyzw when ``xyzw``), the targets holding the new joint pose; once all is good the
+    rows are marked in the bool arrays ``fresh`` (False: pose cache stale) and, with
+    ``lazy``, ``stale`` (True: kinematics stale), and, given the engine's float64 state
+    rows ``state`` and int32 ``warning`` counters (``out.q`` then holds whole state rows),
+    ``state[ids] = out.q[:k]`` and ``warning[ids] = 0`` written. One compiled pass
     (:mod:`resettrace.backends._kernels`), two for unsorted ids; ``ValueError`` naming
     the caller's id or row on a bad id, a wrong shape, a non-finite or (for float32
     scratch) too large value, or a zero quaternion.
@@ -131,12 +137,18 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
         return ids_out, None
     order: np.ndarray | None = None
     q, oq, v, ov, c, oc = out[:6]
+    if state is None:
+        state = K.NO_STATE
+    if warning is None:
+        warning = K.NO_WARNING
     code, row, col = K.prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, K.NO_ORDER, q, oq,
-                                    v, ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw)
+                                    v, ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw, fresh,
+                                    stale, lazy, state, warning)
     if code == K.UNSORTED:  # sort (and check unique) here, then the compiled pass again
         ids, order = check_ids(ids_in, num_envs)
         code, row, col = K.prepare_rows(ids, num_envs, ids_out, q_in, v_in, order, q, oq, v,
-                                        ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw)
+                                        ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw, fresh,
+                                        stale, lazy, state, warning)
     if code == K.OK:
         return ids_out, order
     if code == K.BAD_ID:

@@ -11,7 +11,8 @@ mask               the ids are a 1-D integer array (no bool mask: slicing by one
 qpos_convert       one compiled pass: check the ids (sorted, unique, in range) into an
                    int32 index, validate qpos/qvel, normalise the base quaternion,
                    contract **wxyz** to engine **xyzw**, compute the actuator targets,
-                   into reused float32 scratch rows
+                   into reused float32 scratch rows, and mark the rows' pose cache stale
+                   (and, lazy, their kinematics)
 data_slice         ``data[DisjointIndices(ids)]``: a handle on the k rows, O(k); the
                    handles of 16 id sets are kept (the oldest built goes first), and
                    ids that repeat reuse theirs (the lazy pose read of the same rows too)
@@ -24,14 +25,16 @@ geom_overrides     per-env contact-geom sizes of the k rows (``set_size_override
 set_dof_vel/pos    0.0: covered by the fused ``data_reset`` call
 actuator_ctrl      ``sub.actuator_ctrls = ctrl`` (full ``(k, nu)``): position targets hold
                    the new joint pose, clipped to the control range
-forward_kinematic  lazy (default): the k rows' kinematics are marked stale (O(k)) and
-                   computed (``model.forward_kinematic`` on the stale rows) when their poses
+forward_kinematic  lazy (default): 0.0, nothing runs here (the qpos_convert pass marks
+                   the rows stale); their kinematics are computed
+                   (``model.forward_kinematic`` on the stale rows) when their poses
                    are read, timed in the reader's phase, or not at all when the next
                    physics step comes first (it recomputes them: eager and lazy runs are
                    bit-identical); eager (``lazy_kinematics = False``):
                    ``model.forward_kinematic(sub)`` here, or, with no randomization
                    payload, inside the ``data_reset`` call (0.0 here; see below)
-refresh_pose_cache mark the k rows' pose cache stale (O(k)): poses are read back lazily,
+refresh_pose_cache 0.0: the qpos_convert pass marks the rows' pose cache stale; poses
+                   are read back lazily,
                    for the rows asked, by ``get_body_pose_rows`` (one
                    ``model.get_link_poses`` on those rows), so their cost is timed where
                    they are read (e.g. the reset observation)
@@ -366,8 +369,6 @@ class MotrixBackend(RowBackend):
         model, q, v, ctrl = self.model, rows.q, rows.v, rows.ctrl
         with rec.scope(C.SET_STATE_DATA_SLICE):
             sub = self._slice(ids)
-        if rand is not None and rand.empty:
-            rand = None
         # eager kinematics with no override to come between: in the reset call itself
         fused = not self.lazy_kinematics and rand is None
         with rec.scope(C.SET_STATE_DATA_RESET), _G_RESET:
@@ -378,9 +379,7 @@ class MotrixBackend(RowBackend):
         with rec.scope(C.SET_STATE_ACTUATOR_CTRL), _G_CTRL:
             sub.actuator_ctrls = ctrl  # computed with the rows in qpos_convert
         if not fused:
-            self._kinematics(rec, ids, sub)
-        with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
-            self.poses.mark_stale(ids)  # read back lazily by get_body_pose_rows
+            self._kinematics(rec, ids, sub)  # the pose cache: marked stale in qpos_convert
 
     def _overrides(self) -> dict[str, Any]:
         """The engine's per-env override handles and their model values (made on first use)."""

@@ -10,28 +10,32 @@ mask               the ids are a 1-D integer array
 qpos_convert       one compiled pass: check the ids (sorted, unique, in range) into an
                    int32 index, validate qpos/qvel, normalise the base quaternion, compute
                    the actuator targets, into reused **whole state rows** (the state row of
-                   a freshly reset env, with qpos, qvel and ctrl in their columns)
+                   a freshly reset env, with qpos, qvel and ctrl in their columns); once
+                   all is good, the same pass writes them into the engine's state rows of
+                   the k envs (a fresh reset, the new qpos, qvel and controls:
+                   ``Batch.reset(ids, stage=NONE)`` and three row writes in one), clears
+                   their warning counters and marks their pose cache stale (and, lazy,
+                   their kinematics)
 reset_rand         per-env friction, mass (then ``set_const``), kp/kd of the k rows
 geom_overrides     per-env contact geom sizes (and bounding radii) of the k rows
-data_reset         one scatter of those state rows into the k rows (a fresh reset, the
-                   new qpos, qvel and controls: ``Batch.reset(ids, stage=NONE)`` and three
-                   row writes in one) and their warning counters cleared
+data_reset         0.0: the state rows are written by the qpos_convert pass
 set_dof_pos/vel    0.0: written with the state rows
 actuator_ctrl      0.0: written with the state rows (the targets hold the new joint pose)
-forward_kinematic  lazy (default): the k rows' kinematics are marked stale (O(k)) and
+forward_kinematic  lazy (default): 0.0, nothing runs here; the k rows' kinematics are
                    computed (``forward(ids, stage=POS)`` of the stale rows) when their poses
                    are read, timed in the reader's phase, or not at all when the next
                    physics step, which recomputes them, comes first; eager
                    (``lazy_kinematics = False``): ``forward(ids, stage=POS)`` here
-refresh_pose_cache mark the k rows' pose cache stale (O(k)): ``get_body_pose_rows``
-                   copies ``xpos``/``xquat`` of the rows asked when they are read, so that
-                   cost is timed where the poses are read (e.g. the reset observation)
+refresh_pose_cache 0.0: the pass marks the rows stale; ``get_body_pose_rows`` copies
+                   ``xpos``/``xquat`` of the rows asked when they are read, so that cost is
+                   timed where the poses are read (e.g. the reset observation)
 =================  ====================================================================
 
 ``reset_rand`` and ``geom_overrides`` run only with a randomization payload
 (:class:`~resettrace.randomization.RandomizationRows`); the batch then keeps
-per-env copies of those model fields. They run before the state rows are written (they
-change model fields only: ``set_const`` leaves the state rows as they were).
+per-env copies of those model fields. They run after the state rows are written (they
+change model fields only: ``set_const`` leaves the state rows as they were); the payload is
+validated before the pass, so a bad one leaves every row untouched.
 ``data_slice`` (no slice handle: rows are indexed directly), ``clear_forces`` (applied
 forces are state rows, zeroed by the data reset), ``invalidate_velocity``, ``pool_reset``
 and ``state_scatter`` (the rows are written in place) do not apply and are reported as
@@ -50,7 +54,7 @@ import numpy as np
 from mujoco import batch as mj_batch
 
 from resettrace import catalog as C
-from resettrace.backends._base import RowBackend, Scratch, check_num_envs
+from resettrace.backends._base import PassTarget, RowBackend, Scratch, check_num_envs
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import OutRows
 from resettrace.model_facts import (
@@ -151,21 +155,19 @@ class MujocoBackend(RowBackend):
             self._kin_stale[:] = False  # the step computed every row's kinematics
         self.poses.mark_stale()
 
-    def _reset_rows(self, k: int) -> OutRows:
+    def _reset_rows(self, k: int) -> PassTarget:
         (rows,) = self._state_rows.rows(k)  # qpos, qvel and ctrl are columns of these rows
         oq, ov, oc = self._state_cols
-        return OutRows(rows, oq, rows, ov, rows, oc, self.nq, self.nv)
+        # the pass writes them into the engine's state rows and clears the warnings
+        return (OutRows(rows, oq, rows, ov, rows, oc, self.nq, self.nv), self._state,
+                self._warning)
 
     def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, rows: OutRows,
                     rand: RandomizationRows | None) -> None:
-        if rand is not None and not rand.empty:
+        # qpos_convert's pass has written the state rows and cleared the warning counters
+        if rand is not None:
             self._randomize(rec, ids, rand)
-        with rec.scope(C.SET_STATE_DATA_RESET):
-            self._state[ids] = rows.q  # the whole rows qpos_convert wrote
-            self._warning[ids] = 0  # warning counters live outside the state rows
-        self._kinematics(rec, ids, None)
-        with rec.scope(C.SET_STATE_REFRESH_POSE_CACHE):
-            self.poses.mark_stale(ids)  # read back lazily by get_body_pose_rows
+        self._kinematics(rec, ids, None)  # the pose cache: marked stale in qpos_convert
 
     def _expanded(self, name: str) -> np.ndarray:
         """The per-env copy of a model field (made on first use: it costs memory)."""
