@@ -77,7 +77,7 @@ def test_overhead_json(tmp_path) -> None:
     assert all(len(v) == 2 for v in data["repeats"].values())
     assert data["aa_spread"] >= 0 and data["traced_ns"]["on"] > 0
     assert 0 < data["noop_share"] < 0.5
-    # reset_done, its stages and set_state's phases (lazy MuJoCo: set_state, mask, qpos_convert)
+    # reset_done, its stages and set_state's phases (lazy MuJoCo: set_state, qpos_convert)
     assert data["scopes_per_reset"] >= 10
     otlp = data["export"]["otlp"]
     assert otlp["exporters"]["otlp"]["undelivered"] == 0

@@ -56,7 +56,7 @@ def test_env_step_span_tree_and_attributes(trace_session) -> None:
         assert s.attributes[C.ATTR_BACKEND] == "mujoco"
         assert s.attributes[C.ATTR_TASK] == "g1_walk_flat"
     for name in (C.RESET_DONE.span, C.DR_RESET.span, C.SET_STATE.span,
-                 C.SET_STATE_MASK.span, C.DR_RESET_PLAN.span):
+                 C.SET_STATE_QPOS_CONVERT.span, C.DR_RESET_PLAN.span):
         assert by_name[name].attributes[C.ATTR_RESET_COUNT] == len(ids)
     assert C.ATTR_RESET_COUNT not in by_name[C.PHYSICS.span].attributes
     # the reset rows start a new episode with a fresh observation

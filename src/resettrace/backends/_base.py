@@ -6,12 +6,14 @@ shrunk), the start of every env at the keyframe, and ``set_state`` itself up to 
 engine writes:
 
 =============  ========================================================================
-mask           ``id_array``: the ids are a 1-D integer array (no pass over them)
-qpos_convert   one compiled pass (``convert_rows``): the ids checked sorted, unique and
-               in range into the int32 index (unsorted ids: sorted first, then a second
-               pass), the rows into the scratch rows (:meth:`RowBackend._reset_rows`),
-               and the rows marked: pose cache stale, and kinematics stale when lazy;
-               then the randomization rows checked and put in id order
+mask           0.0: no bool mask is built; the ids are checked in qpos_convert
+qpos_convert   ``id_array`` (the ids are a 1-D integer array), the randomization rows
+               checked, then one compiled pass (``convert_rows``): the ids checked
+               sorted, unique and in range into the int32 index (unsorted ids: sorted
+               first, then a second pass), the rows into the scratch rows
+               (:meth:`RowBackend._reset_rows`; on MuJoCo written into the engine's
+               state rows by the same pass), and the rows marked: pose cache stale, and
+               kinematics stale when lazy; then the randomization rows put in id order
 (engine)       :meth:`RowBackend._write_rows`, each engine's own phases
 =============  ========================================================================
 
@@ -157,10 +159,10 @@ class RowBackend:
         randomization = as_rows(randomization)
         rec = current_recorder(self.recorder)
         with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
-            with rec.scope(C.SET_STATE_MASK):
+            # no mask phase: the ids are checked and indexed in the compiled pass
+            with rec.scope(C.SET_STATE_QPOS_CONVERT):
                 ids_in = id_array(env_ids)
                 k = ids_in.size
-            with rec.scope(C.SET_STATE_QPOS_CONVERT):
                 if randomization is not None:
                     randomization.validate(k)  # before the pass: it may write the engine
                     if randomization.empty:

@@ -7,12 +7,13 @@ repeat; fused reset + DoF write; controls; eager kinematics of the k rows, fused
 reset when no randomization comes between):
 
 =================  ====================================================================
-mask               the ids are a 1-D integer array (no bool mask: slicing by one is O(N))
-qpos_convert       one compiled pass: check the ids (sorted, unique, in range) into an
-                   int32 index, validate qpos/qvel, normalise the base quaternion,
-                   contract **wxyz** to engine **xyzw**, compute the actuator targets,
-                   into reused float32 scratch rows, and mark the rows' pose cache stale
-                   (and, lazy, their kinematics)
+mask               0.0: the ids are checked in qpos_convert (no bool mask: slicing by one
+                   is O(N))
+qpos_convert       the ids a 1-D integer array; then one compiled pass: check the ids
+                   (sorted, unique, in range) into an int32 index, validate qpos/qvel,
+                   normalise the base quaternion, contract **wxyz** to engine **xyzw**,
+                   compute the actuator targets, into reused float32 scratch rows, and
+                   mark the rows' pose cache stale (and, lazy, their kinematics)
 data_slice         ``data[DisjointIndices(ids)]``: a handle on the k rows, O(k); the
                    handles of 16 id sets are kept (the oldest built goes first), and
                    ids that repeat reuse theirs (the lazy pose read of the same rows too)

@@ -6,16 +6,16 @@ when k exceeds them), and the engine is called once (``forward`` of the k rows, 
 only):
 
 =================  ====================================================================
-mask               the ids are a 1-D integer array
-qpos_convert       one compiled pass: check the ids (sorted, unique, in range) into an
-                   int32 index, validate qpos/qvel, normalise the base quaternion, compute
-                   the actuator targets, into reused **whole state rows** (the state row of
-                   a freshly reset env, with qpos, qvel and ctrl in their columns); once
-                   all is good, the same pass writes them into the engine's state rows of
-                   the k envs (a fresh reset, the new qpos, qvel and controls:
-                   ``Batch.reset(ids, stage=NONE)`` and three row writes in one), clears
-                   their warning counters and marks their pose cache stale (and, lazy,
-                   their kinematics)
+mask               0.0: the ids are checked in qpos_convert (no bool mask)
+qpos_convert       the ids a 1-D integer array; then one compiled pass: check the ids
+                   (sorted, unique, in range) into an int32 index, validate qpos/qvel,
+                   normalise the base quaternion, compute the actuator targets, into
+                   reused **whole state rows** (the state row of a freshly reset env, with
+                   qpos, qvel and ctrl in their columns); once all is good, the same pass
+                   writes them into the engine's state rows of the k envs (a fresh reset,
+                   the new qpos, qvel and controls: ``Batch.reset(ids, stage=NONE)`` and
+                   three row writes in one), clears their warning counters and marks their
+                   pose cache stale (and, lazy, their kinematics)
 reset_rand         per-env friction, mass (then ``set_const``), kp/kd of the k rows
 geom_overrides     per-env contact geom sizes (and bounding radii) of the k rows
 data_reset         0.0: the state rows are written by the qpos_convert pass
