@@ -171,3 +171,34 @@ def test_mujoco_forward_falls_back_to_the_public_call() -> None:
     fast = np.array(b._xpos[ids])
     b.batch.forward(ids, stage=_STAGE_POS)
     np.testing.assert_array_equal(fast, b._xpos[ids])
+
+
+def test_the_pass_refuses_engine_arrays_it_would_index_past() -> None:
+    """The compiled pass writes marks and state rows by id with no bounds checks: arrays
+    shorter than num_envs (or state rows of another width) are refused before it runs."""
+    from resettrace.backends._validate import OutRows, convert_rows
+
+    b = _make("mujoco")
+    ids = np.array([1, N - 1])
+    q, v = stand_rows(b, 2, np.random.default_rng(7))
+    (rows,) = b._state_rows.rows(2)
+    out = OutRows(rows, b._state_cols[0], rows, b._state_cols[1], rows, b._state_cols[2],
+                  b.nq, b.nv)
+    ok = np.zeros(N, bool)
+
+    def call(**kw):
+        args = {"fresh": ok, "stale": ok, "state": np.array(b._state),
+                "warning": np.array(b._warning)} | kw
+        return convert_rows(ids, N, np.zeros(2, np.int32), q, v, out, b._act_qadr,
+                            b._ctrl_lo, b._ctrl_hi, xyzw=False, lazy=True, **args)
+
+    for kw, match in (({"fresh": np.zeros(N - 1, bool)}, "row marks"),
+                      ({"stale": np.zeros(3, bool)}, "row marks"),
+                      ({"state": np.zeros((N - 1, rows.shape[1]))}, "state rows"),
+                      ({"state": np.zeros((N, rows.shape[1] - 1))}, "state rows"),
+                      ({"warning": np.zeros((N - 1, 7, 2), np.int32)}, "warning counters")):
+        with pytest.raises(ValueError, match=match):
+            call(**kw)
+    state = np.array(b._state)
+    call(state=state)  # the right sizes: the rows are written
+    np.testing.assert_array_equal(state[ids], rows)

@@ -137,10 +137,17 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
         return ids_out, None
     order: np.ndarray | None = None
     q, oq, v, ov, c, oc = out[:6]
+    if fresh.shape[0] < num_envs or stale.shape[0] < num_envs:  # the pass marks them
+        raise ValueError(f"row marks {fresh.shape}, {stale.shape} do not hold {num_envs} rows")
     if state is None:
         state = K.NO_STATE
+    elif state.shape[0] < num_envs or state.shape[1] != q.shape[1]:  # the pass indexes them
+        raise ValueError(f"state rows {state.shape} do not hold {num_envs} rows of the "
+                         f"output rows' width {q.shape[1]}")
     if warning is None:
         warning = K.NO_WARNING
+    elif warning.shape[0] < num_envs:
+        raise ValueError(f"warning counters {warning.shape} do not hold {num_envs} rows")
     code, row, col = K.prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, K.NO_ORDER, q, oq,
                                     v, ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw, fresh,
                                     stale, lazy, state, warning)
