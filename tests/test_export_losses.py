@@ -340,6 +340,36 @@ def test_a_long_run_never_stalls_on_the_status_pipe(monkeypatch: pytest.MonkeyPa
     assert report["exporters"]["otlp"]["delivered"] == received == 3 * 16_700
 
 
+def test_a_flush_acknowledged_into_a_full_status_pipe_still_arrives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export process acknowledges a flush on its status pipe without blocking; when the
+    pipe is full then, the acknowledgement must follow once the training process reads
+    again, with no further frame to prompt it (it used to wait for one: a flush then timed
+    out although everything was exported)."""
+    import time
+
+    from resettrace.tracing import export_process
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "0")  # an export call per wake-up ...
+    monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # ... and one per trace
+    session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 's.jsonl'}",)))
+    proc = session.process
+    assert proc is not None
+    monkeypatch.setattr(proc, "_read_status", lambda: None)  # a parent that reads nothing
+    for _ in range(700):  # a status line each: over the 64 KiB the pipe holds
+        _traces(session, 1)
+        time.sleep(0.002)
+    assert not proc.flush(1.0)  # acknowledged into the full pipe, which nobody reads
+    monkeypatch.undo()  # the parent reads again and sends nothing more
+    deadline = time.monotonic() + 10
+    while int(proc._status.get("flush", 0)) < proc._flush_seq and time.monotonic() < deadline:
+        proc._read_status()
+        time.sleep(0.02)
+    assert int(proc._status.get("flush", 0)) == proc._flush_seq
+    assert proc._status["exported"] == {f"file:{tmp_path / 's.jsonl'}": 3 * 700}
+    session.shutdown()
+
+
 def test_held_traces_are_pending_until_packed_and_a_flush_delivers_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json

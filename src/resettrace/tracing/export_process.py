@@ -698,6 +698,12 @@ class _Child:
         # replaced by the newer; only a line already begun is finished first.
         rest = self.unsent[:self.unsent.index(b"\n") + 1] if self.partial else b""
         self.unsent = rest + line.encode() + b"\n"
+        self.write_status(final)
+
+    def write_status(self, final: bool = False) -> None:
+        """Write what the status pipe takes of the unsent status now (all of it, waiting,
+        when ``final``); the rest is written when the pipe has room again (:meth:`run`
+        waits for that too: a flush acknowledged into a full pipe must still arrive)."""
         fd = sys.stdout.fileno()
         try:
             os.set_blocking(fd, final)  # the last status waits: the training process reads it
@@ -740,10 +746,13 @@ class _Child:
             wait = None  # nothing waits to be exported: sleep until the pipe has data
             if self.batch_since:
                 wait = max(0.0, self.batch_since + self.batch_delay - time.monotonic())
+            out = [sys.stdout.fileno()] if self.unsent else []  # a status waits for room
             try:
-                ready, _, _ = select.select([fd], [], [], wait)
+                ready, room, _ = select.select([fd], out, [], wait)
             except InterruptedError:
-                ready = []
+                ready, room = [], []
+            if room:
+                self.write_status()
             if ready:
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
