@@ -16,6 +16,23 @@ def stand_rows(backend, k: int, rng: np.random.Generator | None = None):
     return q, v
 
 
+def reset_timings(backend, ks, rng: np.random.Generator):
+    """``(lazy, timing)`` of one ``set_state`` of k sorted random rows per k in ``ks``, in
+    each kinematics mode (lazy first); each timing checked: the 16 keys, floats >= 0."""
+    from resettrace import catalog as C
+
+    for lazy in (True, False):
+        backend.lazy_kinematics = lazy
+        for k in ks:
+            ids = np.sort(rng.choice(backend.num_envs, k, replace=False))
+            out = backend.set_state(ids, *stand_rows(backend, k, rng))
+            assert out is not None
+            timing = out["timing"]
+            assert tuple(timing) == C.SET_STATE_KEYS
+            assert all(isinstance(x, float) and x >= 0.0 for x in timing.values()), timing
+            yield lazy, timing
+
+
 class FakeClock:
     """perf_counter_ns stand-in for the recorder: tests advance ``now`` by hand."""
 

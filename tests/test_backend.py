@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import resettrace
-from helpers import stand_rows
+from helpers import reset_timings, stand_rows
 from resettrace import catalog as C
 from resettrace.contract import SimBackend
 from resettrace.tracing.session import Tracing
@@ -47,22 +47,13 @@ def test_off_mode_returns_none(off_backend) -> None:
 def test_timing_schema_every_key_every_call(timing_session) -> None:
     b = resettrace.make_backend("mujoco", num_envs=N, tracing=timing_session)
     rng = np.random.default_rng(1)
-    for lazy in (True, False):
-        b.lazy_kinematics = lazy
-        for k in (1, 3, 17, N):
-            ids = np.sort(rng.choice(N, k, replace=False))
-            q, v = stand_rows(b, k, rng)
-            out = b.set_state(ids, q, v)
-            assert out is not None
-            timing = out["timing"]
-            assert tuple(timing) == C.SET_STATE_KEYS
-            assert all(isinstance(x, float) and x >= 0.0 for x in timing.values()), timing
-            assert timing["set_state_qpos_convert_ms"] > 0.0  # the pass writes the rows too
-            # lazy: nothing of the kinematics runs inside set_state (the pass marks them)
-            assert (timing["set_state_forward_kinematic_ms"] > 0.0) is not lazy
-            for key in ("set_state_data_slice_ms", "set_state_data_reset_ms",
-                        "set_state_refresh_pose_cache_ms", "set_state_actuator_ctrl_ms"):
-                assert timing[key] == 0.0, key  # in the pass, or does not apply on MuJoCo
+    for lazy, timing in reset_timings(b, (1, 3, 17, N), rng):
+        assert timing["set_state_qpos_convert_ms"] > 0.0  # the pass writes the rows too
+        # lazy: nothing of the kinematics runs inside set_state (the pass marks them)
+        assert (timing["set_state_forward_kinematic_ms"] > 0.0) is not lazy
+        for key in ("set_state_data_slice_ms", "set_state_data_reset_ms",
+                    "set_state_refresh_pose_cache_ms", "set_state_actuator_ctrl_ms"):
+            assert timing[key] == 0.0, key  # in the pass, or does not apply on MuJoCo
     b.close()
 
 

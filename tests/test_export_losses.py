@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -310,12 +311,24 @@ def test_spans_whose_answer_timed_out_are_counted_as_timed_out(protocol: str) ->
     assert "12 of them timed out" in render_export(session.export_report())
 
 
+def _fill_the_status_pipe(session: Tracing, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A training process that reads none of the export process's status lines (until
+    ``monkeypatch.undo()``) while 700 traces make one each: over the 64 KiB a pipe holds."""
+    import time
+
+    proc = session.process
+    assert proc is not None
+    monkeypatch.setattr(proc, "_read_status", lambda: None)
+    for _ in range(700):
+        _traces(session, 1)
+        time.sleep(0.002)
+    return proc
+
+
 def test_a_long_run_never_stalls_on_the_status_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Thousands of export calls, each followed by a status line: the export process must
     never block on a status pipe the training process reads seldom (it used to, after 64
     KiB, and from then on every trace was dropped)."""
-    import time
-
     from resettrace.testing.receivers import GrpcReceiver
     from resettrace.tracing import export_process
 
@@ -324,12 +337,7 @@ def test_a_long_run_never_stalls_on_the_status_pipe(monkeypatch: pytest.MonkeyPa
     with GrpcReceiver(count_only=True) as rx:
         session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
                                  shutdown_timeout_s=30))
-        proc = session.process
-        assert proc is not None
-        monkeypatch.setattr(proc, "_read_status", lambda: None)  # a parent that never reads
-        for _ in range(700):  # one status line each: over the 64 KiB a pipe holds
-            _traces(session, 1)
-            time.sleep(0.002)
+        _fill_the_status_pipe(session, monkeypatch)
         _traces(session, 16_000)  # more than the trace pipe and the queue hold together
         monkeypatch.undo()
         assert session.force_flush(30)
@@ -353,12 +361,7 @@ def test_a_flush_acknowledged_into_a_full_status_pipe_still_arrives(
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "0")  # an export call per wake-up ...
     monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # ... and one per trace
     session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 's.jsonl'}",)))
-    proc = session.process
-    assert proc is not None
-    monkeypatch.setattr(proc, "_read_status", lambda: None)  # a parent that reads nothing
-    for _ in range(700):  # a status line each: over the 64 KiB the pipe holds
-        _traces(session, 1)
-        time.sleep(0.002)
+    proc = _fill_the_status_pipe(session, monkeypatch)
     assert not proc.flush(1.0)  # acknowledged into the full pipe, which nobody reads
     monkeypatch.undo()  # the parent reads again and sends nothing more
     deadline = time.monotonic() + 10

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import resettrace
-from helpers import stand_rows
+from helpers import reset_timings, stand_rows
 from resettrace import catalog as C
 from resettrace.backends import BACKENDS
 from resettrace.backends import motrix as motrix_mod
@@ -94,25 +94,16 @@ def test_bad_randomization_is_refused_before_any_engine_call(off_backend, bad, m
 def test_timing_schema_every_key_every_call(timing_session) -> None:
     b = _make(timing_session)
     rng = np.random.default_rng(1)
-    for lazy in (True, False):
-        b.lazy_kinematics = lazy
-        for k in range(1, N + 1, 7):
-            ids = np.sort(rng.choice(N, k, replace=False))
-            q, v = stand_rows(b, k, rng)
-            out = b.set_state(ids, q, v)
-            assert out is not None
-            timing = out["timing"]
-            assert tuple(timing) == C.SET_STATE_KEYS
-            assert all(isinstance(x, float) and x >= 0.0 for x in timing.values()), timing
-            for key in ("set_state_data_slice_ms", "set_state_data_reset_ms",
-                        "set_state_actuator_ctrl_ms", "set_state_qpos_convert_ms"):
-                assert timing[key] > 0.0, key
-            # lazy: the pass marks the kinematics stale; eager: FK inside the reset call
-            assert timing["set_state_forward_kinematic_ms"] == 0.0
-            for key in ("set_state_clear_forces_ms", "set_state_invalidate_velocity_ms",
-                        "set_state_pool_reset_ms", "set_state_state_scatter_ms",
-                        "set_state_refresh_pose_cache_ms"):
-                assert timing[key] == 0.0, key  # in the pass, or do not apply on MotrixSim
+    for _, timing in reset_timings(b, range(1, N + 1, 7), rng):
+        for key in ("set_state_data_slice_ms", "set_state_data_reset_ms",
+                    "set_state_actuator_ctrl_ms", "set_state_qpos_convert_ms"):
+            assert timing[key] > 0.0, key
+        # lazy: the pass marks the kinematics stale; eager: FK inside the reset call
+        assert timing["set_state_forward_kinematic_ms"] == 0.0
+        for key in ("set_state_clear_forces_ms", "set_state_invalidate_velocity_ms",
+                    "set_state_pool_reset_ms", "set_state_state_scatter_ms",
+                    "set_state_refresh_pose_cache_ms"):
+            assert timing[key] == 0.0, key  # in the pass, or do not apply on MotrixSim
     out = b.set_state(np.arange(N), *stand_rows(b, N, rng))
     assert out is not None and tuple(out["timing"]) == C.SET_STATE_KEYS
     b.close()
