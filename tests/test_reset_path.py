@@ -74,11 +74,14 @@ def test_a_bad_last_row_touches_no_row(name, ids, field, match) -> None:
     b = _make(name)
     b.step(np.zeros((N, b.nu)), 2)
     before = _state(b)
+    marks = b.poses.fresh.copy(), b._kin_stale.copy()
     raw = np.array(b._state) if name == "mujoco" else None
     q, v = stand_rows(b, len(ids), np.random.default_rng(5))
     _bad_last_row(field, q, v)
     with pytest.raises(ValueError, match=match):
         b.set_state(ids, q, v)
+    np.testing.assert_array_equal(marks[0], b.poses.fresh)  # no row marked either
+    np.testing.assert_array_equal(marks[1], b._kin_stale)
     for x, y in zip(before, _state(b), strict=True):
         np.testing.assert_array_equal(x, y)
     if raw is not None:
@@ -92,11 +95,14 @@ def test_a_bad_randomization_payload_touches_no_row(name) -> None:
     b = _make(name)
     b.step(np.zeros((N, b.nu)), 2)
     before = _state(b)
+    marks = b.poses.fresh.copy(), b._kin_stale.copy()
     raw = np.array(b._state) if name == "mujoco" else None
     q, v = stand_rows(b, 3, np.random.default_rng(6))
     bad = RandomizationRows(friction=np.array([1.0, np.nan, 1.0]))
     with pytest.raises(ValueError, match="friction must be finite"):
         b.set_state(np.array([4, 1, 8]), q, v, randomization=bad)
+    np.testing.assert_array_equal(marks[0], b.poses.fresh)
+    np.testing.assert_array_equal(marks[1], b._kin_stale)
     for x, y in zip(before, _state(b), strict=True):
         np.testing.assert_array_equal(x, y)
     if raw is not None:
@@ -202,3 +208,40 @@ def test_the_pass_refuses_engine_arrays_it_would_index_past() -> None:
     state = np.array(b._state)
     call(state=state)  # the right sizes: the rows are written
     np.testing.assert_array_equal(state[ids], rows)
+
+
+@pytest.mark.parametrize("name", ["mujoco", "motrix"])
+def test_an_eager_reset_leaves_no_row_stale(name, monkeypatch) -> None:
+    """Rows a lazy reset left stale and an eager reset then computed are not computed a
+    second time at the next pose read."""
+    b = _make(name)
+    ids = np.array([1, 3])
+    q, v = stand_rows(b, 2, np.random.default_rng(8))
+    b.set_state(ids, q, v)  # lazy (the default): stale
+    assert b._kin_stale[ids].all()
+    b.lazy_kinematics = False
+    b.set_state(ids, q, v)  # eager: computed here
+    assert not b._kin_stale[ids].any()
+    calls = []
+    forward = b._forward
+    monkeypatch.setattr(b, "_forward", lambda rows, index: calls.append(rows) or
+                        forward(rows, index))
+    b.get_body_pose_rows(ids, ["pelvis"])
+    assert calls == []
+
+
+def test_a_failed_engine_write_leaves_its_rows_stale(monkeypatch) -> None:
+    """An eager reset whose kinematics call fails leaves the rows' kinematics stale, so
+    that the next pose read computes them rather than returning the old ones."""
+    b = _make("mujoco")
+    b.step(np.zeros((N, b.nu)), 1)  # every row's kinematics computed
+    b.lazy_kinematics = False
+    ids = np.array([2, 5])
+
+    def fail(rows, index):
+        raise RuntimeError("forward failed")
+
+    monkeypatch.setattr(b, "_forward", fail)
+    with pytest.raises(RuntimeError, match="forward failed"):
+        b.set_state(ids, *stand_rows(b, 2, np.random.default_rng(9)))
+    assert b._kin_stale[ids].all() and b._kin_stale.sum() == 2

@@ -177,7 +177,11 @@ class RowBackend:
                 if randomization is not None and order is not None:
                     randomization = reorder_rows(randomization, order)
             if k:
-                self._write_rows(rec, ids, out, randomization)
+                try:
+                    self._write_rows(rec, ids, out, randomization)
+                except BaseException:  # the engine failed: recompute these rows' kinematics
+                    self._kin_stale[ids] = True
+                    raise
         return {"timing": t} if (t := outer.timing()) is not None else None
 
     # -- each engine's own -----------------------------------------------------------------

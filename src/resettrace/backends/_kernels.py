@@ -12,7 +12,8 @@ and on from ``oc`` of their output rows, which may be one array (the MuJoCo back
 state rows): C-contiguous outputs keep the call's own cost (argument dispatch) low.
 
 Once everything checked out it marks the rows' pose cache stale (``fresh[id] = False``)
-and, with ``lazy``, their kinematics stale (``stale[id] = True``); given an engine state
+and their kinematics stale with ``lazy`` (``stale[id] = lazy``: eager computes them
+next); given an engine state
 array ``state`` (``num_envs`` rows; :data:`NO_STATE` for none) it copies the whole output
 rows ``q_out`` into ``state[ids]`` and zeroes ``warning[ids]`` (when ``warning`` has rows):
 the MuJoCo backend's data reset, in the same call. Each numpy call this saves would run on
@@ -98,8 +99,7 @@ def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, oq, v_out,
     for i in range(k):
         r = ids_out[i]
         fresh[r] = False
-        if lazy:
-            stale[r] = True
+        stale[r] = lazy  # eager: the kinematics come next, in set_state
     if state.shape[0]:
         width = state.shape[1]
         for i in range(k):

@@ -120,10 +120,10 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
     that are not sorted) and the order that put the caller's rows in id order (None when
     they were): qpos and qvel in id order, the base quaternion normalised (and reordered
     to xyzw when ``xyzw``), the targets holding the new joint pose; once all is good the
-    rows are marked in the bool arrays ``fresh`` (False: pose cache stale) and, with
-    ``lazy``, ``stale`` (True: kinematics stale), and, given the engine's float64 state
-    rows ``state`` and int32 ``warning`` counters (``out.q`` then holds whole state rows),
-    ``state[ids] = out.q[:k]`` and ``warning[ids] = 0`` written. One compiled pass
+    rows are marked in the bool arrays ``fresh`` (False: pose cache stale) and ``stale``
+    (``lazy``: kinematics stale; eager: they are computed next), and, given the engine's
+    float64 state rows ``state`` and int32 ``warning`` counters (``out.q`` then holds whole
+    state rows), ``state[ids] = out.q[:k]`` and ``warning[ids] = 0`` written. One compiled pass
     (:mod:`resettrace.backends._kernels`), two for unsorted ids; ``ValueError`` naming
     the caller's id or row on a bad id, a wrong shape, a non-finite or (for float32
     scratch) too large value, or a zero quaternion.
@@ -139,6 +139,11 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
     q, oq, v, ov, c, oc = out[:6]
     if fresh.shape[0] < num_envs or stale.shape[0] < num_envs:  # the pass marks them
         raise ValueError(f"row marks {fresh.shape}, {stale.shape} do not hold {num_envs} rows")
+    if (ids_in.shape[0] != k or min(q.shape[0], v.shape[0], c.shape[0]) < k
+            or oq + out.nq > q.shape[1] or ov + out.nv > v.shape[1]
+            or oc + ctrl_lo.shape[0] > c.shape[1]):  # the pass indexes these unchecked too
+        raise ValueError(f"{k} output rows {q.shape}, {v.shape}, {c.shape} do not hold "
+                         f"{ids_in.shape[0]} ids' qpos, qvel and ctrl at {oq}, {ov}, {oc}")
     if state is None:
         state = K.NO_STATE
     elif state.shape[0] < num_envs or state.shape[1] != q.shape[1]:  # the pass indexes them

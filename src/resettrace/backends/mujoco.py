@@ -131,7 +131,7 @@ class MujocoBackend(RowBackend):
         self._template = np.array(probe.state[0])
         del probe
         # reset rows are built whole (the template, qpos, qvel and ctrl in their columns)
-        # and written with one scatter
+        # and written into the engine's state rows by the compiled pass
         cols = state_columns(m)
         if cols[-1].stop > self._template.size:
             raise RuntimeError(f"mujoco.batch state rows of width {self._template.size} "

@@ -171,7 +171,7 @@ def _motrix_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> 
     with rec.scope(C.SET_STATE_DATA_RESET):
         sub.reset(model)
     if rand is not None and not rand.empty:
-        be._randomize(sub, rand)
+        be._randomize(rec, sub, rand)
     with rec.scope(C.SET_STATE_SET_DOF_VEL):
         sub.set_dof_vel(v)
     with rec.scope(C.SET_STATE_SET_DOF_POS):
@@ -212,7 +212,7 @@ def _mujoco_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> 
     with rec.scope(C.SET_STATE_DATA_RESET):
         b.reset(_as_ids(rows), stage=_STAGE_NONE)
     if rand is not None and not rand.empty:
-        be._randomize(ids, rand)
+        be._randomize(rec, ids, rand)
     with rec.scope(C.SET_STATE_SET_DOF_POS):
         be._qpos[_as_ids(rows)] = q
     with rec.scope(C.SET_STATE_SET_DOF_VEL):

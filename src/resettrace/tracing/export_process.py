@@ -716,6 +716,7 @@ class _Child:
             pass
         except OSError:  # the training process is gone
             self.unsent = b""
+            self.partial = False
 
     def parse(self) -> None:
         buf = self.buf
