@@ -26,15 +26,19 @@ random order per round, with the same inputs:
     kinematics are left to the next pose read or physics step, so the call does less than
     the floor, which computes them.
 ``floor``
-    The bare engine floor for the same k rows: the fewest engine calls that reach the same
-    final state (qpos, qvel, ctrl, kinematics of the reset rows fresh in the engine), with
-    every input converted and the index built before the clock starts. MotrixSim: a
-    pre-built ``data[DisjointIndices(ids)]`` handle, ``sub.reset(model, q, v,
-    forward_kinematic=True)`` then ``sub.actuator_ctrls = ctrl`` (2 calls). MuJoCo: one
-    scatter of whole pre-built state rows (template + qpos + qvel + ctrl), the warning
-    counters zeroed, the engine's ``forward(ids, stage=POS)`` on the ids checked
-    beforehand (1 call; ``Batch.forward`` would check them again, as ``set_state`` does
-    not).
+    The bare engine floor for the same k rows: the engine calls of the backend's own route
+    to the same final state (qpos, qvel, ctrl, kinematics of the reset rows fresh in the
+    engine), with every input converted and the index built before the clock starts.
+    MotrixSim: a pre-built ``data[DisjointIndices(ids)]`` handle, ``sub.reset(model, q, v,
+    forward_kinematic=True)`` then ``sub.actuator_ctrls = ctrl`` (2 calls; MotrixSim's
+    one-call write program, ``model.compile_write(..., reset=True)``, measured 10-18%
+    faster at k <= 51 and slower from k ~ 64 on, is not that route: its reset also clears
+    per-env overrides). MuJoCo: one scatter of whole pre-built state rows (template + qpos
+    + qvel + ctrl), the warning counters zeroed, the engine's ``forward(ids, stage=POS)``
+    on the ids checked beforehand (1 call; ``Batch.forward`` would check them again, as
+    ``set_state`` does not). Its calls run right after other variants' engine calls, with
+    the engines' thread pools awake; ``set_state``'s run after its own checks, and a pool
+    that was idle about 30 us wakes first (+20-30 us measured on 2 cores, either engine).
 
 Sweeps backends x ``num_envs`` x reset ratios (k = round(ratio * num_envs)), ``warmup``
 untimed then ``calls`` timed calls per variant and cell. ``baseline_ms`` and
