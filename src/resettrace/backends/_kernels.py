@@ -13,11 +13,10 @@ state rows): C-contiguous outputs keep the call's own cost (argument dispatch) l
 
 Once everything checked out it marks the rows' pose cache stale (``fresh[id] = False``)
 and their kinematics stale with ``lazy`` (``stale[id] = lazy``: eager computes them
-next); given an engine state
-array ``state`` (``num_envs`` rows; :data:`NO_STATE` for none) it copies the whole output
-rows ``q_out`` into ``state[ids]`` and zeroes ``warning[ids]`` (when ``warning`` has rows):
-the MuJoCo backend's data reset, in the same call. Each numpy call this saves would run on
-the caches the engine's last call evicted.
+next); given an engine state array ``state`` (``num_envs`` rows; :data:`NO_STATE` for
+none) it copies the whole output rows ``q_out`` into ``state[ids]`` and zeroes
+``warning[ids]`` (when ``warning`` has rows): the MuJoCo backend's data reset, in the same
+call. Each numpy call this saves would run on the caches the engine's last call evicted.
 
 It returns ``(code, row, col)``: 0 when the ids and rows are good, else the first problem
 (:data:`BAD_ID` at position ``row`` of the ids, :data:`UNSORTED` ids at ``row``: the
@@ -96,16 +95,14 @@ def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, oq, v_out,
             elif c > ctrl_hi[a]:
                 c = ctrl_hi[a]
             ctrl_out[i, oc + a] = c
-    for i in range(k):
+    scatter, clear = state.shape[0] > 0, warning.shape[0] > 0
+    for i in range(k):  # every row is good: mark them (and write the engine's rows)
         r = ids_out[i]
         fresh[r] = False
         stale[r] = lazy  # eager: the kinematics come next, in set_state
-    if state.shape[0]:
-        width = state.shape[1]
-        for i in range(k):
-            r = ids_out[i]
-            for j in range(width):
+        if scatter:
+            for j in range(state.shape[1]):
                 state[r, j] = q_out[i, j]
-            if warning.shape[0]:
+            if clear:
                 warning[r] = 0
     return OK, 0, 0
