@@ -373,6 +373,33 @@ def test_a_flush_acknowledged_into_a_full_status_pipe_still_arrives(
     session.shutdown()
 
 
+def test_a_flush_returns_once_acknowledged(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush waits for the export process's acknowledgement, and not a moment after it: it
+    used to sleep one more 50 ms poll after reading it, so every flush took 50 ms."""
+    import select
+
+    session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 's.jsonl'}",)))
+    _traces(session, 3)
+    proc = session.process
+    assert proc is not None
+    real = select.select
+    late: list[int] = []
+
+    def watched(*args: Any) -> Any:
+        if int(proc._status.get("flush", 0)) >= proc._flush_seq > 0:
+            late.append(proc._flush_seq)  # a wait with the acknowledgement already read
+        return real(*args)
+
+    monkeypatch.setattr(select, "select", watched)
+    for _ in range(3):
+        assert session.force_flush(10)
+        _traces(session, 1)
+    monkeypatch.undo()
+    session.shutdown()
+    assert proc._flush_seq == 3 and late == []
+
+
 def test_held_traces_are_pending_until_packed_and_a_flush_delivers_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json

@@ -400,14 +400,15 @@ class ProcessExporter:
             self._frame(b"F", _FLUSH.pack(seq), 0, force=True)
             while self._buf and not self._dead and self._wait_writable(deadline):
                 self._pump()
-            while int(self._status.get("flush", 0)) < seq and time.monotonic() < deadline:
+            while True:  # until the child acknowledges: no wait once its status says so
                 self._read_status()
-                if self._proc.poll() is not None:
-                    break
+                if int(self._status.get("flush", 0)) >= seq:
+                    return True
+                if self._proc.poll() is not None or time.monotonic() >= deadline:
+                    return False
                 with contextlib.suppress(OSError, ValueError):
                     select.select([self._out_fd], [], [], min(0.05, max(
                         0.0, deadline - time.monotonic())))
-            return int(self._status.get("flush", 0)) >= seq
 
     def close(self, timeout_s: float) -> None:
         """Deliver what is queued within ``timeout_s``, then stop the child (killed if late)."""
