@@ -400,6 +400,33 @@ def test_a_flush_returns_once_acknowledged(tmp_path: Path,
     assert proc._flush_seq == 3 and late == []
 
 
+@pytest.mark.parametrize("encoder", ["wire", "sdk"])
+def test_export_calls_carry_full_batches_until_the_delay_or_a_flush(
+        encoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spans that arrive a few at a time go out in full batches: the rest of a wake-up's
+    spans waits for more (each call costs sender and receiver ~0.3 ms of CPU) until its
+    delay is up or a flush comes. It used to go out with every wake-up, as a small call."""
+    import time
+
+    from resettrace.testing.receivers import GrpcReceiver
+    from resettrace.tracing import export_process
+
+    monkeypatch.setenv("RESETTRACE_OTLP_ENCODER", encoder)
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "10")  # 3 whole traces of 3
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
+    monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # a pipe write per trace
+    with GrpcReceiver() as rx:
+        session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint))
+        for _ in range(10):
+            _traces(session, 1)
+            time.sleep(0.02)  # the export process reads each write on its own
+        rx.wait_for(27, timeout=10)  # three full calls, then 3 spans wait ...
+        assert session.force_flush(10)  # ... until the flush
+        session.shutdown()
+        assert rx.request_spans == [9, 9, 9, 3]
+    assert session.export_report()["exporters"]["otlp"]["delivered"] == 30
+
+
 def test_held_traces_are_pending_until_packed_and_a_flush_delivers_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json

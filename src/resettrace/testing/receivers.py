@@ -128,6 +128,8 @@ class _Receiver:
         #: only count spans (what a load test needs), keeping none
         self.count_only = count_only
         self.counted = 0
+        #: spans in each export request, in arrival order
+        self.request_spans: list[int] = []
         self._cond = threading.Condition()
         self._spans: list[ReceivedSpan] = []
         self._requests = 0
@@ -140,11 +142,13 @@ class _Receiver:
             n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
             with self._cond:
                 self._requests += 1
+                self.request_spans.append(n)
                 self.counted += n
             return
         decoded = decode_request(request)
         with self._cond:
             self._requests += 1
+            self.request_spans.append(len(decoded))
             self._spans.extend(decoded)
             self._cond.notify_all()
 
@@ -183,6 +187,7 @@ class _Receiver:
     def clear(self) -> None:
         with self._cond:
             self._spans.clear()
+            self.request_spans.clear()
             self._requests = 0
 
     # -- lifecycle
