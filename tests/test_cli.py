@@ -163,6 +163,9 @@ def test_export_bench_json(tmp_path) -> None:
     assert rows["timing"]["slowdown"] == 1.0 and "child us/span" in r.stdout
     assert rows["timing"]["slowdown_ci95"] == [1.0, 1.0]
     assert rows["child-wire"]["slowdown_ci95"] is None  # 2 rounds: no interval
+    for row in rows.values():  # each round ends with its candidate's flush, timed with it
+        assert row["flush_ms"] > 0 and 0 < row["flush_share"] < 1
+    assert "flush ms" in r.stdout
     bad = _run(["bench", "export", "--rounds", "0"])
     assert bad.returncode == 2 and "--rounds" in bad.stderr
     unknown = _run(["bench", "export", "--candidates", "child-wire", "nope"])

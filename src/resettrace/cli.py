@@ -303,8 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     x = bench.add_parser("export", help="span export designs: throughput, delivery and the "
                                         "training slowdown, interleaved")
     common(x, 64)
-    x.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
-    x.add_argument("--steps", type=int, default=100, help="env steps per candidate per round")
+    x.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
+    x.add_argument("--steps", type=int, default=1000,
+                   help="env steps per candidate per round (each round ends with a timed "
+                        "flush: keep rounds long)")
     x.add_argument("--warmup", type=int, default=20, help="untimed steps per candidate first")
     x.add_argument("--candidates", nargs="+", default=list(EXPORTING), metavar="NAME",
                    help=f"exporting candidates to run ({', '.join(EXPORTING)}; timing and "

@@ -2,7 +2,12 @@
 
 One env is stepped under every candidate in turn (its recorder swapped, as in ``bench
 overhead``), ``steps`` env steps per candidate per round, for ``rounds`` rounds in a
-fresh random order each time, so machine noise hits every candidate alike:
+fresh random order each time, so machine noise hits every candidate alike. A round ends
+with its candidate's ``force_flush``, timed with it: the export work of its spans (up to
+a second or two behind them, in the export process) lands in its own round and not in
+the next candidate's. That flush waits a round trip (a few ms; ``timing``'s waits for its
+aggregation thread): keep rounds long (1,000 steps of 64 envs take ~4 s) so that this wait,
+charged to the candidate, stays small. The candidates:
 
 ``timing``
     aggregation only, no export: the reference;
@@ -52,8 +57,8 @@ class ExportBenchConfig:
     task: str = "g1_walk_flat"
     backend: str = "mujoco"
     num_envs: int = 64
-    rounds: int = 20
-    steps: int = 100
+    rounds: int = 10
+    steps: int = 1000
     warmup: int = 20
     model: str | None = None
     nthread: int | None = None
@@ -155,13 +160,18 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
             cpu0[c] = (_child_cpu(sessions[c]), _sent(sessions[c]))
         rx0 = {c: _cpu_s(rx.pid) for c, rx in receivers.items()}
         spent: dict[str, list[float]] = {c: [] for c in run}
+        flushed: dict[str, list[float]] = {c: [] for c in run}
         for r in range(cfg.rounds):
             for c in rng.permutation(run):
                 env.use_recorder(recorders[str(c)])
                 t0 = time.perf_counter()
                 for _ in range(cfg.steps):
                     env.step(rng.normal(0.0, 1.0, shape))
-                spent[str(c)].append(time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                sessions[str(c)].force_flush(30.0)  # its spans' export work is its own
+                t2 = time.perf_counter()
+                spent[str(c)].append(t2 - t0)
+                flushed[str(c)].append(t2 - t1)
             if (r + 1) % max(1, cfg.rounds // 5) == 0 or r + 1 == cfg.rounds:
                 say(f"round {r + 1}/{cfg.rounds}")
         env.close()
@@ -211,6 +221,10 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
             "slowdown": statistics.median(ratios),
             "slowdown_ci95": _median_ci(ratios),
             "slowdown_min": min(ratios), "slowdown_max": max(ratios),
+            # the round-end flush, timed with the round: the share of a round it takes
+            "flush_ms": 1e3 * statistics.median(flushed[c]),
+            "flush_share": statistics.median(f / t for f, t in zip(flushed[c], spent[c],
+                                                                    strict=True)),
             "spans_produced": produced, "spans_dropped": dropped,
             "spans_delivered": delivered, "spans_timed_out": timed_out,
             "spans_received": info.get("received"),
@@ -245,7 +259,7 @@ def render_export_bench(result: dict[str, Any]) -> str:
 
     rows = [[c, r["env_per_s"], r["slowdown"],
              "-" if r["slowdown_ci95"] is None else "{:.3f}-{:.3f}".format(*r["slowdown_ci95"]),
-             r["slowdown_min"], r["slowdown_max"],
+             r["slowdown_min"], r["slowdown_max"], r["flush_ms"], 100 * r["flush_share"],
              num(r["spans_produced"]), num(r["spans_dropped"]), num(r["spans_delivered"]),
              num(r["spans_timed_out"]), num(r["spans_received"]),
              num(r["child_cpu_us_per_span"]), num(r["receiver_cpu_us_per_span"])]
@@ -253,5 +267,6 @@ def render_export_bench(result: dict[str, Any]) -> str:
     return format_table(
         f"span export: {cfg['num_envs']} envs, {cfg['rounds']} rounds x {cfg['steps']} steps "
         f"per candidate, interleaved; slowdown = candidate time / timing time per round",
-        ["candidate", "env/s", "slowdown", "95% CI", "min", "max", "produced", "dropped",
+        ["candidate", "env/s", "slowdown", "95% CI", "min", "max", "flush ms", "flush %",
+         "produced", "dropped",
          "delivered", "timed out", "received", "child us/span", "receiver us/span"], rows)
