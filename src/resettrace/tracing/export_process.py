@@ -773,7 +773,7 @@ class _Child:
                 self.buf += chunk
                 before = self.received
                 self.parse()
-                if self.received > before:
+                if self.received > before and self.waiting:  # (a flush may have sent them)
                     now = time.monotonic()
                     self.arrivals.append((now, self.received))
                     self.batch_since = self.batch_since or now
