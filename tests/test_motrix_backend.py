@@ -423,3 +423,16 @@ def test_crash_cases_raise_cleanly_in_a_child_process() -> None:
     assert "engine panic as RuntimeError: motrixsim SceneData.actuator_ctrls panicked" \
         in proc.stdout, detail
     assert proc.stdout.rstrip().endswith("child done"), detail
+
+
+def test_a_closed_backend_refuses_a_reset_of_rows_it_reset_before() -> None:
+    """The handles kept for repeating ids hold the engine's data: closing lets them go, and a
+    reset after close fails clearly instead of writing through a kept handle."""
+    b = _make(Tracing(resettrace.Config()), num_envs=8)
+    ids = np.array([1, 4])
+    b.set_state(ids, *stand_rows(b, 2))
+    assert b._slices  # the handle of ids [1, 4] is kept
+    b.close()
+    assert b._slices == {}
+    with pytest.raises(RuntimeError, match="closed"):
+        b.set_state(ids, *stand_rows(b, 2))

@@ -356,6 +356,8 @@ class MotrixBackend(RowBackend):
         key = ids.tobytes()
         sub = self._slices.get(key)
         if sub is None:
+            if self.data is None:
+                raise RuntimeError("the MotrixSim backend is closed")
             with _G_INDICES:
                 index = ms.DisjointIndices(ids)  # a copy of the ids (they may be scratch)
             with _G_SLICE:
@@ -498,6 +500,7 @@ class MotrixBackend(RowBackend):
 
     def close(self) -> None:
         self.data = None
+        self._slices.clear()  # each handle holds the engine's data
         self._state_query = None
 
 
