@@ -530,9 +530,7 @@ class _Child:
         self.timed_out: dict[str, int] = {}
         self.received = 0
         self.flushed = 0
-        #: when the oldest span not yet exported arrived (0: none waits), and per read
-        #: (its time, ``received`` after it) while spans of it wait
-        self.batch_since = 0.0
+        #: per read whose spans still wait to be exported: (its time, ``received`` after it)
         self.arrivals: deque[tuple[float, int]] = deque()
         self.stop = False
         self.batch_size = _batch_size()
@@ -649,6 +647,11 @@ class _Child:
                                  records, sizes)
 
     @property
+    def batch_since(self) -> float:
+        """When the oldest span not yet exported arrived (0.0: none waits)."""
+        return self.arrivals[0][0] if self.arrivals else 0.0
+
+    @property
     def waiting(self) -> int:
         """Spans received and not yet handed to the exporters."""
         return self.wire.pending if self.wire is not None else len(self.collect.spans)
@@ -669,12 +672,11 @@ class _Child:
             if full_only and batches and len(batches[-1][0]) < self.batch_size:
                 self.collect.spans = batches.pop()[0]
             send = "export"
-        # the oldest span still waiting, if any, sets when the next partial batch goes
+        # the reads whose spans all went: the oldest still waiting sets the next delay
         taken = self.received - self.waiting
         arrivals = self.arrivals
         while arrivals and arrivals[0][1] <= taken:
             arrivals.popleft()
-        self.batch_since = arrivals[0][0] if arrivals else 0.0
         if not batches:
             return
         from opentelemetry.sdk.trace.export import SpanExportResult
@@ -774,9 +776,7 @@ class _Child:
                 before = self.received
                 self.parse()
                 if self.received > before and self.waiting:  # (a flush may have sent them)
-                    now = time.monotonic()
-                    self.arrivals.append((now, self.received))
-                    self.batch_since = self.batch_since or now
+                    self.arrivals.append((time.monotonic(), self.received))
             if self.batch_since and time.monotonic() - self.batch_since >= self.batch_delay:
                 self.export()  # the oldest waiting span's delay is up: everything goes
             elif self.waiting >= self.batch_size:
