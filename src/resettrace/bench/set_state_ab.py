@@ -36,9 +36,8 @@ random order per round, with the same inputs:
     per-env overrides). MuJoCo: one scatter of whole pre-built state rows (template + qpos
     + qvel + ctrl), the warning counters zeroed, the engine's ``forward(ids, stage=POS)``
     on the ids checked beforehand (1 call; ``Batch.forward`` would check them again, as
-    ``set_state`` does not). Its calls run right after other variants' engine calls, with
-    the engines' thread pools awake; ``set_state``'s run after its own checks, and a pool
-    that was idle about 30 us wakes first (+20-30 us measured on 2 cores, either engine).
+    ``set_state`` does not). ``set_state`` calls the same engine calls; what it adds at
+    small k is its fixed Python work (checks, the compiled pass's call, scopes).
 
 Sweeps backends x ``num_envs`` x reset ratios (k = round(ratio * num_envs)), ``warmup``
 untimed then ``calls`` timed calls per variant and cell. ``baseline_ms`` and
