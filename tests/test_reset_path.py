@@ -157,6 +157,42 @@ def test_motrix_reuses_the_row_handle_of_ids_that_repeat() -> None:
     assert len(b._slices) <= 16
 
 
+@pytest.mark.parametrize("name", ["mujoco", "motrix"])
+def test_the_pass_scratch_of_each_reset_size_is_kept_and_stays_right(name) -> None:
+    """The k-row scratch is made and checked once per k and reused; resets of other sizes
+    in between, unsorted ids, a list and float32 rows leave the same state as a fresh
+    backend given the same call, and a bad call leaves every row alone."""
+    b = _make(name)
+    rng = np.random.default_rng(11)
+    calls = [np.array([1, 4, 9]), np.array([2, 3, 5, 7, 8, 11, 12, 13, 15, 17, 19, 21, 23]),
+             np.array([9, 4, 1]), [0, 6, 22], np.array([2, 4, 10])]
+    for i, ids in enumerate(calls):
+        q, v = stand_rows(b, len(ids), rng)
+        if i == 3:
+            q, v = q.astype(np.float32), v.astype(np.float32)
+        b.set_state(ids, q, v)
+        ref = _make(name)
+        ref.set_state(ids, q, v)
+        rows = np.asarray(ids)
+        np.testing.assert_array_equal(b.get_qpos_rows(rows), ref.get_qpos_rows(rows))
+        np.testing.assert_array_equal(b.get_qvel_rows(rows), ref.get_qvel_rows(rows))
+        np.testing.assert_array_equal(b.get_body_pose_rows(rows, ["pelvis"]),
+                                      ref.get_body_pose_rows(rows, ["pelvis"]))
+    assert sorted(b._passes) == [3, 13, N]  # N: the start at the keyframe
+    kept = b._passes[3]
+    before = _state(b)
+    q, v = stand_rows(b, 3, rng)
+    q[2, 0] = np.nan
+    with pytest.raises(ValueError, match="qpos has a non-finite value at row 2, column 0"):
+        b.set_state(np.array([5, 6, 7]), q, v)
+    assert b._passes[3] is kept
+    for a, c in zip(before, _state(b), strict=True):
+        np.testing.assert_array_equal(a, c)
+    for k in range(1, N + 1):  # bounded: all dropped when one size too many comes
+        b.set_state(np.arange(k), *stand_rows(b, k, rng))
+    assert 0 < len(b._passes) <= 64
+
+
 def test_mujoco_forward_falls_back_to_the_public_call() -> None:
     """Without mujoco.batch's internals, forward kinematics goes through Batch.forward."""
     from resettrace.backends.mujoco import _STAGE_POS, forward_rows

@@ -8,7 +8,9 @@ engine writes:
 =============  ========================================================================
 mask           0.0: no bool mask is built; the ids are checked in qpos_convert
 qpos_convert   ``id_array`` (the ids are a 1-D integer array), the randomization rows
-               checked, then one compiled pass (``convert_rows``): the ids checked
+               checked, then one compiled pass (:meth:`RowBackend._convert`; its k-row
+               scratch views made and checked once per k; ndarrays of the right shapes
+               go straight to it, anything else through ``convert_rows``): the ids checked
                sorted, unique and in range into the int32 index (unsorted ids: sorted
                first, then a second pass), the rows into the scratch rows
                (:meth:`RowBackend._reset_rows`; on MuJoCo written into the engine's
@@ -35,8 +37,15 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
+from resettrace.backends._kernels import NO_ORDER, OK, prepare_rows
 from resettrace.backends._pose import PoseCache
-from resettrace.backends._validate import OutRows, convert_rows, id_array
+from resettrace.backends._validate import (
+    OutRows,
+    check_pass_target,
+    convert_rows,
+    finish_pass,
+    id_array,
+)
 from resettrace.contract import MAX_ENVS, BackendInfo, SetStateResult
 from resettrace.model_facts import keyframe_qpos
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
@@ -85,6 +94,9 @@ class Scratch:
 #: state rows it scatters them to (or None), their warning counters (or None)
 PassTarget = tuple[OutRows, np.ndarray | None, np.ndarray | None]
 
+#: reset sizes whose pass scratch is kept (all dropped when one more comes)
+_PASSES = 64
+
 
 class RowBackend:
     """The shared reset path of the bundled backends (see the module docstring)."""
@@ -119,6 +131,8 @@ class RowBackend:
         self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
         self._scratch = Scratch((self.nq,), (self.nv,), (self.nu,), dtype=self._dtype)
         self._ids = Scratch((), dtype=np.int32)  # the sorted ids, as engines index rows
+        #: the pass's k-row scratch, by k (:meth:`_pass_rows`)
+        self._passes: dict[int, tuple[np.ndarray, OutRows, np.ndarray, np.ndarray]] = {}
         #: rows whose kinematics have not been computed since their set_state
         self._kin_stale = np.zeros(self.num_envs, dtype=bool)
 
@@ -156,24 +170,23 @@ class RowBackend:
 
     def set_state(self, env_ids: Any, qpos: np.ndarray, qvel: np.ndarray,
                   randomization: Any = None) -> SetStateResult | None:
-        randomization = as_rows(randomization)
+        if randomization is not None:
+            randomization = as_rows(randomization)
         rec = current_recorder(self.recorder)
-        with rec.scope(C.SET_STATE, int(np.size(env_ids))) as outer:
+        # a 1-D integer id array (the usual np.flatnonzero(done)) takes no Python call here
+        plain = (env_ids.__class__ is np.ndarray and env_ids.ndim == 1
+                 and env_ids.dtype.kind in "iu")
+        with rec.scope(C.SET_STATE, env_ids.shape[0] if plain else int(np.size(env_ids))
+                       ) as outer:
             # no mask phase: the ids are checked and indexed in the compiled pass
             with rec.scope(C.SET_STATE_QPOS_CONVERT):
-                ids_in = id_array(env_ids)
-                k = ids_in.size
+                ids_in = env_ids if plain else id_array(env_ids)
+                k = ids_in.shape[0]
                 if randomization is not None:
                     randomization.validate(k)  # before the pass: it may write the engine
                     if randomization.empty:
                         randomization = None
-                out, state, warning = self._reset_rows(k)
-                ids, order = convert_rows(ids_in, self.num_envs, self._ids.rows(k)[0], qpos,
-                                          qvel, out, self._act_qadr, self._ctrl_lo,
-                                          self._ctrl_hi, xyzw=self._xyzw,
-                                          fresh=self.poses.fresh, stale=self._kin_stale,
-                                          lazy=bool(self.lazy_kinematics), state=state,
-                                          warning=warning)
+                ids, order, out = self._convert(ids_in, k, qpos, qvel)
                 if randomization is not None and order is not None:
                     randomization = reorder_rows(randomization, order)
             if k:
@@ -183,6 +196,53 @@ class RowBackend:
                     self._kin_stale[ids] = True
                     raise
         return {"timing": t} if (t := outer.timing()) is not None else None
+
+    def _convert(self, ids_in: np.ndarray, k: int, qpos: Any, qvel: Any
+                 ) -> tuple[np.ndarray, np.ndarray | None, OutRows]:
+        """qpos_convert's compiled pass on k ids: the sorted int32 ids, the order that put
+        the caller's rows in id order (or None) and the filled output rows.
+
+        The k-row scratch views and their checks are made once per k (:data:`_PASSES`
+        sizes kept); float or integer ndarrays of the right shapes go straight to the
+        pass, anything else through :func:`convert_rows`' full checks."""
+        lazy = bool(self.lazy_kinematics)
+        rows = self._passes.get(k)
+        if rows is None:
+            rows = self._pass_rows(k)
+        ids_out, out, state, warning = rows
+        if (k and qpos.__class__ is np.ndarray and qvel.__class__ is np.ndarray
+                and qpos.shape == (k, self.nq) and qvel.shape == (k, self.nv)
+                and qpos.dtype.kind in "fiu" and qvel.dtype.kind in "fiu"):
+            q, oq, v, ov, c, oc = out[:6]
+            act, lo, hi, fresh, stale = self._act_qadr, self._ctrl_lo, self._ctrl_hi, \
+                self.poses.fresh, self._kin_stale
+            code, row, col = prepare_rows(ids_in, self.num_envs, ids_out, qpos, qvel, NO_ORDER,
+                                          q, oq, v, ov, c, oc, act, lo, hi, self._xyzw, fresh,
+                                          stale, lazy, state, warning)
+            if code == OK:
+                return ids_out, None, out
+            ids, order = finish_pass(code, row, col, ids_in, self.num_envs, ids_out, qpos,
+                                     qvel, out, act, lo, hi, self._xyzw, fresh, stale, lazy,
+                                     state, warning)
+            return ids, order, out
+        ids, order = convert_rows(ids_in, self.num_envs, ids_out, qpos, qvel, out,
+                                  self._act_qadr, self._ctrl_lo, self._ctrl_hi,
+                                  xyzw=self._xyzw, fresh=self.poses.fresh,
+                                  stale=self._kin_stale, lazy=lazy, state=state,
+                                  warning=warning)
+        return ids, order, out
+
+    def _pass_rows(self, k: int) -> tuple[np.ndarray, OutRows, np.ndarray, np.ndarray]:
+        """The k-row scratch of the pass (:meth:`_reset_rows`' and the int32 ids), checked
+        against what the pass indexes unchecked, and kept for the next reset of k rows."""
+        out, state, warning = self._reset_rows(k)
+        state, warning = check_pass_target(k, self.num_envs, out, self._ctrl_lo,
+                                           self.poses.fresh, self._kin_stale, state, warning)
+        rows = (self._ids.rows(k)[0], out, state, warning)
+        if len(self._passes) >= _PASSES:
+            self._passes.clear()
+        self._passes[k] = rows
+        return rows
 
     # -- each engine's own -----------------------------------------------------------------
     def _reset_rows(self, k: int) -> PassTarget:

@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["check_ids", "id_array", "convert_rows", "OutRows", "check_rows",
-           "normalise_quat_into", "QUAT_EPS"]
+__all__ = ["check_ids", "id_array", "convert_rows", "check_pass_target", "finish_pass",
+           "OutRows", "check_rows", "normalise_quat_into", "QUAT_EPS"]
 
 #: A base quaternion shorter than this cannot be normalised.
 QUAT_EPS = 1e-9
@@ -126,7 +126,8 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
     state rows), ``state[ids] = out.q[:k]`` and ``warning[ids] = 0`` written. One compiled pass
     (:mod:`resettrace.backends._kernels`), two for unsorted ids; ``ValueError`` naming
     the caller's id or row on a bad id, a wrong shape, a non-finite or (for float32
-    scratch) too large value, or a zero quaternion.
+    scratch) too large value, or a zero quaternion. :class:`RowPass` is the same pass
+    with the scratch checked once.
     """
     from resettrace.backends import _kernels as K
 
@@ -135,15 +136,36 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
     v_in = _shaped("qvel", qvel, k, out.nv)
     if k == 0:
         return ids_out, None
-    order: np.ndarray | None = None
+    if ids_in.shape[0] != k:
+        raise ValueError(f"{k} output rows do not hold {ids_in.shape[0]} ids")
+    state, warning = check_pass_target(k, num_envs, out, ctrl_lo, fresh, stale, state,
+                                       warning)
+    q, oq, v, ov, c, oc = out[:6]
+    code, row, col = K.prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, K.NO_ORDER, q, oq,
+                                    v, ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw, fresh,
+                                    stale, lazy, state, warning)
+    if code == K.OK:
+        return ids_out, None
+    return finish_pass(code, row, col, ids_in, num_envs, ids_out, q_in, v_in, out, act_qadr,
+                       ctrl_lo, ctrl_hi, xyzw, fresh, stale, lazy, state, warning)
+
+
+def check_pass_target(k: int, num_envs: int, out: OutRows, ctrl_lo: np.ndarray,
+                      fresh: np.ndarray, stale: np.ndarray, state: np.ndarray | None,
+                      warning: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """What the compiled pass indexes unchecked holds ``k`` rows of ``num_envs`` envs
+    (``ValueError`` otherwise); ``state`` and ``warning`` as the pass takes them (the empty
+    stand-ins for None)."""
+    from resettrace.backends import _kernels as K
+
     q, oq, v, ov, c, oc = out[:6]
     if fresh.shape[0] < num_envs or stale.shape[0] < num_envs:  # the pass marks them
         raise ValueError(f"row marks {fresh.shape}, {stale.shape} do not hold {num_envs} rows")
-    if (ids_in.shape[0] != k or min(q.shape[0], v.shape[0], c.shape[0]) < k
+    if (min(q.shape[0], v.shape[0], c.shape[0]) < k
             or oq + out.nq > q.shape[1] or ov + out.nv > v.shape[1]
             or oc + ctrl_lo.shape[0] > c.shape[1]):  # the pass indexes these unchecked too
         raise ValueError(f"{k} output rows {q.shape}, {v.shape}, {c.shape} do not hold "
-                         f"{ids_in.shape[0]} ids' qpos, qvel and ctrl at {oq}, {ov}, {oc}")
+                         f"{k} ids' qpos, qvel and ctrl at {oq}, {ov}, {oc}")
     if state is None:
         state = K.NO_STATE
     elif state.shape[0] < num_envs or state.shape[1] != q.shape[1]:  # the pass indexes them
@@ -153,10 +175,21 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
         warning = K.NO_WARNING
     elif warning.shape[0] < num_envs:
         raise ValueError(f"warning counters {warning.shape} do not hold {num_envs} rows")
-    code, row, col = K.prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, K.NO_ORDER, q, oq,
-                                    v, ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw, fresh,
-                                    stale, lazy, state, warning)
+    return state, warning
+
+
+def finish_pass(code: int, row: int, col: int, ids_in: np.ndarray, num_envs: int,
+                ids_out: np.ndarray, q_in: np.ndarray, v_in: np.ndarray, out: OutRows,
+                act_qadr: np.ndarray, ctrl_lo: np.ndarray, ctrl_hi: np.ndarray, xyzw: bool,
+                fresh: np.ndarray, stale: np.ndarray, lazy: bool, state: np.ndarray,
+                warning: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """After a first pass that did not return OK: unsorted ids sorted (and checked unique)
+    and the pass run again with their order; a bad id or row raised as ``ValueError``."""
+    from resettrace.backends import _kernels as K
+
+    order: np.ndarray | None = None
     if code == K.UNSORTED:  # sort (and check unique) here, then the compiled pass again
+        q, oq, v, ov, c, oc = out[:6]
         ids, order = check_ids(ids_in, num_envs)
         code, row, col = K.prepare_rows(ids, num_envs, ids_out, q_in, v_in, order, q, oq, v,
                                         ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw, fresh,
