@@ -333,6 +333,45 @@ def test_engine_panics_become_runtime_errors(exc, expected) -> None:
         assert info.value.__cause__ is exc
 
 
+@pytest.mark.parametrize("call", ["reset", "actuator_ctrls"])
+def test_a_panic_inside_set_state_is_a_runtime_error_naming_the_call(call) -> None:
+    """set_state's reset and control writes share one guard: a panic in either (here a
+    stand-in on the kept row handle) is a RuntimeError naming that call, and the rows are
+    left stale for the next pose read."""
+    b = _make(Tracing(resettrace.Config()), num_envs=8)
+    try:
+        ids = np.array([1, 3])
+        q = np.tile(b.keyframe_qpos, (2, 1))
+        v = np.zeros((2, b.nv))
+        b.lazy_kinematics = False
+        b.set_state(ids, q, v)
+        key = ids.astype(np.int32).tobytes()
+        real = b._slices[key]
+
+        class Panicking:
+            def reset(self, *a, **kw):
+                if call == "reset":
+                    raise _FakePanic("boom")
+                real.reset(*a, **kw)
+
+            def __setattr__(self, name, value):
+                raise _FakePanic("boom")
+
+        b._slices[key] = Panicking()
+        name = "SceneData.reset" if call == "reset" else "SceneData.actuator_ctrls"
+        with pytest.raises(RuntimeError, match=f"motrixsim {name} panicked: boom") as info:
+            b.set_state(ids, q, v)
+        assert isinstance(info.value.__cause__, _FakePanic)
+        assert b._kin_stale[ids].all()
+        b._slices[key] = real
+        with pytest.raises(KeyboardInterrupt):  # not a panic: passes untouched
+            b._slices[key] = SimpleNamespace(reset=lambda *a, **kw: (_ for _ in ()).throw(
+                KeyboardInterrupt()))
+            b.set_state(ids, q, v)
+    finally:
+        b.close()
+
+
 def test_thread_pool_is_sized_once(off_backend, caplog) -> None:
     assert motrix_mod._pool_started
     with caplog.at_level(logging.WARNING, logger="resettrace.backends.motrix"):

@@ -371,16 +371,24 @@ class MotrixBackend(RowBackend):
                     rand: RandomizationRows | None) -> None:
         model, q, v, ctrl = self.model, rows.q, rows.v, rows.ctrl
         with rec.scope(C.SET_STATE_DATA_SLICE):
-            sub = self._slice(ids)
+            sub = self._slices.get(ids.tobytes())  # ids that repeat: their handle, kept
+            if sub is None:
+                sub = self._slice(ids)
         # eager kinematics with no override to come between: in the reset call itself
         fused = not self.lazy_kinematics and rand is None
-        with rec.scope(C.SET_STATE_DATA_RESET), _G_RESET:
-            # reset + DoF write (+ FK) in one call (see the module docstring)
-            sub.reset(model, q, v, forward_kinematic=fused)
-        if rand is not None:
-            self._randomize(rec, sub, rand)  # overrides leave the DoF state alone
-        with rec.scope(C.SET_STATE_ACTUATOR_CTRL), _G_CTRL:
-            sub.actuator_ctrls = ctrl  # computed with the rows in qpos_convert
+        call = _G_RESET  # one try for both calls (a with-guard each costs 2 Python calls)
+        try:
+            with rec.scope(C.SET_STATE_DATA_RESET):
+                # reset + DoF write (+ FK) in one call (see the module docstring)
+                sub.reset(model, q, v, forward_kinematic=fused)
+            if rand is not None:
+                self._randomize(rec, sub, rand)  # overrides leave the DoF state alone
+            call = _G_CTRL
+            with rec.scope(C.SET_STATE_ACTUATOR_CTRL):
+                sub.actuator_ctrls = ctrl  # computed with the rows in qpos_convert
+        except BaseException as e:
+            call.__exit__(type(e), e, e.__traceback__)  # a panic: RuntimeError naming it
+            raise
         if not fused:
             self._kinematics(rec, ids, sub)  # the pose cache: marked stale in qpos_convert
 
