@@ -8,9 +8,9 @@ engine writes:
 =============  ========================================================================
 mask           0.0: no bool mask is built; the ids are checked in qpos_convert
 qpos_convert   ``id_array`` (the ids are a 1-D integer array), the randomization rows
-               checked, then one compiled pass (:meth:`RowBackend._convert`; its k-row
-               scratch views made and checked once per k; ndarrays of the right shapes
-               go straight to it, anything else through ``convert_rows``): the ids checked
+               checked, then one compiled pass (its k-row scratch views made and checked
+               once per k, :meth:`RowBackend._pass_rows`; ndarrays of the right shapes go
+               straight to it, anything else through ``convert_rows``): the ids checked
                sorted, unique and in range into the int32 index (unsorted ids: sorted
                first, then a second pass), the rows into the scratch rows
                (:meth:`RowBackend._reset_rows`; on MuJoCo written into the engine's
@@ -94,6 +94,7 @@ class Scratch:
 #: state rows it scatters them to (or None), their warning counters (or None)
 PassTarget = tuple[OutRows, np.ndarray | None, np.ndarray | None]
 
+_NDARRAY = np.ndarray
 #: reset sizes whose pass scratch is kept (all dropped when one more comes)
 _PASSES = 64
 
@@ -174,7 +175,7 @@ class RowBackend:
             randomization = as_rows(randomization)
         rec = current_recorder(self.recorder)
         # a 1-D integer id array (the usual np.flatnonzero(done)) takes no Python call here
-        plain = (env_ids.__class__ is np.ndarray and env_ids.ndim == 1
+        plain = (env_ids.__class__ is _NDARRAY and env_ids.ndim == 1
                  and env_ids.dtype.kind in "iu")
         with rec.scope(C.SET_STATE, env_ids.shape[0] if plain else int(np.size(env_ids))
                        ) as outer:
@@ -186,7 +187,29 @@ class RowBackend:
                     randomization.validate(k)  # before the pass: it may write the engine
                     if randomization.empty:
                         randomization = None
-                ids, order, out = self._convert(ids_in, k, qpos, qvel)
+                rows = self._passes.get(k)
+                if rows is None:
+                    rows = self._pass_rows(k)
+                ids_out, out, state, warning = rows
+                # float or integer ndarrays of the right shapes go straight to the pass
+                # (inline: on the small-k path each Python call costs microseconds)
+                if (k and qpos.__class__ is _NDARRAY and qvel.__class__ is _NDARRAY
+                        and qpos.shape == (k, self.nq) and qvel.shape == (k, self.nv)
+                        and qpos.dtype.kind in "fiu" and qvel.dtype.kind in "fiu"):
+                    q, oq, v, ov, c, oc = out[:6]
+                    code, row, col = prepare_rows(
+                        ids_in, self.num_envs, ids_out, qpos, qvel, NO_ORDER, q, oq, v, ov, c,
+                        oc, self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
+                        self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics), state,
+                        warning)
+                    ids, order = (ids_out, None) if code == OK else self._finish(
+                        code, row, col, ids_in, qpos, qvel, rows)
+                else:  # anything else: the full checks
+                    ids, order = convert_rows(
+                        ids_in, self.num_envs, ids_out, qpos, qvel, out, self._act_qadr,
+                        self._ctrl_lo, self._ctrl_hi, xyzw=self._xyzw, fresh=self.poses.fresh,
+                        stale=self._kin_stale, lazy=bool(self.lazy_kinematics), state=state,
+                        warning=warning)
                 if randomization is not None and order is not None:
                     randomization = reorder_rows(randomization, order)
             if k:
@@ -197,40 +220,16 @@ class RowBackend:
                     raise
         return {"timing": t} if (t := outer.timing()) is not None else None
 
-    def _convert(self, ids_in: np.ndarray, k: int, qpos: Any, qvel: Any
-                 ) -> tuple[np.ndarray, np.ndarray | None, OutRows]:
-        """qpos_convert's compiled pass on k ids: the sorted int32 ids, the order that put
-        the caller's rows in id order (or None) and the filled output rows.
-
-        The k-row scratch views and their checks are made once per k (:data:`_PASSES`
-        sizes kept); float or integer ndarrays of the right shapes go straight to the
-        pass, anything else through :func:`convert_rows`' full checks."""
-        lazy = bool(self.lazy_kinematics)
-        rows = self._passes.get(k)
-        if rows is None:
-            rows = self._pass_rows(k)
+    def _finish(self, code: int, row: int, col: int, ids_in: np.ndarray, qpos: np.ndarray,
+                qvel: np.ndarray, rows: tuple[np.ndarray, OutRows, np.ndarray, np.ndarray]
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+        """After a first pass that did not return OK (unsorted ids, or a bad id or row):
+        :func:`finish_pass` on this backend's scratch."""
         ids_out, out, state, warning = rows
-        if (k and qpos.__class__ is np.ndarray and qvel.__class__ is np.ndarray
-                and qpos.shape == (k, self.nq) and qvel.shape == (k, self.nv)
-                and qpos.dtype.kind in "fiu" and qvel.dtype.kind in "fiu"):
-            q, oq, v, ov, c, oc = out[:6]
-            act, lo, hi, fresh, stale = self._act_qadr, self._ctrl_lo, self._ctrl_hi, \
-                self.poses.fresh, self._kin_stale
-            code, row, col = prepare_rows(ids_in, self.num_envs, ids_out, qpos, qvel, NO_ORDER,
-                                          q, oq, v, ov, c, oc, act, lo, hi, self._xyzw, fresh,
-                                          stale, lazy, state, warning)
-            if code == OK:
-                return ids_out, None, out
-            ids, order = finish_pass(code, row, col, ids_in, self.num_envs, ids_out, qpos,
-                                     qvel, out, act, lo, hi, self._xyzw, fresh, stale, lazy,
-                                     state, warning)
-            return ids, order, out
-        ids, order = convert_rows(ids_in, self.num_envs, ids_out, qpos, qvel, out,
-                                  self._act_qadr, self._ctrl_lo, self._ctrl_hi,
-                                  xyzw=self._xyzw, fresh=self.poses.fresh,
-                                  stale=self._kin_stale, lazy=lazy, state=state,
-                                  warning=warning)
-        return ids, order, out
+        return finish_pass(code, row, col, ids_in, self.num_envs, ids_out, qpos, qvel, out,
+                           self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
+                           self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics),
+                           state, warning)
 
     def _pass_rows(self, k: int) -> tuple[np.ndarray, OutRows, np.ndarray, np.ndarray]:
         """The k-row scratch of the pass (:meth:`_reset_rows`' and the int32 ids), checked
