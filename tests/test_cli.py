@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 
@@ -161,8 +162,15 @@ def test_export_bench_json(tmp_path) -> None:
             == rows[name]["spans_produced"] > 0
     assert rows["in-process"]["spans_received"] == rows["in-process"]["spans_produced"] > 0
     assert rows["timing"]["slowdown"] == 1.0 and "child us/span" in r.stdout
-    assert rows["timing"]["slowdown_ci95"] == [1.0, 1.0]
+    assert rows["timing"]["slowdown_ci95"] == rows["timing"]["round_median_ci95"] == [1.0, 1.0]
     assert rows["child-wire"]["slowdown_ci95"] is None  # 2 rounds: no interval
+    base = rows["timing"]["round_s"]
+    for row in rows.values():  # slowdown: timing's env/s over the candidate's
+        assert len(row["round_s"]) == len(row["flush_s"]) == 2
+        assert row["slowdown"] == pytest.approx(sum(row["round_s"]) / sum(base))
+        assert row["slowdown"] == pytest.approx(rows["timing"]["env_per_s"] / row["env_per_s"])
+        assert row["round_median"] == pytest.approx(
+            statistics.median(t / b for t, b in zip(row["round_s"], base, strict=True)))
     for row in rows.values():  # each round ends with its candidate's flush, timed with it
         assert row["flush_ms"] > 0 and 0 < row["flush_share"] < 1
     assert "flush ms" in r.stdout
@@ -198,3 +206,16 @@ def test_collector_says_each_bad_setting_once(tmp_path) -> None:
     assert r.stderr.count("ignoring 'prometheus:99999'") == 1, r.stderr
     assert r.stderr.count("ignoring 'bogus'") == 1, r.stderr
     assert "using the default 'file:resettrace-spans.jsonl'" in r.stderr
+
+
+def test_export_slowdown_interval_is_a_paired_bootstrap_of_the_total_ratio() -> None:
+    from resettrace.bench.export import _total_ci
+
+    base = [4.0, 4.4, 3.9, 5.2, 4.1, 4.6, 4.0, 4.3]
+    assert _total_ci([1.05 * b for b in base], base) == pytest.approx([1.05, 1.05])
+    # a burst in both candidates' rounds alike cancels: paired, not two free samples
+    noisy = [b * (1.02 if i % 2 else 0.99) for i, b in enumerate(base)]
+    lo, hi = _total_ci(noisy, base)
+    assert lo < sum(noisy) / sum(base) < hi and hi - lo < 0.04
+    assert _total_ci(base, base) == [1.0, 1.0] and _total_ci(base[:2], base[:2]) == [1.0, 1.0]
+    assert _total_ci([1.0, 2.0], [1.0, 1.0]) is None
