@@ -100,6 +100,22 @@ def test_config_rejects_bad_values() -> None:
         ab.SetStateABConfig(ratios=(0.0,))
     with pytest.raises(ValueError, match="fixed-k"):
         ab.SetStateABConfig(num_envs=(64,), fixed_k=82)
+    for idle in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="idle-us"):
+            ab.SetStateABConfig(idle_us=idle)
+
+
+def test_every_timed_and_warm_up_call_follows_the_idle_time(monkeypatch) -> None:
+    """Each variant's call, and each fixed-k call, comes after ``idle_us`` of busy Python,
+    as a reset comes after the env's own work: none finds the engine's pool still awake
+    from the call before."""
+    waits: list[int] = []
+    monkeypatch.setattr(ab, "_busy", waits.append)
+    cfg = ab.SetStateABConfig(backends=("mujoco",), num_envs=(32,), ratios=(0.25,),
+                              calls=3, warmup=2, fixed_k=4, nthread=1, idle_us=250.0)
+    ab.run_set_state_ab(cfg)
+    per_cell = (cfg.warmup + cfg.calls) * len(ab.VARIANTS)
+    assert waits == [250_000] * (per_cell + cfg.warmup + cfg.calls)
 
 
 def test_cli_writes_the_json_schema(tmp_path) -> None:
@@ -108,11 +124,13 @@ def test_cli_writes_the_json_schema(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-m", "resettrace.cli", "bench", "set-state-ab",
                         "--num-envs", "64", "128", "--ratios", "0.05", "--calls", "3",
                         "--warmup", "1", "--fixed-k", "4", "--nthread", "1",
-                        "--backends", "mujoco", "motrix", "--json", str(path)],
+                        "--backends", "mujoco", "motrix", "--idle-us", "200",
+                        "--json", str(path)],
                        env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     assert "set_state A/B, motrix" in r.stdout and "fixed k=4" in r.stdout
     doc = json.loads(path.read_text())
+    assert doc["config"]["idle_us"] == 200.0
     cells = doc["cells"]
     assert {(c["backend"], c["num_envs"]) for c in cells} == {
         (b, n) for b in BACKENDS for n in (64, 128)}

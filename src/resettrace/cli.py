@@ -194,7 +194,7 @@ def _set_state_ab(args: argparse.Namespace) -> int:
     return _bench(args, lambda: SetStateABConfig(
         backends=tuple(args.backends), num_envs=tuple(args.num_envs), ratios=tuple(args.ratios),
         calls=args.calls, warmup=args.warmup, fixed_k=args.fixed_k, model=args.model,
-        nthread=args.nthread, seed=args.seed), run_set_state_ab,
+        nthread=args.nthread, seed=args.seed, idle_us=args.idle_us), run_set_state_ab,
         lambda result: render_set_state_ab(result, per_key=not args.no_per_key))
 
 
@@ -327,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--model", default=None, help="MJCF file instead of the bundled G1")
     a.add_argument("--nthread", type=int, default=None, help="engine threads (all CPUs)")
     a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--idle-us", type=float, default=1000.0, metavar="US",
+                   help="busy microseconds before every call, as the env's own Python between "
+                        "a step and its resets (default 1000; 0: calls back to back)")
     a.add_argument("--no-per-key", action="store_true", help="print the summary tables only")
     a.add_argument("--json", default=None, help="write the result as JSON")
     a.set_defaults(func=_set_state_ab)

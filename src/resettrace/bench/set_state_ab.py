@@ -39,6 +39,12 @@ random order per round, with the same inputs:
     ``set_state`` does not). ``set_state`` calls the same engine calls; what it adds at
     small k is its fixed Python work (checks, the compiled pass's call, scopes).
 
+Every call of every variant follows ``idle_us`` of busy Python (:func:`_busy`, default
+1 ms): in training the physics step ends ~2 ms before ``set_state``'s first engine call,
+and an engine call right after another finds the engine's thread pool awake (a k = 20
+MotrixSim reset: 183 us back to back, 265 us after 1 ms), which ``set_state``'s, coming
+after its own checks, never does. ``idle_us=0`` runs the calls back to back.
+
 Sweeps backends x ``num_envs`` x reset ratios (k = round(ratio * num_envs)), ``warmup``
 untimed then ``calls`` timed calls per variant and cell. ``baseline_ms`` and
 ``optimized_ms`` are the medians of the ``set_state`` span (the sum of the 16 keys);
@@ -96,6 +102,10 @@ class SetStateABConfig:
     seed: int = 0
     #: distinct input sets cycled through (ids and states), built before timing
     pool: int = 8
+    #: microseconds of busy Python before every call of every variant, as in training
+    #: (the physics step ends ~2 ms before set_state's first engine call): the engines'
+    #: thread pools idle that long before each call (0: calls back to back)
+    idle_us: float = 1000.0
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -109,6 +119,8 @@ class SetStateABConfig:
             raise ValueError(f"--ratios must be in (0, 1], got {list(self.ratios)}")
         if self.calls < 1 or self.warmup < 0 or self.pool < 1:
             raise ValueError("--calls must be >= 1 and --warmup >= 0")
+        if not 0.0 <= self.idle_us <= 1e6:
+            raise ValueError(f"--idle-us must be in [0, 1e6], got {self.idle_us}")
         if self.fixed_k < 0:
             raise ValueError(f"--fixed-k must be >= 0, got {self.fixed_k}")
         if self.fixed_k > min(self.num_envs):
@@ -320,6 +332,16 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
+def _busy(ns: int) -> None:
+    """Spin ``ns`` ns: the env's own Python between a physics step and its resets, during
+    which the engine's thread pool idles (a call right after another engine call finds its
+    workers awake, and is tens of us faster at small k than one after a millisecond)."""
+    if ns:
+        until = time.perf_counter_ns() + ns
+        while time.perf_counter_ns() < until:
+            pass
+
+
 def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
               ) -> dict[str, Any]:
     inputs = [make_inputs(be, k, rng) for _ in range(cfg.pool)]
@@ -327,8 +349,11 @@ def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
     timings: dict[str, list[dict[str, float]]] = {"baseline": [], "optimized": [], "lazy": []}
     floor_ms: list[float] = []
 
+    idle_ns = int(cfg.idle_us * 1e3)
+
     def one(variant: str, i: int, record: bool) -> None:
         ids, q, v = inputs[i % cfg.pool]
+        _busy(idle_ns)
         if variant == "floor":
             f = floors[i % cfg.pool]
             t0 = time.perf_counter_ns()
@@ -382,8 +407,10 @@ def _run_fixed_k(instances: dict[int, Any], cfg: SetStateABConfig,
     inputs = {n: [make_inputs(instances[n], cfg.fixed_k, rng) for _ in range(cfg.pool)]
               for n in sizes}
     times: dict[int, list[float]] = {n: [] for n in sizes}
+    idle_ns = int(cfg.idle_us * 1e3)
     for i in range(cfg.warmup + cfg.calls):
         for n in rng.permutation(sizes):
+            _busy(idle_ns)
             out = instances[int(n)].set_state(*inputs[int(n)][i % cfg.pool])
             if i >= cfg.warmup:
                 assert out is not None
