@@ -169,6 +169,9 @@ def test_export_bench_json(tmp_path) -> None:
         assert len(row["round_s"]) == len(row["flush_s"]) == 2
         assert row["slowdown"] == pytest.approx(sum(row["round_s"]) / sum(base))
         assert row["slowdown"] == pytest.approx(rows["timing"]["env_per_s"] / row["env_per_s"])
+        assert len(row["train_cpu_s"]) == 2 and min(row["train_cpu_s"]) > 0
+        assert row["train_cpu_ratio"] == pytest.approx(
+            sum(row["train_cpu_s"]) / sum(rows["timing"]["train_cpu_s"]))
         assert row["round_median"] == pytest.approx(
             statistics.median(t / b for t, b in zip(row["round_s"], base, strict=True)))
     for row in rows.values():  # each round ends with its candidate's flush, timed with it

@@ -27,7 +27,8 @@ Reported per candidate: env/s, slowdown against ``timing`` (``timing``'s env/s o
 candidate's: its total time over ``timing``'s, with a 95% paired bootstrap interval over
 rounds), the median of the per-round ratios (with its interval and range: robust to a
 burst of host steal in one round, which the total is not); ``timing_aa``, a second
-``timing`` candidate, is the A/A noise of both; spans
+``timing`` candidate, is the A/A noise of both; the training process's own CPU time (all
+its threads) over ``timing``'s, what export adds inside it (steal is not CPU time); spans
 produced, delivered and counted by the receiver, and, for the export children, their CPU
 time per span in the steady state (from ``/proc``, after start-up and warm-up).
 """
@@ -163,17 +164,19 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
         rx0 = {c: _cpu_s(rx.pid) for c, rx in receivers.items()}
         spent: dict[str, list[float]] = {c: [] for c in run}
         flushed: dict[str, list[float]] = {c: [] for c in run}
+        own_cpu: dict[str, list[float]] = {c: [] for c in run}  # this process's, all threads
         for r in range(cfg.rounds):
             for c in rng.permutation(run):
                 env.use_recorder(recorders[str(c)])
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 for _ in range(cfg.steps):
                     env.step(rng.normal(0.0, 1.0, shape))
                 t1 = time.perf_counter()
                 sessions[str(c)].force_flush(30.0)  # its spans' export work is its own
-                t2 = time.perf_counter()
+                t2, c2 = time.perf_counter(), time.process_time()
                 spent[str(c)].append(t2 - t0)
                 flushed[str(c)].append(t2 - t1)
+                own_cpu[str(c)].append(c2 - c0)
             if (r + 1) % max(1, cfg.rounds // 5) == 0 or r + 1 == cfg.rounds:
                 say(f"round {r + 1}/{cfg.rounds}")
         env.close()
@@ -227,6 +230,12 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
             "round_median_ci95": _median_ci(ratios),
             "slowdown_min": min(ratios), "slowdown_max": max(ratios),
             "round_s": list(spent[c]), "flush_s": list(flushed[c]),
+            # the training process's own CPU (all its threads) over timing's: what export
+            # adds inside it, apart from the export and receiver processes (host steal,
+            # which inflates wall time, is not CPU time)
+            "train_cpu_s": list(own_cpu[c]),
+            "train_cpu_ratio": sum(own_cpu[c]) / sum(own_cpu["timing"]),
+            "train_cpu_ratio_ci95": _total_ci(own_cpu[c], own_cpu["timing"]),
             # the round-end flush, timed with the round: the share of a round it takes
             "flush_ms": 1e3 * statistics.median(flushed[c]),
             "flush_share": statistics.median(f / t for f, t in zip(flushed[c], spent[c],
@@ -285,7 +294,8 @@ def render_export_bench(result: dict[str, Any]) -> str:
         return "-" if v is None else "{:.3f}-{:.3f}".format(*v)
 
     rows = [[c, r["env_per_s"], r["slowdown"], ci(r["slowdown_ci95"]), r["round_median"],
-             ci(r["round_median_ci95"]), r["slowdown_min"], r["slowdown_max"], r["flush_ms"],
+             ci(r["round_median_ci95"]), r["slowdown_min"], r["slowdown_max"],
+             r["train_cpu_ratio"], ci(r["train_cpu_ratio_ci95"]), r["flush_ms"],
              100 * r["flush_share"],
              num(r["spans_produced"]), num(r["spans_dropped"]), num(r["spans_delivered"]),
              num(r["spans_timed_out"]), num(r["spans_received"]),
@@ -294,7 +304,9 @@ def render_export_bench(result: dict[str, Any]) -> str:
     return format_table(
         f"span export: {cfg['num_envs']} envs, {cfg['rounds']} rounds x {cfg['steps']} steps "
         f"per candidate, interleaved; slowdown = timing's env/s / the candidate's (95% CI: "
-        f"paired bootstrap over rounds); round p50 = median per-round time ratio",
+        f"paired bootstrap over rounds); round p50 = median per-round time ratio; train CPU = "
+        f"this process's CPU time over timing's",
         ["candidate", "env/s", "slowdown", "95% CI", "round p50", "95% CI", "min", "max",
+         "train CPU", "95% CI",
          "flush ms", "flush %", "produced", "dropped",
          "delivered", "timed out", "received", "child us/span", "receiver us/span"], rows)
