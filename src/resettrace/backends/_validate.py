@@ -126,8 +126,8 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
     state rows), ``state[ids] = out.q[:k]`` and ``warning[ids] = 0`` written. One compiled pass
     (:mod:`resettrace.backends._kernels`), two for unsorted ids; ``ValueError`` naming
     the caller's id or row on a bad id, a wrong shape, a non-finite or (for float32
-    scratch) too large value, or a zero quaternion. :class:`RowPass` is the same pass
-    with the scratch checked once.
+    scratch) too large value, or a zero quaternion. ``RowBackend.set_state`` calls the
+    same pass directly, its scratch checked once per k (:func:`check_pass_target`).
     """
     from resettrace.backends import _kernels as K
 

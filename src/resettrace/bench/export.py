@@ -270,8 +270,8 @@ def _total_ci(spent: list[float], base: list[float]) -> list[float] | None:
 
 
 def _median_ci(ratios: list[float]) -> list[float] | None:
-    """95% bootstrap interval (percentile) of the median per-round ratio: how far the
-    slowdown can be trusted on this machine (``timing_aa``'s shows the A/A spread).
+    """95% bootstrap interval (percentile) of the median per-round ratio (``round p50``;
+    ``timing_aa``'s shows the A/A spread).
     None below 3 rounds."""
     if len(set(ratios)) == 1:
         return [ratios[0], ratios[0]]
