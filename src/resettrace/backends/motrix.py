@@ -349,11 +349,12 @@ class MotrixBackend(RowBackend):
             self._kin_stale[:] = False  # the step computed every row's kinematics
         self.poses.mark_stale()
 
-    def _slice(self, ids: np.ndarray) -> Any:
+    def _slice(self, ids: np.ndarray, key: bytes | None = None) -> Any:
         """The engine's handle on the sorted int32 rows ``ids``: ``data[DisjointIndices]``,
         built once for ids that repeat (:data:`_SLICES` id sets are kept, the oldest built
-        goes first)."""
-        key = ids.tobytes()
+        goes first). ``key``: ``ids.tobytes()`` when the caller has it."""
+        if key is None:
+            key = ids.tobytes()
         sub = self._slices.get(key)
         if sub is None:
             if self.data is None:
@@ -371,9 +372,10 @@ class MotrixBackend(RowBackend):
                     rand: RandomizationRows | None) -> None:
         model, q, v, ctrl = self.model, rows.q, rows.v, rows.ctrl
         with rec.scope(C.SET_STATE_DATA_SLICE):
-            sub = self._slices.get(ids.tobytes())  # ids that repeat: their handle, kept
+            key = ids.tobytes()
+            sub = self._slices.get(key)  # ids that repeat: their handle, kept
             if sub is None:
-                sub = self._slice(ids)
+                sub = self._slice(ids, key)
         # eager kinematics with no override to come between: in the reset call itself
         fused = not self.lazy_kinematics and rand is None
         call = _G_RESET  # one try for both calls (a with-guard each costs 2 Python calls)

@@ -32,18 +32,19 @@ random order per round, with the same inputs:
     MotrixSim: a pre-built ``data[DisjointIndices(ids)]`` handle, ``sub.reset(model, q, v,
     forward_kinematic=True)`` then ``sub.actuator_ctrls = ctrl`` (2 calls; MotrixSim's
     one-call write program, ``model.compile_write(..., reset=True)``, measured 10-18%
-    faster at k <= 51 and slower from k ~ 64 on, is not that route: its reset also clears
-    per-env overrides). MuJoCo: one scatter of whole pre-built state rows (template + qpos
-    + qvel + ctrl), the warning counters zeroed, the engine's ``forward(ids, stage=POS)``
-    on the ids checked beforehand (1 call; ``Batch.forward`` would check them again, as
-    ``set_state`` does not). ``set_state`` calls the same engine calls; what it adds at
-    small k is its fixed Python work (checks, the compiled pass's call, scopes).
+    faster at k <= 51 and slower from k ~ 64 on, is not that route: ``set_state`` does
+    not use it; both resets clear the rows' per-env overrides). MuJoCo: one scatter of
+    whole pre-built state rows (template + qpos + qvel + ctrl), the warning counters
+    zeroed, the engine's ``forward(ids, stage=POS)`` on the ids checked beforehand (1 call;
+    ``Batch.forward`` would check them again, as ``set_state`` does not). ``set_state``
+    calls the same engine calls; what it adds at small k is its fixed Python work (checks,
+    the compiled pass's call, scopes).
 
 Every call of every variant follows ``idle_us`` of busy Python (:func:`_busy`, default
 1 ms): in training the physics step ends ~2 ms before ``set_state``'s first engine call,
-and an engine call right after another finds the engine's thread pool awake (a k = 20
-MotrixSim reset: 183 us back to back, 265 us after 1 ms), which ``set_state``'s, coming
-after its own checks, never does. ``idle_us=0`` runs the calls back to back.
+and an engine call right after another is faster (a k = 20 MotrixSim reset: 183 us back
+to back, 265 us after 1 ms), which ``set_state``'s, coming after its own checks, never
+is. ``idle_us=0`` runs the calls back to back.
 
 Sweeps backends x ``num_envs`` x reset ratios (k = round(ratio * num_envs)), ``warmup``
 untimed then ``calls`` timed calls per variant and cell. ``baseline_ms`` and
@@ -103,8 +104,8 @@ class SetStateABConfig:
     #: distinct input sets cycled through (ids and states), built before timing
     pool: int = 8
     #: microseconds of busy Python before every call of every variant, as in training
-    #: (the physics step ends ~2 ms before set_state's first engine call): the engines'
-    #: thread pools idle that long before each call (0: calls back to back)
+    #: (the physics step ends ~2 ms before set_state's first engine call; 0: calls back
+    #: to back)
     idle_us: float = 1000.0
 
     def __post_init__(self) -> None:
@@ -333,9 +334,9 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def _busy(ns: int) -> None:
-    """Spin ``ns`` ns: the env's own Python between a physics step and its resets, during
-    which the engine's thread pool idles (a call right after another engine call finds its
-    workers awake, and is tens of us faster at small k than one after a millisecond)."""
+    """Spin ``ns`` ns: the env's own Python between a physics step and its resets (an
+    engine call right after another is tens of us faster at small k than one after a
+    millisecond of Python; the cause, likely its thread pool, was not isolated)."""
     if ns:
         until = time.perf_counter_ns() + ns
         while time.perf_counter_ns() < until:
