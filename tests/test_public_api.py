@@ -202,6 +202,126 @@ def test_a_recorder_used_from_two_threads_keeps_each_trace_whole(session: Tracin
     assert st["dr_reset_internal_gap_ms"].p50_ms >= 0.0
 
 
+# -- laps: phases that follow one another, one call each ------------------------------------
+class _CountingClock(FakeClock):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __call__(self) -> int:
+        self.reads += 1
+        return self.now
+
+
+def _spans(session: Tracing) -> dict[str, list]:
+    assert session.force_flush()
+    out: dict[str, list] = {}
+    for s in session.exporters[0].get_finished_spans():
+        out.setdefault(s.name, []).append(s)
+    return out
+
+
+def test_laps_are_back_to_back_children_on_one_clock_read_each(
+        trace_session: Tracing) -> None:
+    clock = _CountingClock()
+    recorder_module.use_clock(clock)
+    try:
+        rec = resettrace.recorder(tracing=trace_session)
+        with rec.scope(C.SET_STATE, 3, C.SET_STATE_QPOS_CONVERT) as outer:
+            clock.now += 2 * MS
+            outer.lap(C.SET_STATE_DATA_RESET)
+            clock.now += 3 * MS
+            with rec.scope(C.SET_STATE_RESET_RAND):  # a scope during a lap: its child
+                clock.now += 1 * MS
+            outer.lap(None)
+            clock.now += 4 * MS  # in no phase: the gap
+            with rec.scope(C.SET_STATE_SET_DOF_POS):  # after lap(None): a sibling
+                clock.now += 5 * MS
+            outer.lap("set_state.actuator_ctrl")  # by span name; runs to the end
+            clock.now += 6 * MS
+        # the outer scope and its first lap: 2 reads; a lap or lap(None): 1; a scope: 2
+        assert clock.reads == 2 + 1 + 2 + 1 + 2 + 1
+    finally:
+        recorder_module.use_clock(None)
+    t = outer.timing()
+    assert t["set_state_qpos_convert_ms"] == 2.0
+    assert t["set_state_data_reset_ms"] == 4.0  # its own 3 ms and its child's 1 ms
+    assert t["set_state_reset_rand_ms"] == 0.0  # not a direct child of set_state
+    assert t["set_state_set_dof_pos_ms"] == 5.0
+    assert t["set_state_actuator_ctrl_ms"] == 6.0
+    assert t["set_state_internal_gap_ms"] == 4.0
+    assert sum(t.values()) == 21.0
+    spans = _spans(trace_session)
+    (root,) = spans[C.SET_STATE.span]
+    (qc,) = spans[C.SET_STATE_QPOS_CONVERT.span]
+    (reset,) = spans[C.SET_STATE_DATA_RESET.span]
+    (rand,) = spans[C.SET_STATE_RESET_RAND.span]
+    (ctrl,) = spans[C.SET_STATE_ACTUATOR_CTRL.span]
+    for s in (qc, reset, spans[C.SET_STATE_SET_DOF_POS.span][0], ctrl):
+        assert s.parent.span_id == root.context.span_id
+    assert rand.parent.span_id == reset.context.span_id
+    assert qc.start_time == root.start_time and qc.end_time == reset.start_time
+    assert ctrl.end_time == root.end_time
+    assert qc.attributes[C.ATTR_RESET_COUNT] == 3  # the parent's count
+
+
+def test_a_lap_left_by_an_exception_carries_it_and_misplaced_laps_are_ignored(
+        trace_session: Tracing, clock: FakeClock, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recorder_module, "_NOTED", set())
+    rec = resettrace.recorder(tracing=trace_session)
+    with caplog.at_level(logging.WARNING, logger="resettrace"):
+        with pytest.raises(KeyError), rec.scope(C.SET_STATE, 1) as outer:
+            outer.lap(C.SET_STATE_DATA_RESET)
+            clock.now += 1 * MS
+            raise KeyError("engine")
+        outer.lap(C.SET_STATE_ACTUATOR_CTRL)  # the scope is closed: ignored
+        with rec.scope(C.DR_RESET) as dr:
+            with rec.scope(C.DR_RESET_PLAN):
+                dr.lap(C.DR_RESET_PAYLOAD_FILTER)  # not the innermost open scope: ignored
+                clock.now += 1 * MS
+    assert caplog.text.count("which is not open") == 1
+    assert caplog.text.count("inside it is open") == 1
+    assert dr.timing()["dr_reset_plan_ms"] == 1.0
+    assert dr.timing()["dr_reset_payload_filter_ms"] == 0.0
+    spans = _spans(trace_session)
+    (reset,) = spans[C.SET_STATE_DATA_RESET.span]
+    (root,) = spans[C.SET_STATE.span]
+    assert not reset.status.is_ok and not root.status.is_ok
+    assert "KeyError" in (reset.status.description or "")
+    assert C.DR_RESET_PAYLOAD_FILTER.span not in spans
+    assert C.SET_STATE_ACTUATOR_CTRL.span not in spans
+
+
+def test_an_unwound_scope_ends_the_laps_inside_it(session: Tracing, clock: FakeClock
+                                                  ) -> None:
+    rec = resettrace.recorder(tracing=session)
+    with rec.scope(C.DR_RESET) as dr:
+        plan = rec.scope(C.DR_RESET_PLAN)
+        plan.__enter__()
+        with rec.scope(C.SET_STATE, 1) as outer:
+            outer.lap(C.SET_STATE_DATA_RESET)
+            clock.now += 1 * MS
+            plan.__exit__(None, None, None)  # exits with set_state and its lap inside
+        clock.now += 1 * MS
+        dr.lap(C.DR_RESET_PAYLOAD_FILTER)  # the unwound laps are gone: this is dr_reset's own
+        clock.now += 2 * MS
+    t = dr.timing()
+    assert t["dr_reset_plan_ms"] == 1.0 and t["dr_reset_payload_filter_ms"] == 2.0
+    assert t["dr_reset_internal_gap_ms"] == 1.0
+
+
+def test_laps_with_tracing_off_cost_one_call_and_still_catch_typos() -> None:
+    off = recorder_module.NOOP_RECORDER
+    with off.scope(C.SET_STATE, 1, C.SET_STATE_QPOS_CONVERT) as outer:
+        assert outer.lap(C.SET_STATE_DATA_RESET) is None
+        assert outer.lap(None) is None
+        with pytest.raises(ValueError, match="set_state.data_reset"):
+            outer.lap("set_state.data_rest")
+    with pytest.raises(ValueError, match="set_state.data_reset"):
+        off.scope(C.SET_STATE, 1, "set_state.data_rest")
+
+
 # -- bind and current_recorder --------------------------------------------------------------
 def test_bind_nests_objects_with_their_own_recorders_into_one_trace(session: Tracing) -> None:
     env_rec = resettrace.recorder(tracing=session, task="mine")

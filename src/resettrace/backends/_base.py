@@ -50,7 +50,7 @@ from resettrace.contract import MAX_ENVS, BackendInfo, SetStateResult
 from resettrace.model_facts import keyframe_qpos
 from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
 from resettrace.tracing.api import bind, current_recorder
-from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, NoopScope, Recorder, Scope
 
 __all__ = ["RowBackend", "Scratch", "check_num_envs"]
 
@@ -143,12 +143,13 @@ class RowBackend:
         with bind(NOOP_RECORDER):
             self.set_state(np.arange(self.num_envs), q, np.zeros((self.num_envs, self.nv)))
 
-    def _kinematics(self, rec: Recorder | NoopRecorder, ids: np.ndarray, index: Any) -> None:
-        """Forward kinematics of the reset rows when eager; lazy, the compiled pass has
-        marked them stale and nothing runs here (the key reads 0.0)."""
+    def _kinematics(self, outer: Scope | NoopScope, ids: np.ndarray, index: Any) -> None:
+        """Forward kinematics of the reset rows when eager, as the next lap of set_state's
+        scope ``outer``; lazy, the compiled pass has marked them stale and nothing runs
+        here (the key reads 0.0)."""
         if not self.lazy_kinematics:
-            with rec.scope(C.SET_STATE_FORWARD_KINEMATIC):
-                self._forward(ids, index)
+            outer.lap(C.SET_STATE_FORWARD_KINEMATIC)
+            self._forward(ids, index)
 
     def _fresh_kinematics(self, rows: np.ndarray, index: Any = None) -> None:
         """Before poses of the sorted unique ``rows`` are read: compute the kinematics of
@@ -177,44 +178,44 @@ class RowBackend:
         # a 1-D integer id array (the usual np.flatnonzero(done)) takes no Python call here
         plain = (env_ids.__class__ is _NDARRAY and env_ids.ndim == 1
                  and env_ids.dtype.kind in "iu")
-        with rec.scope(C.SET_STATE, env_ids.shape[0] if plain else int(np.size(env_ids))
-                       ) as outer:
-            # no mask phase: the ids are checked and indexed in the compiled pass
-            with rec.scope(C.SET_STATE_QPOS_CONVERT):
-                ids_in = env_ids if plain else id_array(env_ids)
-                k = ids_in.shape[0]
-                if randomization is not None:
-                    randomization.validate(k)  # before the pass: it may write the engine
-                    if randomization.empty:
-                        randomization = None
-                rows = self._passes.get(k)
-                if rows is None:
-                    rows = self._pass_rows(k)
-                ids_out, out, state, warning = rows
-                # float or integer ndarrays of the right shapes go straight to the pass
-                # (inline: on the small-k path each Python call costs microseconds)
-                if (k and qpos.__class__ is _NDARRAY and qvel.__class__ is _NDARRAY
-                        and qpos.shape == (k, self.nq) and qvel.shape == (k, self.nv)
-                        and qpos.dtype.kind in "fiu" and qvel.dtype.kind in "fiu"):
-                    q, oq, v, ov, c, oc = out[:6]
-                    code, row, col = prepare_rows(
-                        ids_in, self.num_envs, ids_out, qpos, qvel, NO_ORDER, q, oq, v, ov, c,
-                        oc, self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
-                        self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics), state,
-                        warning)
-                    ids, order = (ids_out, None) if code == OK else self._finish(
-                        code, row, col, ids_in, qpos, qvel, rows)
-                else:  # anything else: the full checks
-                    ids, order = convert_rows(
-                        ids_in, self.num_envs, ids_out, qpos, qvel, out, self._act_qadr,
-                        self._ctrl_lo, self._ctrl_hi, xyzw=self._xyzw, fresh=self.poses.fresh,
-                        stale=self._kin_stale, lazy=bool(self.lazy_kinematics), state=state,
-                        warning=warning)
-                if randomization is not None and order is not None:
-                    randomization = reorder_rows(randomization, order)
+        # no mask phase: the ids are checked and indexed in the compiled pass; the phases
+        # are laps of the outer scope (one call each, see Scope.lap), qpos_convert its first
+        with rec.scope(C.SET_STATE, env_ids.shape[0] if plain else int(np.size(env_ids)),
+                       C.SET_STATE_QPOS_CONVERT) as outer:
+            ids_in = env_ids if plain else id_array(env_ids)
+            k = ids_in.shape[0]
+            if randomization is not None:
+                randomization.validate(k)  # before the pass: it may write the engine
+                if randomization.empty:
+                    randomization = None
+            rows = self._passes.get(k)
+            if rows is None:
+                rows = self._pass_rows(k)
+            ids_out, out, state, warning = rows
+            # float or integer ndarrays of the right shapes go straight to the pass
+            # (inline: on the small-k path each Python call costs microseconds)
+            if (k and qpos.__class__ is _NDARRAY and qvel.__class__ is _NDARRAY
+                    and qpos.shape == (k, self.nq) and qvel.shape == (k, self.nv)
+                    and qpos.dtype.kind in "fiu" and qvel.dtype.kind in "fiu"):
+                q, oq, v, ov, c, oc = out[:6]
+                code, row, col = prepare_rows(
+                    ids_in, self.num_envs, ids_out, qpos, qvel, NO_ORDER, q, oq, v, ov, c,
+                    oc, self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
+                    self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics), state,
+                    warning)
+                ids, order = (ids_out, None) if code == OK else self._finish(
+                    code, row, col, ids_in, qpos, qvel, rows)
+            else:  # anything else: the full checks
+                ids, order = convert_rows(
+                    ids_in, self.num_envs, ids_out, qpos, qvel, out, self._act_qadr,
+                    self._ctrl_lo, self._ctrl_hi, xyzw=self._xyzw, fresh=self.poses.fresh,
+                    stale=self._kin_stale, lazy=bool(self.lazy_kinematics), state=state,
+                    warning=warning)
+            if randomization is not None and order is not None:
+                randomization = reorder_rows(randomization, order)
             if k:
                 try:
-                    self._write_rows(rec, ids, out, randomization)
+                    self._write_rows(rec, outer, ids, out, randomization)
                 except BaseException:  # the engine failed: recompute these rows' kinematics
                     self._kin_stale[ids] = True
                     raise
@@ -252,9 +253,11 @@ class RowBackend:
         q, v, ctrl = self._scratch.rows(k)
         return OutRows(q, 0, v, 0, ctrl, 0, self.nq, self.nv), None, None
 
-    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, rows: OutRows,
-                    rand: RandomizationRows | None) -> None:
+    def _write_rows(self, rec: Recorder | NoopRecorder, outer: Scope | NoopScope,
+                    ids: np.ndarray, rows: OutRows, rand: RandomizationRows | None) -> None:
         """Write the k validated rows (``ids``: sorted int32 scratch, valid until the next
         ``set_state``; ``rows``: what :meth:`_reset_rows` gave, filled) to the engine, each
-        step in its phase."""
+        step in its phase: a lap of set_state's scope ``outer`` (the first ends
+        qpos_convert's), or a ``rec.scope`` once ``outer.lap(None)`` has ended the running
+        lap."""
         raise NotImplementedError

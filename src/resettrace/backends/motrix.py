@@ -95,7 +95,7 @@ from resettrace.model_facts import (
     warn_once,
 )
 from resettrace.randomization import RandomizationRows
-from resettrace.tracing.recorder import NoopRecorder, Recorder
+from resettrace.tracing.recorder import NoopRecorder, NoopScope, Recorder, Scope
 
 os.environ.setdefault("RUST_LOG", "error")  # before the import: silences loader warnings
 import motrixsim as ms  # noqa: E402
@@ -368,31 +368,32 @@ class MotrixBackend(RowBackend):
             self._slices[key] = sub
         return sub
 
-    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, rows: OutRows,
-                    rand: RandomizationRows | None) -> None:
+    def _write_rows(self, rec: Recorder | NoopRecorder, outer: Scope | NoopScope,
+                    ids: np.ndarray, rows: OutRows, rand: RandomizationRows | None) -> None:
         model, q, v, ctrl = self.model, rows.q, rows.v, rows.ctrl
-        with rec.scope(C.SET_STATE_DATA_SLICE):
-            key = ids.tobytes()
-            sub = self._slices.get(key)  # ids that repeat: their handle, kept
-            if sub is None:
-                sub = self._slice(ids, key)
+        outer.lap(C.SET_STATE_DATA_SLICE)
+        key = ids.tobytes()
+        sub = self._slices.get(key)  # ids that repeat: their handle, kept
+        if sub is None:
+            sub = self._slice(ids, key)
         # eager kinematics with no override to come between: in the reset call itself
         fused = not self.lazy_kinematics and rand is None
         call = _G_RESET  # one try for both calls (a with-guard each costs 2 Python calls)
         try:
-            with rec.scope(C.SET_STATE_DATA_RESET):
-                # reset + DoF write (+ FK) in one call (see the module docstring)
-                sub.reset(model, q, v, forward_kinematic=fused)
+            outer.lap(C.SET_STATE_DATA_RESET)
+            # reset + DoF write (+ FK) in one call (see the module docstring)
+            sub.reset(model, q, v, forward_kinematic=fused)
             if rand is not None:
+                outer.lap(None)
                 self._randomize(rec, sub, rand)  # overrides leave the DoF state alone
             call = _G_CTRL
-            with rec.scope(C.SET_STATE_ACTUATOR_CTRL):
-                sub.actuator_ctrls = ctrl  # computed with the rows in qpos_convert
+            outer.lap(C.SET_STATE_ACTUATOR_CTRL)
+            sub.actuator_ctrls = ctrl  # computed with the rows in qpos_convert
         except BaseException as e:
             call.__exit__(type(e), e, e.__traceback__)  # a panic: RuntimeError naming it
             raise
         if not fused:
-            self._kinematics(rec, ids, sub)  # the pose cache: marked stale in qpos_convert
+            self._kinematics(outer, ids, sub)  # the pose cache: marked stale in qpos_convert
 
     def _overrides(self) -> dict[str, Any]:
         """The engine's per-env override handles and their model values (made on first use)."""

@@ -65,7 +65,7 @@ from resettrace.model_facts import (
     robot_contact_geoms,
 )
 from resettrace.randomization import RandomizationRows
-from resettrace.tracing.recorder import NoopRecorder, Recorder
+from resettrace.tracing.recorder import NoopRecorder, NoopScope, Recorder, Scope
 
 log = logging.getLogger(__name__)
 
@@ -162,12 +162,13 @@ class MujocoBackend(RowBackend):
         return (OutRows(rows, oq, rows, ov, rows, oc, self.nq, self.nv), self._state,
                 self._warning)
 
-    def _write_rows(self, rec: Recorder | NoopRecorder, ids: np.ndarray, rows: OutRows,
-                    rand: RandomizationRows | None) -> None:
+    def _write_rows(self, rec: Recorder | NoopRecorder, outer: Scope | NoopScope,
+                    ids: np.ndarray, rows: OutRows, rand: RandomizationRows | None) -> None:
         # qpos_convert's pass has written the state rows and cleared the warning counters
+        outer.lap(None)
         if rand is not None:
             self._randomize(rec, ids, rand)
-        self._kinematics(rec, ids, None)  # the pose cache: marked stale in qpos_convert
+        self._kinematics(outer, ids, None)  # the pose cache: marked stale in qpos_convert
 
     def _expanded(self, name: str) -> np.ndarray:
         """The per-env copy of a model field (made on first use: it costs memory)."""

@@ -42,8 +42,8 @@ from typing import Any, Protocol
 from resettrace.catalog import CATALOG, Catalog, Phase
 
 __all__ = [
-    "Recorder", "NoopRecorder", "NOOP_RECORDER", "Record", "Scope", "TraceSink", "use_clock",
-    "note_once",
+    "Recorder", "NoopRecorder", "NOOP_RECORDER", "Record", "Scope", "NoopScope", "TraceSink",
+    "use_clock", "note_once",
 ]
 
 log = logging.getLogger("resettrace")
@@ -100,20 +100,24 @@ class TraceSink(Protocol):
     def on_trace(self, records: Sequence[Record], recorder: Recorder) -> None: ...
 
 
-class _NoopScope:
+class NoopScope:
     __slots__ = ()
 
-    def __enter__(self) -> _NoopScope:
+    def __enter__(self) -> NoopScope:
         return self
 
     def __exit__(self, *exc: object) -> None:
         return None
 
+    def lap(self, phase: Phase | str | None, count: int = NO_COUNT) -> None:
+        if phase.__class__ is str and phase not in CATALOG.by_span:  # typos fail when off too
+            CATALOG.resolve(phase)
+
     def timing(self) -> None:
         return None
 
 
-_NOOP_SCOPE = _NoopScope()
+_NOOP_SCOPE = NoopScope()
 
 
 class NoopRecorder:
@@ -122,9 +126,12 @@ class NoopRecorder:
     enabled = False
     attributes: Mapping[str, Any] = {}
 
-    def scope(self, phase: Phase | str, count: int = NO_COUNT) -> _NoopScope:
+    def scope(self, phase: Phase | str, count: int = NO_COUNT,
+              lap: Phase | str | None = None) -> NoopScope:
         if phase.__class__ is str and phase not in CATALOG.by_span:  # typos fail when off too
             CATALOG.resolve(phase)
+        if lap.__class__ is str and lap not in CATALOG.by_span:
+            CATALOG.resolve(lap)
         return _NOOP_SCOPE
 
 
@@ -142,15 +149,18 @@ class Scope:
     saved ~20 times per reset.
     """
 
-    __slots__ = ("_rec", "_index", "_count", "_pos", "_stack", "_records", "_layout")
+    __slots__ = ("_rec", "_index", "_count", "_first", "_pos", "_stack", "_records", "_laps",
+                 "_layout")
 
     def __init__(self, rec: Recorder, index: int) -> None:
         self._rec = rec
         self._index = index
         self._count = NO_COUNT
+        self._first = -1  # the phase index of its first lap (-1: none)
         self._pos = -1
         self._stack = rec._stack
         self._records = rec._records
+        self._laps = rec._laps
         self._layout: tuple[int, dict[int, str], dict[str, float], str | None] | None = None
 
     @property
@@ -171,6 +181,14 @@ class Scope:
             self._rec._token = _current_set(self._rec)
         stack.append(pos)
         records.append(r)
+        first = self._first
+        if first >= 0:  # it opens with its first lap
+            lap = [first, pos, 0, 0, NO_COUNT, 0]
+            stack.append(pos + 1)
+            records.append(lap)
+            self._laps.append(pos + 1)
+            r[2] = lap[2] = _perf_ns()
+            return self
         r[2] = _perf_ns()  # R_START, last: bookkeeping is not timed
         return self
 
@@ -183,6 +201,15 @@ class Scope:
             return
         records = self._records
         pos = stack[-1]
+        laps = self._laps
+        if laps and laps[-1] == pos:  # its running lap ends with it
+            laps.pop()
+            stack.pop()
+            r = records[pos]
+            r[3] = t
+            if exc_type is not None:
+                r[R_ERROR] = error_code(exc_type.__name__)
+            pos = stack[-1]
         r = records[pos]
         if r[0] != self._index and not self._unwind(t):
             return  # not open: ignored (a second exit, or never entered)
@@ -215,9 +242,59 @@ class Scope:
         note_once("exit-mismatch", "scope %r exited while %r inside it was still open; the "
                   "inner scopes were closed with it", cat[self._index].span,
                   cat[records[stack[-1]][0]].span)
+        laps, cut = self._laps, stack[at + 1]
+        while laps and laps[-1] >= cut:  # laps among them end too
+            laps.pop()
         while len(stack) > at + 1:
             records[stack.pop()][3] = t
         return True
+
+    def lap(self, phase: Phase | str | None, count: int = NO_COUNT) -> None:
+        """End this scope's running lap, if any, and start ``phase`` as its next, at one
+        clock read: phases that follow one another under this scope, with no gap between
+        them and one Python call each where a ``with`` scope takes three (on a reset's
+        small-k path, microseconds). ``None``: end the running lap only. The running lap
+        ends with this scope, taking the error of an exception that leaves it. A lap is a
+        child like a ``with`` scope's (scopes opened during it are its children); call it
+        only while this scope, or its running lap, is the innermost open scope (else it
+        is ignored, logged once)."""
+        t = _perf_ns()
+        stack = self._stack
+        if not stack:
+            note_once("lap-unopened", "lap of scope %r, which is not open; ignored",
+                      self._rec.catalog[self._index].span)
+            return
+        records = self._records
+        laps = self._laps
+        pos = stack[-1]
+        if laps and laps[-1] == pos:
+            records[pos][3] = t  # R_END of the running lap
+            laps.pop()
+            stack.pop()
+            pos = stack[-1]
+        if records[pos][0] != self._index:
+            note_once("lap-not-innermost", "lap of scope %r while %r inside it is open; "
+                      "ignored",
+                      self._rec.catalog[self._index].span,
+                      self._rec.catalog[records[pos][0]].span)
+            return
+        if phase is None:
+            return
+        rec = self._rec
+        if phase.__class__ is str:
+            s = rec._named.get(phase)
+            index = (s if s is not None else rec._scope_of(phase))._index
+        else:
+            index = phase.index  # type: ignore[assignment]
+            if index >= len(rec._scopes):  # a phase registered after this recorder
+                index = rec._scope_of(phase)._index
+        at = len(records)
+        if at >= MAX_TRACE_RECORDS:
+            rec._overflow()  # closes this scope too: the lap is not recorded
+            return
+        records.append([index, pos, t, 0, count, 0])
+        stack.append(at)
+        laps.append(at)
 
     def timing(self) -> dict[str, float]:
         """Closed timing dict of this scope's last run: its children's keys and the gap.
@@ -273,6 +350,8 @@ class Recorder:
         self._records: list[Record] = []
         self._last: list[Record] = []
         self._stack: list[int] = []
+        #: positions of the running laps (:meth:`Scope.lap`), each also on the stack
+        self._laps: list[int] = []
         self._scopes: list[Scope] = []
         self._named: dict[str, Scope] = {}
         self._grow()
@@ -285,20 +364,22 @@ class Recorder:
         scopes = self._scopes
         scopes.extend(Scope(self, i) for i in range(len(scopes), len(self.catalog)))
 
-    def scope(self, phase: Phase | str, count: int = NO_COUNT) -> Scope:
+    def scope(self, phase: Phase | str, count: int = NO_COUNT,
+              lap: Phase | str | None = None) -> Scope:
         """The scope of ``phase`` (a :class:`Phase` or a registered span name).
 
         ``count`` is the envs it resets (an attribute); an unknown name raises
-        ``ValueError`` listing the closest registered names.
+        ``ValueError`` listing the closest registered names. ``lap``: a phase the scope
+        opens with as its first lap (:meth:`Scope.lap`), on the same clock read.
         """
         ident = _get_ident()
         if ident != self._owner:
-            return self._other_thread().scope(phase, count)
+            return self._other_thread().scope(phase, count, lap)
         if not self._stack:  # join a trace this thread has open (another recorder's)
             cur = _current_get()
             if (cur is not None and cur is not self and cur.enabled and cur._stack
                     and cur._owner == ident):
-                return cur.scope(phase, count)
+                return cur.scope(phase, count, lap)
         if phase.__class__ is str:
             s = self._named.get(phase)
             if s is None:
@@ -309,6 +390,13 @@ class Recorder:
             except (AttributeError, IndexError):  # a phase registered after this recorder
                 s = self._scope_of(phase)
         s._count = count
+        if lap is None:
+            s._first = -1
+        else:
+            try:
+                s._first = self._scopes[lap.index]._index  # type: ignore[index]
+            except (AttributeError, IndexError):
+                s._first = self._scope_of(lap)._index
         return s
 
     def _scope_of(self, phase: Phase | str) -> Scope:
@@ -328,6 +416,7 @@ class Recorder:
         for pos in self._stack:
             self._records[pos][3] = t
         self._stack.clear()
+        self._laps.clear()
         token, self._token = self._token, None
         if token is not None:
             try:
