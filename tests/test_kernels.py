@@ -348,3 +348,28 @@ def test_motion_numba_env_steps_and_resets_like_numpy_env() -> None:
     finally:
         for env in envs:
             env.close()
+
+
+def test_pass_entry_is_kept_per_argument_types() -> None:
+    """One compiled entry point per description of the arguments' numba types: the same
+    types give the same entry point, another layout or writability another one."""
+    from resettrace.backends import _kernels as K
+
+    def args(q: np.ndarray) -> tuple[object, ...]:
+        k, nq = q.shape
+        return (np.arange(k), 8, np.zeros(k, np.int32), q, np.zeros((k, 6)), K.NO_ORDER,
+                np.zeros((k, nq)), 0, np.zeros((k, 6)), 0, np.zeros((k, 1)), 0,
+                np.array([7]), np.array([-1.0]), np.array([1.0]), False, np.ones(8, bool),
+                np.zeros(8, bool), True, K.NO_STATE, K.NO_WARNING)
+
+    q = np.zeros((2, 8))
+    q[:, 3] = 1.0
+    a = K.pass_entry(args(q))
+    assert K.pass_entry(args(q.copy())) is a
+    ro = q.copy()
+    ro.flags.writeable = False
+    b = K.pass_entry(args(ro))
+    assert b is not a and K.pass_entry(args(np.asfortranarray(q))) is not a
+    for entry, rows in ((a, args(q)), (b, args(ro))):  # each on the types it was made for
+        assert entry(*rows) == (K.OK, 0, 0)
+        assert rows[6][0, 3] == 1.0 and rows[10][0, 0] == 0.0

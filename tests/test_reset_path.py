@@ -193,6 +193,75 @@ def test_the_pass_scratch_of_each_reset_size_is_kept_and_stays_right(name) -> No
     assert 0 < len(b._passes) <= 64
 
 
+def _odd_rows(kind: str, q: np.ndarray, v: np.ndarray, ids: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same ids and rows as arrays of another numba type than int64 ids and float64
+    C-contiguous writable rows."""
+    if kind == "int32 ids":
+        return ids.astype(np.int32), q, v
+    if kind == "strided ids":
+        wide = np.zeros(2 * len(ids), np.int64)
+        wide[::2] = ids
+        return wide[::2], q, v
+    if kind == "float32 rows":
+        return ids, q.astype(np.float32), v.astype(np.float32)
+    if kind == "fortran rows":
+        return ids, np.asfortranarray(q), np.asfortranarray(v)
+    if kind == "read-only rows":
+        q, v = q.copy(), v.copy()
+        q.flags.writeable = v.flags.writeable = False
+        return ids, q, v
+    if kind == "strided rows":
+        wq, wv = np.zeros((len(q), 2 * q.shape[1])), np.zeros((len(v), 2 * v.shape[1]))
+        wq[:, ::2], wv[:, ::2] = q, v
+        return ids, wq[:, ::2], wv[:, ::2]
+    if kind == "list rows":
+        return ids, q.tolist(), v.tolist()
+    if kind == "float16 rows":  # (the reference widens the same float16 values)
+        return ids, q.astype(np.float16), v.astype(np.float16)
+    if kind == "big-endian ids":
+        return ids.astype(">i8"), q, v
+    assert kind == "big-endian rows"
+    return ids, q.astype(">f8"), v.astype(">f8")
+
+
+@pytest.mark.parametrize("name", ["mujoco", "motrix"])
+def test_only_the_usual_types_take_the_pass_entry_point(name, monkeypatch) -> None:
+    """int64 ids with float64 C-contiguous writable rows go to the pass's entry point
+    compiled for them (no type dispatch); arrays of any other numba type, which that entry
+    point would misread, go through the dispatcher, and every route leaves the state that
+    float64 rows leave."""
+    from resettrace.backends import _base, _kernels
+
+    dispatched = []
+    real = _base.prepare_rows
+
+    def spy(*args):
+        dispatched.append(args[3].dtype)  # qpos as the pass reads it
+        return real(*args)
+
+    monkeypatch.setattr(_base, "prepare_rows", spy)
+    monkeypatch.setattr(_kernels, "prepare_rows", spy)  # convert_rows' route
+    rng = np.random.default_rng(21)
+    for k in (2, 5):  # (one row is C-contiguous whatever its strides)
+        ids = np.sort(rng.choice(N, k, replace=False))
+        q, v = stand_rows(_make(name), k, rng)
+        for kind in ("int32 ids", "strided ids", "float32 rows", "fortran rows",
+                     "read-only rows", "strided rows", "big-endian rows", "list rows",
+                     "float16 rows", "big-endian ids"):
+            odd_ids, oq, ov = _odd_rows(kind, q, v, ids)
+            ref, got = _make(name), _make(name)
+            dispatched.clear()
+            # the same values as int64 ids and float64 C rows (float32 widens exactly)
+            ref.set_state(ids.copy(), np.array(oq, np.float64, order="C"),
+                          np.array(ov, np.float64, order="C"))
+            assert dispatched == [], "the usual types went through the dispatcher"
+            got.set_state(odd_ids, oq, ov)
+            assert len(dispatched) == 1, kind
+            for x, y in zip(_state(ref), _state(got), strict=True):
+                np.testing.assert_array_equal(x, y, err_msg=kind)
+
+
 def test_mujoco_forward_falls_back_to_the_public_call() -> None:
     """Without mujoco.batch's internals, forward kinematics goes through Batch.forward."""
     from resettrace.backends.mujoco import _STAGE_POS, forward_rows

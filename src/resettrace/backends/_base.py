@@ -9,8 +9,10 @@ engine writes:
 mask           0.0: no bool mask is built; the ids are checked in qpos_convert
 qpos_convert   ``id_array`` (the ids are a 1-D integer array), the randomization rows
                checked, then one compiled pass (its k-row scratch views made and checked
-               once per k, :meth:`RowBackend._pass_rows`; ndarrays of the right shapes go
-               straight to it, anything else through ``convert_rows``): the ids checked
+               once per k, :meth:`RowBackend._pass_rows`; int64 ids with float64
+               C-contiguous rows go to its entry point compiled for them, other ndarrays of
+               the right shapes through numba's dispatcher, anything else through
+               ``convert_rows``): the ids checked
                sorted, unique and in range into the int32 index (unsorted ids: sorted
                first, then a second pass), the rows into the scratch rows
                (:meth:`RowBackend._reset_rows`; on MuJoCo written into the engine's
@@ -37,9 +39,10 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends._kernels import NO_ORDER, OK, prepare_rows
+from resettrace.backends._kernels import NO_ORDER, OK, pass_entry, prepare_rows
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import (
+    PASS_DTYPES,
     OutRows,
     check_pass_target,
     convert_rows,
@@ -93,8 +96,15 @@ class Scratch:
 #: what :meth:`RowBackend._reset_rows` gives the compiled pass: output rows, the engine
 #: state rows it scatters them to (or None), their warning counters (or None)
 PassTarget = tuple[OutRows, np.ndarray | None, np.ndarray | None]
+#: what :meth:`RowBackend._pass_rows` keeps for k rows: the int32 ids, the output rows,
+#: the state rows and warning counters as the pass takes them, and the pass's entry point
+#: for int64 ids and float64 C-contiguous rows (:func:`pass_entry`)
+PassRows = tuple[np.ndarray, OutRows, np.ndarray, np.ndarray, Any]
 
 _NDARRAY = np.ndarray
+#: the caller types the pass's entry point is compiled for (np.flatnonzero's ids, float64
+#: rows); others go through the dispatcher
+_I64, _F64 = np.dtype(np.int64), np.dtype(np.float64)
 #: reset sizes whose pass scratch is kept (all dropped when one more comes)
 _PASSES = 64
 
@@ -132,8 +142,8 @@ class RowBackend:
         self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
         self._scratch = Scratch((self.nq,), (self.nv,), (self.nu,), dtype=self._dtype)
         self._ids = Scratch((), dtype=np.int32)  # the sorted ids, as engines index rows
-        #: the pass's k-row scratch, by k (:meth:`_pass_rows`)
-        self._passes: dict[int, tuple[np.ndarray, OutRows, np.ndarray, np.ndarray]] = {}
+        #: the pass's k-row scratch and entry point, by k (:meth:`_pass_rows`)
+        self._passes: dict[int, PassRows] = {}
         #: rows whose kinematics have not been computed since their set_state
         self._kin_stale = np.zeros(self.num_envs, dtype=bool)
 
@@ -177,7 +187,8 @@ class RowBackend:
         rec = current_recorder(self.recorder)
         # a 1-D integer id array (the usual np.flatnonzero(done)) takes no Python call here
         plain = (env_ids.__class__ is _NDARRAY and env_ids.ndim == 1
-                 and env_ids.dtype.kind in "iu")
+                 and (env_ids.dtype is _I64 or (env_ids.dtype.kind in "iu"
+                                                and env_ids.dtype in PASS_DTYPES)))
         # no mask phase: the ids are checked and indexed in the compiled pass; the phases
         # are laps of the outer scope (one call each, see Scope.lap), qpos_convert its first
         with rec.scope(C.SET_STATE, env_ids.shape[0] if plain else int(np.size(env_ids)),
@@ -191,14 +202,21 @@ class RowBackend:
             rows = self._passes.get(k)
             if rows is None:
                 rows = self._pass_rows(k)
-            ids_out, out, state, warning = rows
+            ids_out, out, state, warning, entry = rows
             # float or integer ndarrays of the right shapes go straight to the pass
-            # (inline: on the small-k path each Python call costs microseconds)
-            if (k and qpos.__class__ is _NDARRAY and qvel.__class__ is _NDARRAY
-                    and qpos.shape == (k, self.nq) and qvel.shape == (k, self.nv)
-                    and qpos.dtype.kind in "fiu" and qvel.dtype.kind in "fiu"):
+            # (inline: on the small-k path each Python call costs microseconds); those of
+            # the usual types to its entry point compiled for them (no type dispatch)
+            if not (k and qpos.__class__ is _NDARRAY and qvel.__class__ is _NDARRAY
+                    and qpos.shape == (k, self.nq) and qvel.shape == (k, self.nv)):
+                entry = None
+            elif not (ids_in.dtype is _I64 and qpos.dtype is _F64 and qvel.dtype is _F64
+                      and ids_in.flags.carray and qpos.flags.carray and qvel.flags.carray):
+                # another numba type: the dispatcher, for dtypes the pass takes as they are
+                entry = prepare_rows if (qpos.dtype in PASS_DTYPES
+                                         and qvel.dtype in PASS_DTYPES) else None
+            if entry is not None:
                 q, oq, v, ov, c, oc = out[:6]
-                code, row, col = prepare_rows(
+                code, row, col = entry(
                     ids_in, self.num_envs, ids_out, qpos, qvel, NO_ORDER, q, oq, v, ov, c,
                     oc, self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
                     self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics), state,
@@ -222,23 +240,30 @@ class RowBackend:
         return {"timing": t} if (t := outer.timing()) is not None else None
 
     def _finish(self, code: int, row: int, col: int, ids_in: np.ndarray, qpos: np.ndarray,
-                qvel: np.ndarray, rows: tuple[np.ndarray, OutRows, np.ndarray, np.ndarray]
-                ) -> tuple[np.ndarray, np.ndarray | None]:
+                qvel: np.ndarray, rows: PassRows) -> tuple[np.ndarray, np.ndarray | None]:
         """After a first pass that did not return OK (unsorted ids, or a bad id or row):
         :func:`finish_pass` on this backend's scratch."""
-        ids_out, out, state, warning = rows
+        ids_out, out, state, warning, _ = rows
         return finish_pass(code, row, col, ids_in, self.num_envs, ids_out, qpos, qvel, out,
                            self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
                            self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics),
                            state, warning)
 
-    def _pass_rows(self, k: int) -> tuple[np.ndarray, OutRows, np.ndarray, np.ndarray]:
+    def _pass_rows(self, k: int) -> PassRows:
         """The k-row scratch of the pass (:meth:`_reset_rows`' and the int32 ids), checked
-        against what the pass indexes unchecked, and kept for the next reset of k rows."""
+        against what the pass indexes unchecked, with the pass's entry point for int64 ids
+        and float64 C-contiguous rows, kept for the next reset of k rows."""
         out, state, warning = self._reset_rows(k)
         state, warning = check_pass_target(k, self.num_envs, out, self._ctrl_lo,
                                            self.poses.fresh, self._kin_stale, state, warning)
-        rows = (self._ids.rows(k)[0], out, state, warning)
+        ids_out = self._ids.rows(k)[0]
+        q, oq, v, ov, c, oc = out[:6]
+        entry = pass_entry((
+            np.zeros(k, _I64), self.num_envs, ids_out, np.zeros((k, self.nq), _F64),
+            np.zeros((k, self.nv), _F64), NO_ORDER, q, oq, v, ov, c, oc, self._act_qadr,
+            self._ctrl_lo, self._ctrl_hi, self._xyzw, self.poses.fresh, self._kin_stale,
+            bool(self.lazy_kinematics), state, warning))
+        rows = (ids_out, out, state, warning, entry)
         if len(self._passes) >= _PASSES:
             self._passes.clear()
         self._passes[k] = rows

@@ -12,10 +12,15 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["check_ids", "id_array", "convert_rows", "check_pass_target", "finish_pass",
-           "OutRows", "check_rows", "normalise_quat_into", "QUAT_EPS"]
+           "OutRows", "check_rows", "normalise_quat_into", "QUAT_EPS", "PASS_DTYPES"]
 
 #: A base quaternion shorter than this cannot be normalised.
 QUAT_EPS = 1e-9
+#: the dtypes the compiled pass takes as they are (native-order integers and floats);
+#: other numeric rows (float16, long double, another byte order) are converted first
+PASS_DTYPES = frozenset(np.dtype(t) for t in (
+    np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+    np.float32, np.float64))
 
 
 def id_array(env_ids: object) -> np.ndarray:
@@ -29,6 +34,8 @@ def id_array(env_ids: object) -> np.ndarray:
         raise ValueError(f"env_ids must be one-dimensional, got shape {ids.shape}")
     if ids.size and ids.dtype.kind not in "iu":
         raise ValueError(f"env_ids must be integers, got dtype {ids.dtype}")
+    if ids.dtype not in PASS_DTYPES:  # another byte order: the pass cannot read it
+        ids = ids.astype(ids.dtype.newbyteorder("="))
     return ids
 
 
@@ -90,6 +97,8 @@ def _shaped(name: str, rows: object, k: int, width: int) -> np.ndarray:
                          f"got {a.shape}")
     if a.dtype.kind not in "fiu":
         raise ValueError(f"{name} must be numeric, got dtype {a.dtype}")
+    if a.dtype not in PASS_DTYPES:  # float16, long double, another byte order
+        a = a.astype(np.float64)
     return a
 
 
@@ -166,12 +175,12 @@ def check_pass_target(k: int, num_envs: int, out: OutRows, ctrl_lo: np.ndarray,
             or oc + ctrl_lo.shape[0] > c.shape[1]):  # the pass indexes these unchecked too
         raise ValueError(f"{k} output rows {q.shape}, {v.shape}, {c.shape} do not hold "
                          f"{k} ids' qpos, qvel and ctrl at {oq}, {ov}, {oc}")
-    if state is None:
+    if state is None or state is K.NO_STATE:  # (kept pass rows hold the stand-ins)
         state = K.NO_STATE
     elif state.shape[0] < num_envs or state.shape[1] != q.shape[1]:  # the pass indexes them
         raise ValueError(f"state rows {state.shape} do not hold {num_envs} rows of the "
                          f"output rows' width {q.shape[1]}")
-    if warning is None:
+    if warning is None or warning is K.NO_WARNING:
         warning = K.NO_WARNING
     elif warning.shape[0] < num_envs:
         raise ValueError(f"warning counters {warning.shape} do not hold {num_envs} rows")
