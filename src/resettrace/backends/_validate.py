@@ -34,8 +34,8 @@ def id_array(env_ids: object) -> np.ndarray:
         raise ValueError(f"env_ids must be one-dimensional, got shape {ids.shape}")
     if ids.size and ids.dtype.kind not in "iu":
         raise ValueError(f"env_ids must be integers, got dtype {ids.dtype}")
-    if ids.dtype not in PASS_DTYPES:  # another byte order: the pass cannot read it
-        ids = ids.astype(ids.dtype.newbyteorder("="))
+    if ids.dtype.kind in "iu" and ids.dtype not in PASS_DTYPES:  # another byte order
+        ids = ids.astype(ids.dtype.newbyteorder("="))  # (the pass cannot read it)
     return ids
 
 
