@@ -352,18 +352,22 @@ def test_motion_numba_env_steps_and_resets_like_numpy_env() -> None:
 
 def test_pass_entry_is_kept_per_argument_types() -> None:
     """One compiled entry point per description of the arguments' numba types: the same
-    types give the same entry point, another layout or writability another one."""
+    types give the same entry point, another layout or writability another one, except at
+    the positions typed with any layout, where C, Fortran, strided and read-only arrays
+    share one entry point that reads each through its strides."""
     from resettrace.backends import _kernels as K
 
-    def args(q: np.ndarray) -> tuple[object, ...]:
+    def args(q: np.ndarray, ids: np.ndarray | None = None) -> tuple[object, ...]:
         k, nq = q.shape
-        return (np.arange(k), 8, np.zeros(k, np.int32), q, np.zeros((k, 6)), K.NO_ORDER,
-                np.zeros((k, nq)), 0, np.zeros((k, 6)), 0, np.zeros((k, 1)), 0,
-                np.array([7]), np.array([-1.0]), np.array([1.0]), False, np.ones(8, bool),
-                np.zeros(8, bool), True, K.NO_STATE, K.NO_WARNING)
+        return (np.arange(k) if ids is None else ids, 8, np.zeros(k, np.int32), q,
+                np.zeros((k, 6)), K.NO_ORDER, np.zeros((k, nq)), 0, np.zeros((k, 6)), 0,
+                np.zeros((k, 1)), 0, np.array([7]), np.array([-1.0]), np.array([1.0]),
+                False, np.ones(8, bool), np.zeros(8, bool), True, K.NO_STATE, K.NO_WARNING,
+                K.NO_KEPT)
 
     q = np.zeros((2, 8))
     q[:, 3] = 1.0
+    q[:, 7] = [0.25, 0.5]
     a = K.pass_entry(args(q))
     assert K.pass_entry(args(q.copy())) is a
     ro = q.copy()
@@ -371,5 +375,46 @@ def test_pass_entry_is_kept_per_argument_types() -> None:
     b = K.pass_entry(args(ro))
     assert b is not a and K.pass_entry(args(np.asfortranarray(q))) is not a
     for entry, rows in ((a, args(q)), (b, args(ro))):  # each on the types it was made for
-        assert entry(*rows) == (K.OK, 0, 0)
-        assert rows[6][0, 3] == 1.0 and rows[10][0, 0] == 0.0
+        assert entry(*rows) == (K.OK, -1, 0)
+        assert rows[6][0, 3] == 1.0 and rows[10][0, 0] == 0.25
+    any_layout = K.pass_entry(args(q), any_layout=(0, 3, 4))
+    assert any_layout is not a
+    wide = np.zeros((2, 16))
+    wide[:, ::2] = q
+    wide_ids = np.array([0, 9, 1, 9])
+    for odd in (np.asfortranarray(q), wide[:, ::2], ro):
+        assert K.pass_entry(args(odd), any_layout=(0, 3, 4)) is any_layout
+        rows = args(odd, wide_ids[::2])
+        assert any_layout(*rows) == (K.OK, -1, 0)
+        np.testing.assert_array_equal(rows[2], [0, 1])  # the strided ids, read right
+        np.testing.assert_array_equal(rows[6], q)
+        np.testing.assert_array_equal(rows[10][:, 0], [0.25, 0.5])  # ctrl from column 7
+
+
+def test_the_pass_finds_the_ids_among_the_kept_id_sets() -> None:
+    """Given id sets kept by the caller (one per row, -1 where none), the pass returns the
+    row that holds exactly its sorted ids, -1 when none does or they hold another size."""
+    from resettrace.backends import _kernels as K
+
+    k, nq = 3, 8
+    q = np.zeros((k, nq))
+    q[:, 3] = 1.0
+
+    def run(ids: list[int], kept: np.ndarray) -> tuple[int, int, int]:
+        return K.prepare_rows(np.array(ids), 10, np.zeros(k, np.int32), q,
+                              np.zeros((k, 6)), K.NO_ORDER, np.zeros((k, nq)), 0,
+                              np.zeros((k, 6)), 0, np.zeros((k, 1)), 0, np.array([7]),
+                              np.array([-1.0]), np.array([1.0]), False, np.ones(10, bool),
+                              np.zeros(10, bool), True, K.NO_STATE, K.NO_WARNING, kept)
+
+    kept = np.full((4, k), -1, np.int32)
+    kept[1] = [2, 5, 8]
+    kept[2] = [2, 5, 9]
+    kept[3] = [1, 5, 9]
+    assert run([2, 5, 9], kept) == (K.OK, 2, 0)
+    assert run([2, 5, 8], kept) == (K.OK, 1, 0)
+    assert run([1, 5, 9], kept) == (K.OK, 3, 0)
+    assert run([2, 6, 9], kept) == (K.OK, -1, 0)  # a prefix or a suffix is not a match
+    assert run([2, 5, 9], np.full((4, 2), 2, np.int32)) == (K.OK, -1, 0)
+    assert run([2, 5, 9], K.NO_KEPT) == (K.OK, -1, 0)
+    assert run([9, 5, 2], kept)[0] == K.UNSORTED  # (the caller sorts, no slot then)

@@ -94,10 +94,13 @@ def test_bad_randomization_is_refused_before_any_engine_call(off_backend, bad, m
 def test_timing_schema_every_key_every_call(timing_session) -> None:
     b = _make(timing_session)
     rng = np.random.default_rng(1)
-    for _, timing in reset_timings(b, range(1, N + 1, 7), rng):
-        for key in ("set_state_data_slice_ms", "set_state_data_reset_ms",
-                    "set_state_actuator_ctrl_ms", "set_state_qpos_convert_ms"):
+    ks = list(range(1, N + 1, 7))
+    for i, (_, timing) in enumerate(reset_timings(b, ks, rng)):
+        for key in ("set_state_data_reset_ms", "set_state_actuator_ctrl_ms",
+                    "set_state_qpos_convert_ms"):
             assert timing[key] > 0.0, key
+        # all N rows were reset at the start (at the keyframe): their handle is kept
+        assert (timing["set_state_data_slice_ms"] > 0.0) == (ks[i % len(ks)] < N)
         # lazy: the pass marks the kinematics stale; eager: FK inside the reset call
         assert timing["set_state_forward_kinematic_ms"] == 0.0
         for key in ("set_state_clear_forces_ms", "set_state_invalidate_velocity_ms",
@@ -333,6 +336,13 @@ def test_engine_panics_become_runtime_errors(exc, expected) -> None:
         assert info.value.__cause__ is exc
 
 
+def _swap_handle(b, ids: np.ndarray, sub) -> None:
+    """Put ``sub`` where set_state keeps its handle on ``ids`` (written before)."""
+    held = b._passes[len(ids)][-1]
+    (slot,) = np.flatnonzero((held.ids == ids).all(axis=1))
+    held.subs[slot] = sub
+
+
 @pytest.mark.parametrize("call", ["reset", "actuator_ctrls"])
 def test_a_panic_inside_set_state_is_a_runtime_error_naming_the_call(call) -> None:
     """set_state's reset and control writes share one guard: a panic in either (here a
@@ -345,8 +355,7 @@ def test_a_panic_inside_set_state_is_a_runtime_error_naming_the_call(call) -> No
         v = np.zeros((2, b.nv))
         b.lazy_kinematics = False
         b.set_state(ids, q, v)
-        key = ids.astype(np.int32).tobytes()
-        real = b._slices[key]
+        real = b._slices[ids.astype(np.int32).tobytes()]
 
         class Panicking:
             def reset(self, *a, **kw):
@@ -357,16 +366,16 @@ def test_a_panic_inside_set_state_is_a_runtime_error_naming_the_call(call) -> No
             def __setattr__(self, name, value):
                 raise _FakePanic("boom")
 
-        b._slices[key] = Panicking()
+        _swap_handle(b, ids, Panicking())
         name = "SceneData.reset" if call == "reset" else "SceneData.actuator_ctrls"
         with pytest.raises(RuntimeError, match=f"motrixsim {name} panicked: boom") as info:
             b.set_state(ids, q, v)
         assert isinstance(info.value.__cause__, _FakePanic)
         assert b._kin_stale[ids].all()
-        b._slices[key] = real
+        _swap_handle(b, ids, real)
         with pytest.raises(KeyboardInterrupt):  # not a panic: passes untouched
-            b._slices[key] = SimpleNamespace(reset=lambda *a, **kw: (_ for _ in ()).throw(
-                KeyboardInterrupt()))
+            _swap_handle(b, ids, SimpleNamespace(reset=lambda *a, **kw: (_ for _ in ()).throw(
+                KeyboardInterrupt())))
             b.set_state(ids, q, v)
     finally:
         b.close()
@@ -475,3 +484,43 @@ def test_a_closed_backend_refuses_a_reset_of_rows_it_reset_before() -> None:
     assert b._slices == {}
     with pytest.raises(RuntimeError, match="closed"):
         b.set_state(ids, *stand_rows(b, 2))
+
+
+def test_kept_handles_write_the_rows_of_their_own_ids(timing_session) -> None:
+    """set_state keeps its handles on the last 16 id sets of each reset size, found by the
+    compiled pass: over 24 id sets of one size (more than are kept), in a random order
+    with physics steps between, every reset writes exactly what a backend that keeps no
+    handles writes; a repeated id set reuses its handle (data_slice reads 0.0), a new or
+    dropped one builds a handle there."""
+    b = _make(timing_session)
+    ref = _make(Tracing(resettrace.Config()))
+    ref._kept_handles = 0  # every reset through the keyed handles (or new ones)
+    try:
+        rng = np.random.default_rng(24)
+        sets = [np.sort(rng.choice(N, 5, replace=False)) for _ in range(24)]
+        recent: list[int] = []  # the last 16 distinct sets, oldest first
+        hits = misses = 0
+        ctrl = np.tile(b.keyframe_qpos[7:], (N, 1))
+        for _ in range(120):
+            j = int(rng.integers(len(sets))) if rng.random() < 0.5 or not recent \
+                else recent[int(rng.integers(len(recent)))]
+            q, v = stand_rows(b, 5, rng)
+            out = b.set_state(sets[j], q, v)
+            ref.set_state(sets[j], q, v)
+            kept = j in recent
+            if not kept:
+                recent = (recent + [j])[-16:]
+            assert (out["timing"]["set_state_data_slice_ms"] == 0.0) == kept
+            hits, misses = hits + kept, misses + (not kept)
+            np.testing.assert_array_equal(b.get_qpos_rows(None), ref.get_qpos_rows(None))
+            np.testing.assert_array_equal(b.get_qvel_rows(None), ref.get_qvel_rows(None))
+            np.testing.assert_array_equal(b.get_body_pose_rows(None, ["pelvis"]),
+                                          ref.get_body_pose_rows(None, ["pelvis"]))
+            if rng.random() < 0.3:
+                b.step(ctrl)
+                ref.step(ctrl)
+        assert hits > 20 and misses > 20
+        assert ref._passes[5][-1].subs == []
+    finally:
+        b.close()
+        ref.close()

@@ -9,15 +9,17 @@ engine writes:
 mask           0.0: no bool mask is built; the ids are checked in qpos_convert
 qpos_convert   ``id_array`` (the ids are a 1-D integer array), the randomization rows
                checked, then one compiled pass (its k-row scratch views made and checked
-               once per k, :meth:`RowBackend._pass_rows`; int64 ids with float64
-               C-contiguous rows go to its entry point compiled for them, other ndarrays of
+               once per k, :meth:`RowBackend._pass_rows`; int64 ids with float64 rows,
+               in any layout, go to its entry point compiled for them, other ndarrays of
                the right shapes through numba's dispatcher, anything else through
                ``convert_rows``): the ids checked
                sorted, unique and in range into the int32 index (unsorted ids: sorted
                first, then a second pass), the rows into the scratch rows
                (:meth:`RowBackend._reset_rows`; on MuJoCo written into the engine's
-               state rows by the same pass), and the rows marked: pose cache stale, and
-               kinematics stale when lazy; then the randomization rows put in id order
+               state rows by the same pass), the rows marked: pose cache stale, and
+               kinematics stale when lazy, and the ids found among the id sets of k
+               rows whose engine handles are kept (:class:`KeptHandles`; MotrixSim);
+               then the randomization rows put in id order
 (engine)       :meth:`RowBackend._write_rows`, each engine's own phases
 =============  ========================================================================
 
@@ -39,7 +41,7 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends._kernels import NO_ORDER, OK, pass_entry, prepare_rows
+from resettrace.backends._kernels import NO_KEPT, NO_ORDER, OK, pass_entry, prepare_rows
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import (
     PASS_DTYPES,
@@ -97,9 +99,36 @@ class Scratch:
 #: state rows it scatters them to (or None), their warning counters (or None)
 PassTarget = tuple[OutRows, np.ndarray | None, np.ndarray | None]
 #: what :meth:`RowBackend._pass_rows` keeps for k rows: the int32 ids, the output rows,
-#: the state rows and warning counters as the pass takes them, and the pass's entry point
-#: for int64 ids and float64 C-contiguous rows (:func:`pass_entry`)
-PassRows = tuple[np.ndarray, OutRows, np.ndarray, np.ndarray, Any]
+#: the state rows and warning counters as the pass takes them, the pass's entry point
+#: for int64 ids and float64 rows of any layout (:func:`pass_entry`), the shapes of qpos
+#: and qvel, and the engine's handles on the id sets of k rows written last
+PassRows = tuple[np.ndarray, OutRows, np.ndarray, np.ndarray, Any, tuple[int, int],
+                 tuple[int, int], "KeptHandles"]
+class KeptHandles:
+    """An engine's handles on the last ``size`` id sets of k rows that ``set_state`` wrote
+    (the first kept goes first when one more comes): ``ids`` holds each set as sorted
+    int32 (-1 where none), for the compiled pass to find the ids among them; ``subs[i]``
+    is the handle on ``ids[i]``."""
+
+    __slots__ = ("ids", "subs", "_next")
+
+    def __init__(self, k: int, size: int) -> None:
+        self.ids = np.full((size, k), -1, np.int32)
+        self.subs: list[Any] = [None] * size
+        self._next = 0
+
+    def keep(self, ids: np.ndarray, sub: Any) -> None:
+        """Keep ``sub``, the handle on the sorted ``ids`` (k of them); nothing when size 0."""
+        if self.subs:
+            i = self._next
+            self.ids[i] = ids
+            self.subs[i] = sub
+            self._next = (i + 1) % len(self.subs)
+
+
+#: the pass's arguments that are the caller's (ids, qpos, qvel): its entry point takes
+#: them in any layout
+_CALLER_ARGS = (0, 3, 4)
 
 _NDARRAY = np.ndarray
 #: the caller types the pass's entry point is compiled for (np.flatnonzero's ids, float64
@@ -132,6 +161,9 @@ class RowBackend:
     #: where it is called), and not at all when the next physics step, which recomputes
     #: them from qpos, comes first. ``False``: forward kinematics inside ``set_state``.
     lazy_kinematics = True
+    #: handles on id sets of each reset size the engine keeps (:class:`KeptHandles`; 0: the
+    #: engine indexes rows with no handle)
+    _kept_handles = 0
 
     def _init_rows(self, m: mujoco.MjModel) -> None:
         """Keyframe, actuator columns, control limits and scratch rows of model ``m``."""
@@ -202,28 +234,32 @@ class RowBackend:
             rows = self._passes.get(k)
             if rows is None:
                 rows = self._pass_rows(k)
-            ids_out, out, state, warning, entry = rows
+            ids_out, out, state, warning, entry, qshape, vshape, held = rows
             # float or integer ndarrays of the right shapes go straight to the pass
             # (inline: on the small-k path each Python call costs microseconds); those of
-            # the usual types to its entry point compiled for them (no type dispatch)
+            # the usual dtypes, in any layout, to its entry point compiled for them (no
+            # type dispatch)
             if not (k and qpos.__class__ is _NDARRAY and qvel.__class__ is _NDARRAY
-                    and qpos.shape == (k, self.nq) and qvel.shape == (k, self.nv)):
+                    and qpos.shape == qshape and qvel.shape == vshape):
                 entry = None
-            elif not (ids_in.dtype is _I64 and qpos.dtype is _F64 and qvel.dtype is _F64
-                      and ids_in.flags.carray and qpos.flags.carray and qvel.flags.carray):
+            elif not (ids_in.dtype is _I64 and qpos.dtype is _F64 and qvel.dtype is _F64):
                 # another numba type: the dispatcher, for dtypes the pass takes as they are
                 entry = prepare_rows if (qpos.dtype in PASS_DTYPES
                                          and qvel.dtype in PASS_DTYPES) else None
             if entry is not None:
                 q, oq, v, ov, c, oc = out[:6]
-                code, row, col = entry(
+                code, slot, col = entry(
                     ids_in, self.num_envs, ids_out, qpos, qvel, NO_ORDER, q, oq, v, ov, c,
                     oc, self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
                     self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics), state,
-                    warning)
-                ids, order = (ids_out, None) if code == OK else self._finish(
-                    code, row, col, ids_in, qpos, qvel, rows)
+                    warning, held.ids)
+                if code == OK:  # slot: where the engine's handle on these ids is kept
+                    ids, order = ids_out, None
+                else:
+                    ids, order = self._finish(code, slot, col, ids_in, qpos, qvel, rows)
+                    slot = -1
             else:  # anything else: the full checks
+                slot = -1
                 ids, order = convert_rows(
                     ids_in, self.num_envs, ids_out, qpos, qvel, out, self._act_qadr,
                     self._ctrl_lo, self._ctrl_hi, xyzw=self._xyzw, fresh=self.poses.fresh,
@@ -233,7 +269,7 @@ class RowBackend:
                 randomization = reorder_rows(randomization, order)
             if k:
                 try:
-                    self._write_rows(rec, outer, ids, out, randomization)
+                    self._write_rows(rec, outer, ids, out, randomization, held, slot)
                 except BaseException:  # the engine failed: recompute these rows' kinematics
                     self._kin_stale[ids] = True
                     raise
@@ -243,7 +279,7 @@ class RowBackend:
                 qvel: np.ndarray, rows: PassRows) -> tuple[np.ndarray, np.ndarray | None]:
         """After a first pass that did not return OK (unsorted ids, or a bad id or row):
         :func:`finish_pass` on this backend's scratch."""
-        ids_out, out, state, warning, _ = rows
+        ids_out, out, state, warning = rows[:4]
         return finish_pass(code, row, col, ids_in, self.num_envs, ids_out, qpos, qvel, out,
                            self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
                            self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics),
@@ -252,7 +288,8 @@ class RowBackend:
     def _pass_rows(self, k: int) -> PassRows:
         """The k-row scratch of the pass (:meth:`_reset_rows`' and the int32 ids), checked
         against what the pass indexes unchecked, with the pass's entry point for int64 ids
-        and float64 C-contiguous rows, kept for the next reset of k rows."""
+        and float64 rows of any layout and the engine's handles on id sets of k rows, kept
+        for the next reset of k rows."""
         out, state, warning = self._reset_rows(k)
         state, warning = check_pass_target(k, self.num_envs, out, self._ctrl_lo,
                                            self.poses.fresh, self._kin_stale, state, warning)
@@ -262,8 +299,9 @@ class RowBackend:
             np.zeros(k, _I64), self.num_envs, ids_out, np.zeros((k, self.nq), _F64),
             np.zeros((k, self.nv), _F64), NO_ORDER, q, oq, v, ov, c, oc, self._act_qadr,
             self._ctrl_lo, self._ctrl_hi, self._xyzw, self.poses.fresh, self._kin_stale,
-            bool(self.lazy_kinematics), state, warning))
-        rows = (ids_out, out, state, warning, entry)
+            bool(self.lazy_kinematics), state, warning, NO_KEPT), any_layout=_CALLER_ARGS)
+        rows = (ids_out, out, state, warning, entry, (k, self.nq), (k, self.nv),
+                KeptHandles(k, self._kept_handles))
         if len(self._passes) >= _PASSES:
             self._passes.clear()
         self._passes[k] = rows
@@ -279,10 +317,12 @@ class RowBackend:
         return OutRows(q, 0, v, 0, ctrl, 0, self.nq, self.nv), None, None
 
     def _write_rows(self, rec: Recorder | NoopRecorder, outer: Scope | NoopScope,
-                    ids: np.ndarray, rows: OutRows, rand: RandomizationRows | None) -> None:
+                    ids: np.ndarray, rows: OutRows, rand: RandomizationRows | None,
+                    held: KeptHandles, slot: int) -> None:
         """Write the k validated rows (``ids``: sorted int32 scratch, valid until the next
         ``set_state``; ``rows``: what :meth:`_reset_rows` gave, filled) to the engine, each
         step in its phase: a lap of set_state's scope ``outer`` (the first ends
         qpos_convert's), or a ``rec.scope`` once ``outer.lap(None)`` has ended the running
-        lap."""
+        lap. ``held``: the engine's handles on id sets of k rows, ``slot`` the one that
+        holds ``ids`` (-1: none), found by the compiled pass."""
         raise NotImplementedError

@@ -152,7 +152,7 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
     q, oq, v, ov, c, oc = out[:6]
     code, row, col = K.prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, K.NO_ORDER, q, oq,
                                     v, ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw, fresh,
-                                    stale, lazy, state, warning)
+                                    stale, lazy, state, warning, K.NO_KEPT)
     if code == K.OK:
         return ids_out, None
     return finish_pass(code, row, col, ids_in, num_envs, ids_out, q_in, v_in, out, act_qadr,
@@ -202,7 +202,7 @@ def finish_pass(code: int, row: int, col: int, ids_in: np.ndarray, num_envs: int
         ids, order = check_ids(ids_in, num_envs)
         code, row, col = K.prepare_rows(ids, num_envs, ids_out, q_in, v_in, order, q, oq, v,
                                         ov, c, oc, act_qadr, ctrl_lo, ctrl_hi, xyzw, fresh,
-                                        stale, lazy, state, warning)
+                                        stale, lazy, state, warning, K.NO_KEPT)
     if code == K.OK:
         return ids_out, order
     if code == K.BAD_ID:

@@ -15,8 +15,11 @@ qpos_convert       the ids a 1-D integer array; then one compiled pass: check th
                    compute the actuator targets, into reused float32 scratch rows, and
                    mark the rows' pose cache stale (and, lazy, their kinematics)
 data_slice         ``data[DisjointIndices(ids)]``: a handle on the k rows, O(k); the
-                   handles of 16 id sets are kept (the oldest built goes first), and
-                   ids that repeat reuse theirs (the lazy pose read of the same rows too)
+                   handles of the last 16 id sets of each reset size are kept (the
+                   first kept goes first), and ids that repeat reuse theirs, found by the
+                   qpos_convert pass (0.0 here then); handles are also kept by the ids'
+                   bytes for 16 id sets of any size, which the lazy pose read of the same
+                   rows reuses
 data_reset         ``sub.reset(model, q, v)``: one fused engine call that resets the rows
                    (DoF state, controls and override buffers back to the model defaults)
                    **and** writes their DoF positions and velocities
@@ -79,7 +82,7 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends._base import RowBackend, Scratch, check_num_envs
+from resettrace.backends._base import KeptHandles, RowBackend, Scratch, check_num_envs
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import OutRows
 from resettrace.contract import BackendInfo
@@ -217,6 +220,7 @@ class MotrixBackend(RowBackend):
     name = "motrix"
     _dtype = _F32  # the engine computes in float32
     _xyzw = True  # engine base quaternion order
+    _kept_handles = _SLICES  # set_state's handles on the id sets of each reset size
 
     def __init__(self, *, num_envs: int, model: Any = None, nthread: int | None = None,
                  recorder: Recorder | NoopRecorder | None = None) -> None:
@@ -369,20 +373,22 @@ class MotrixBackend(RowBackend):
         return sub
 
     def _write_rows(self, rec: Recorder | NoopRecorder, outer: Scope | NoopScope,
-                    ids: np.ndarray, rows: OutRows, rand: RandomizationRows | None) -> None:
-        model, q, v, ctrl = self.model, rows.q, rows.v, rows.ctrl
-        outer.lap(C.SET_STATE_DATA_SLICE)
-        key = ids.tobytes()
-        sub = self._slices.get(key)  # ids that repeat: their handle, kept
-        if sub is None:
-            sub = self._slice(ids, key)
+                    ids: np.ndarray, rows: OutRows, rand: RandomizationRows | None,
+                    held: KeptHandles, slot: int) -> None:
+        q, _, v, _, ctrl = rows[:5]  # (indexing: a NamedTuple's fields are slower)
+        if slot >= 0:  # ids written lately: their handle, found by the pass (no work here)
+            sub = held.subs[slot]
+        else:  # a handle another reader kept, or a new one
+            outer.lap(C.SET_STATE_DATA_SLICE)
+            sub = self._slice(ids)
+            held.keep(ids, sub)
         # eager kinematics with no override to come between: in the reset call itself
         fused = not self.lazy_kinematics and rand is None
         call = _G_RESET  # one try for both calls (a with-guard each costs 2 Python calls)
         try:
             outer.lap(C.SET_STATE_DATA_RESET)
             # reset + DoF write (+ FK) in one call (see the module docstring)
-            sub.reset(model, q, v, forward_kinematic=fused)
+            sub.reset(self.model, q, v, forward_kinematic=fused)
             if rand is not None:
                 outer.lap(None)
                 self._randomize(rec, sub, rand)  # overrides leave the DoF state alone
@@ -512,6 +518,7 @@ class MotrixBackend(RowBackend):
     def close(self) -> None:
         self.data = None
         self._slices.clear()  # each handle holds the engine's data
+        self._passes.clear()  # (their kept handles too)
         self._state_query = None
 
 

@@ -54,7 +54,13 @@ import numpy as np
 from mujoco import batch as mj_batch
 
 from resettrace import catalog as C
-from resettrace.backends._base import PassTarget, RowBackend, Scratch, check_num_envs
+from resettrace.backends._base import (
+    KeptHandles,
+    PassTarget,
+    RowBackend,
+    Scratch,
+    check_num_envs,
+)
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import OutRows
 from resettrace.model_facts import (
@@ -163,7 +169,8 @@ class MujocoBackend(RowBackend):
                 self._warning)
 
     def _write_rows(self, rec: Recorder | NoopRecorder, outer: Scope | NoopScope,
-                    ids: np.ndarray, rows: OutRows, rand: RandomizationRows | None) -> None:
+                    ids: np.ndarray, rows: OutRows, rand: RandomizationRows | None,
+                    held: KeptHandles, slot: int) -> None:
         # qpos_convert's pass has written the state rows and cleared the warning counters
         outer.lap(None)
         if rand is not None:
