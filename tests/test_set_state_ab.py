@@ -138,6 +138,9 @@ def test_cli_writes_the_json_schema(tmp_path) -> None:
         assert {"backend", "num_envs", "ratio", "k", "baseline_ms", "optimized_ms",
                 "lazy_ms", "floor_ms", "speedup", "lazy_floor_ratio", "keys"} <= set(c)
         assert c["lazy_floor_ratio"] == pytest.approx(c["lazy_ms"] / c["floor_ms"])
+        assert c["aa_ratio"] == pytest.approx(c["floor_aa_ms"] / c["floor_ms"])
+        for ci in (c["floor_ratio_ci"], c["aa_ratio_ci"]):  # 3 rounds: an interval
+            assert 0.0 < ci[0] <= ci[1]
         assert c["k"] == round(0.05 * c["num_envs"]) and c["ratio"] == 0.05
         assert set(c["keys"]) == set(C.SET_STATE_KEYS)
         assert min(c["baseline_ms"], c["optimized_ms"], c["floor_ms"]) > 0.0

@@ -39,6 +39,10 @@ random order per round, with the same inputs:
     ``Batch.forward`` would check them again, as ``set_state`` does not). ``set_state``
     calls the same engine calls; what it adds at small k is its fixed Python work (checks,
     the compiled pass's call, scopes).
+``floor_aa``
+    The A/A twin: the floor's calls timed a second time in each round. ``aa_ratio`` (its
+    p50 over the floor's) shows how far two identical variants' p50s drift apart in the
+    same run, the noise beside ``opt/floor``.
 
 Every call of every variant follows ``idle_us`` of busy Python (:func:`_busy`, default
 1 ms): in training the physics step ends ~2 ms before ``set_state``'s first engine call,
@@ -49,9 +53,11 @@ is. ``idle_us=0`` runs the calls back to back.
 Sweeps backends x ``num_envs`` x reset ratios (k = round(ratio * num_envs)), ``warmup``
 untimed then ``calls`` timed calls per variant and cell. ``baseline_ms`` and
 ``optimized_ms`` are the medians of the ``set_state`` span (the sum of the 16 keys);
-``floor_ms`` the median wall time of the floor's engine calls. With ``fixed_k`` the
-optimized path also resets ``fixed_k`` rows on every ``num_envs`` instance, round-robin
-across them, and reports the largest-N / smallest-N ratio (it should be ~1: no O(N) work).
+``floor_ms`` the median wall time of the floor's engine calls; ``floor_ratio_ci`` and
+``aa_ratio_ci`` 95% paired bootstrap intervals (rounds resampled) of opt/floor and A/A.
+With ``fixed_k`` the optimized path also resets ``fixed_k`` rows on every ``num_envs``
+instance, round-robin across them, and reports the largest-N / smallest-N ratio (it should
+be ~1: no O(N) work).
 
 The variants leave identical state (:func:`final_state` reads it; a test compares them).
 No physics step runs between calls: each call rewrites the same rows to the same values,
@@ -77,7 +83,7 @@ from resettrace.tracing.recorder import Recorder
 __all__ = ["SetStateABConfig", "run_set_state_ab", "render_set_state_ab", "VARIANTS",
            "baseline_set_state", "make_floor", "final_state", "make_inputs"]
 
-VARIANTS = ("baseline", "optimized", "lazy", "floor")
+VARIANTS = ("baseline", "optimized", "lazy", "floor", "floor_aa")
 _XYZW_FROM_WXYZ = [4, 5, 6, 3]  # qpos columns of the engine's base quaternion
 BACKENDS = ("mujoco", "motrix")
 
@@ -333,6 +339,22 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
+def _ratio_ci(a: Sequence[float], b: Sequence[float]) -> list[float] | None:
+    """95% paired bootstrap interval (percentile; rounds resampled with both variants' times
+    of each) of ``p50(a) / p50(b)``. None below 3 rounds."""
+    if len(a) < 3:
+        return None
+    from scipy import stats
+
+    def ratio(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.median(x, axis=axis) / np.median(y, axis=axis)
+
+    res = stats.bootstrap((np.asarray(a), np.asarray(b)), ratio, paired=True,
+                          vectorized=True, confidence_level=0.95, method="percentile",
+                          n_resamples=2000, random_state=0)
+    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+
+
 def _busy(ns: int) -> None:
     """Spin ``ns`` ns: the env's own Python between a physics step and its resets (an
     engine call right after another is tens of us faster at small k than one after a
@@ -349,19 +371,20 @@ def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
     floors = [make_floor(be, *inp) for inp in inputs]
     timings: dict[str, list[dict[str, float]]] = {"baseline": [], "optimized": [], "lazy": []}
     floor_ms: list[float] = []
+    floor_aa_ms: list[float] = []  # the A/A twin: the same floor calls, timed again
 
     idle_ns = int(cfg.idle_us * 1e3)
 
     def one(variant: str, i: int, record: bool) -> None:
         ids, q, v = inputs[i % cfg.pool]
         _busy(idle_ns)
-        if variant == "floor":
+        if variant in ("floor", "floor_aa"):
             f = floors[i % cfg.pool]
             t0 = time.perf_counter_ns()
             f()
             t1 = time.perf_counter_ns()
             if record:
-                floor_ms.append((t1 - t0) * 1e-6)
+                (floor_ms if variant == "floor" else floor_aa_ms).append((t1 - t0) * 1e-6)
             return
         if variant == "baseline":
             out = baseline_set_state(be, ids, q, v)
@@ -391,6 +414,10 @@ def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
                      "speedup": _ratio(b, o)}
     b50, o50, l50, f50 = _p50(base), _p50(opt), _p50(lazy), _p50(floor_ms)
     return {"baseline_ms": b50, "optimized_ms": o50, "lazy_ms": l50, "floor_ms": f50,
+            "floor_aa_ms": _p50(floor_aa_ms),
+            "floor_ratio_ci": _ratio_ci(opt, floor_ms),
+            "aa_ratio": _ratio(_p50(floor_aa_ms), f50),
+            "aa_ratio_ci": _ratio_ci(floor_aa_ms, floor_ms),
             "baseline_p90_ms": float(np.percentile(base, 90)),
             "optimized_p90_ms": float(np.percentile(opt, 90)),
             "lazy_p90_ms": float(np.percentile(lazy, 90)),
@@ -457,6 +484,10 @@ def _x(v: float | None) -> float:
     return float("nan") if v is None else v
 
 
+def _interval(ci: list[float] | None) -> str:
+    return "n/a" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def render_set_state_ab(result: dict[str, Any], per_key: bool = True) -> str:
     out: list[str] = []
     by_backend: dict[str, list[dict[str, Any]]] = {}
@@ -465,13 +496,16 @@ def render_set_state_ab(result: dict[str, Any], per_key: bool = True) -> str:
     for name, cells in by_backend.items():
         rows = [[c["num_envs"], f"{100 * c['ratio']:g}%", c["k"], c["baseline_ms"],
                  c["optimized_ms"], c["lazy_ms"], c["floor_ms"], _x(c["speedup"]),
-                 _x(c["floor_ratio"]), _x(c["lazy_floor_ratio"])]
+                 _x(c["floor_ratio"]), _interval(c.get("floor_ratio_ci")),
+                 _x(c.get("aa_ratio")), _interval(c.get("aa_ratio_ci")),
+                 _x(c["lazy_floor_ratio"])]
                 for c in cells]
         out.append(format_table(
             f"set_state A/B, {name}: p50 ms of the set_state span (floor: engine calls only; "
-            "optimized: eager kinematics; lazy: as shipped)",
+            "optimized: eager kinematics; lazy: as shipped; A/A: the floor timed twice, "
+            "its twin's p50 over its own; 95% paired bootstrap intervals)",
             ["envs", "ratio", "k", "baseline", "optimized", "lazy", "floor", "speedup",
-             "opt/floor", "lazy/floor"], rows))
+             "opt/floor", "95% CI", "A/A", "A/A 95% CI", "lazy/floor"], rows))
         out.append("")
         if per_key:
             for c in cells:
