@@ -524,3 +524,33 @@ def test_kept_handles_write_the_rows_of_their_own_ids(timing_session) -> None:
     finally:
         b.close()
         ref.close()
+
+
+def test_a_handle_that_failed_to_build_is_built_at_the_next_reset(monkeypatch) -> None:
+    """New ids are kept only with their handle: when building it fails, nothing is kept,
+    and the next reset of those ids builds it, keeps it and writes their rows (not a
+    neighbour's handle)."""
+    b = _make(Tracing(resettrace.Config()), num_envs=8)
+    try:
+        rng = np.random.default_rng(3)
+        b.set_state(np.array([0, 2]), *stand_rows(b, 2, rng))
+        real = b._slice
+
+        def failing(ids, key=None):
+            raise RuntimeError("motrixsim DisjointIndices panicked: boom")
+
+        monkeypatch.setattr(b, "_slice", failing)
+        with pytest.raises(RuntimeError, match="boom"):
+            b.set_state(np.array([1, 5]), *stand_rows(b, 2, rng))
+        held = b._passes[2][-1]
+        np.testing.assert_array_equal(held.ids[:2], [[0, 2], [-1, -1]])
+        assert held.subs[0] is not None and held.subs[1] is None
+        monkeypatch.setattr(b, "_slice", real)
+        q, v = stand_rows(b, 2, rng)
+        b.set_state(np.array([1, 5]), q, v)
+        np.testing.assert_array_equal(held.ids[:2], [[0, 2], [1, 5]])
+        assert held.subs[1] is not None
+        np.testing.assert_allclose(b.get_qpos_rows([1, 5]), q, atol=F32_ATOL)
+        np.testing.assert_allclose(b.get_qvel_rows([1, 5]), v, atol=F32_ATOL)
+    finally:
+        b.close()
