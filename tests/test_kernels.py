@@ -350,45 +350,97 @@ def test_motion_numba_env_steps_and_resets_like_numpy_env() -> None:
             env.close()
 
 
-def test_pass_entry_is_kept_per_argument_types() -> None:
-    """One compiled entry point per description of the arguments' numba types: the same
-    types give the same entry point, another layout or writability another one, except at
-    the positions typed with any layout, where C, Fortran, strided and read-only arrays
-    share one entry point that reads each through its strides."""
+def _bind_args(k: int, nq: int, *, f64: bool = False) -> dict[str, object]:
+    """bind_pass's arguments for k rows of an nq-wide qpos (6 qvel, 1 actuator on column 7):
+    float32 scratch of its own, or (``f64``) one float64 array of whole rows with state
+    rows and warning counters."""
     from resettrace.backends import _kernels as K
 
-    def args(q: np.ndarray, ids: np.ndarray | None = None) -> tuple[object, ...]:
-        k, nq = q.shape
-        return (np.arange(k) if ids is None else ids, 8, np.zeros(k, np.int32), q,
-                np.zeros((k, 6)), K.NO_ORDER, np.zeros((k, nq)), 0, np.zeros((k, 6)), 0,
-                np.zeros((k, 1)), 0, np.array([7]), np.array([-1.0]), np.array([1.0]),
-                False, np.ones(8, bool), np.zeros(8, bool), True, K.NO_STATE, K.NO_WARNING,
-                K.NO_KEPT)
+    n = 8
+    if f64:
+        rows = np.zeros((k, nq + 7))
+        q = v = c = rows
+        oq, ov, oc = 0, nq, nq + 6
+        state, warning = np.zeros((n, nq + 7)), np.ones((n, 2, 3), np.int32)
+    else:
+        q, v, c = (np.zeros((k, w), np.float32) for w in (nq, 6, 1))
+        oq = ov = oc = 0
+        state, warning = K.NO_STATE, K.NO_WARNING
+    return dict(k=k, num_envs=n, ids_out=np.zeros(k, np.int32), q=q, oq=oq, v=v, ov=ov,
+                ctrl=c, oc=oc, act_qadr=np.array([7]), ctrl_lo=np.array([-1.0]),
+                ctrl_hi=np.array([1.0]), xyzw=not f64, fresh=np.ones(n, bool),
+                stale=np.zeros(n, bool), state=state, warning=warning,
+                kept=np.full((2, k), -1, np.int32), nq=nq, nv=6)
 
-    q = np.zeros((2, 8))
-    q[:, 3] = 1.0
-    q[:, 7] = [0.25, 0.5]
-    a = K.pass_entry(args(q))
-    assert K.pass_entry(args(q.copy())) is a
-    ro = q.copy()
-    ro.flags.writeable = False
-    b = K.pass_entry(args(ro))
-    assert b is not a and K.pass_entry(args(np.asfortranarray(q))) is not a
-    for entry, rows in ((a, args(q)), (b, args(ro))):  # each on the types it was made for
-        assert entry(*rows) == (K.OK, -1, 0)
-        assert rows[6][0, 3] == 1.0 and rows[10][0, 0] == 0.25
-    any_layout = K.pass_entry(args(q), any_layout=(0, 3, 4))
-    assert any_layout is not a
-    wide = np.zeros((2, 16))
+
+@pytest.mark.parametrize("f64", [False, True])
+def test_a_bound_pass_writes_what_prepare_rows_writes(f64: bool) -> None:
+    """bind_pass binds every argument but the caller's ids and rows: on int64 ids and
+    float64 rows in any layout (C, Fortran, strided, read-only, unaligned) it writes
+    exactly what prepare_rows writes with the same arrays, and finds kept ids."""
+    from resettrace.backends import _kernels as K
+
+    k, nq = 2, 8
+    q = np.zeros((k, nq))
+    q[:, 3] = [1.0, 2.0]
+    q[:, 7] = [0.25, 3.0]
+    v = np.arange(12.0).reshape(k, 6)
+    ids = np.array([1, 9, 6, 9])[::2]  # strided
+    wide = np.zeros((k, 2 * nq))
     wide[:, ::2] = q
-    wide_ids = np.array([0, 9, 1, 9])
-    for odd in (np.asfortranarray(q), wide[:, ::2], ro):
-        assert K.pass_entry(args(odd), any_layout=(0, 3, 4)) is any_layout
-        rows = args(odd, wide_ids[::2])
-        assert any_layout(*rows) == (K.OK, -1, 0)
-        np.testing.assert_array_equal(rows[2], [0, 1])  # the strided ids, read right
-        np.testing.assert_array_equal(rows[6], q)
-        np.testing.assert_array_equal(rows[10][:, 0], [0.25, 0.5])  # ctrl from column 7
+    buf = np.zeros(q.nbytes + 1, np.uint8)
+    unaligned = np.frombuffer(buf.data, np.float64, q.size, offset=1).reshape(q.shape)
+    unaligned[...] = q
+    frozen = q.copy()
+    frozen.flags.writeable = False
+    for odd in (q, np.asfortranarray(q), wide[:, ::2], frozen, unaligned):
+        got, ref = _bind_args(k, nq, f64=f64), _bind_args(k, nq, f64=f64)
+        got["kept"][1] = [1, 6]
+        bound = K.bind_pass(**got)
+        assert bound is not None
+        call, ctx, pinned = bound
+        assert any(a is got["fresh"] for a in pinned)
+        assert call(ids, odd, v, True, ctx) == (K.OK, 1, 0)  # kept in row 1
+        assert K.prepare_rows(
+            np.array([1, 6]), 8, ref["ids_out"], q, v, K.NO_ORDER, ref["q"], ref["oq"],
+            ref["v"], ref["ov"], ref["ctrl"], ref["oc"], ref["act_qadr"], ref["ctrl_lo"],
+            ref["ctrl_hi"], not f64, ref["fresh"], ref["stale"], True, ref["state"],
+            ref["warning"], K.NO_KEPT) == (K.OK, -1, 0)
+        for name, a in got.items():
+            if isinstance(a, np.ndarray) and name != "kept":
+                np.testing.assert_array_equal(a, ref[name], err_msg=name)
+        np.testing.assert_array_equal(got["ids_out"], [1, 6])
+        assert not got["fresh"][[1, 6]].any() and got["stale"][[1, 6]].all()
+        if f64:  # the rows went to the state rows and their warnings were zeroed
+            np.testing.assert_array_equal(got["state"][[1, 6]], got["q"])
+            assert not got["warning"][[1, 6]].any() and got["warning"][0].all()
+        assert call(ids, odd[:1], v[:1], True, ctx) == (K.BAD_SHAPE, 0, 0)  # other k
+        assert call(ids, wide, v, True, ctx) == (K.BAD_SHAPE, 0, 0)  # other width
+
+
+def test_bind_pass_binds_only_what_the_pass_can_index() -> None:
+    """bind_pass returns None (the caller uses prepare_rows) for arrays of another dtype or
+    layout than it binds, or too small for what the pass indexes unchecked."""
+    from resettrace.backends import _kernels as K
+
+    assert K.bind_pass(**_bind_args(3, 8)) is not None
+    for change in ({"q": np.zeros((3, 8))},  # float64 scratch of its own
+                   {"ctrl": np.zeros((3, 1), np.float16)},
+                   {"v": np.zeros((6, 3), np.float32).T},  # Fortran
+                   {"fresh": np.ones(4, bool)},  # shorter than num_envs
+                   {"kept": np.full((2, 4), -1, np.int32)},  # sets of another size
+                   {"ids_out": np.zeros(2, np.int32)},
+                   {"act_qadr": np.array([8])},  # past qpos
+                   {"ctrl_lo": np.array([-1.0, -1.0])},
+                   {"state": np.zeros((8, 15))}):  # state rows without float64 rows
+        assert K.bind_pass(**(_bind_args(3, 8) | change)) is None, change
+    ro = _bind_args(3, 8)
+    ro["stale"].flags.writeable = False
+    assert K.bind_pass(**ro) is None
+    assert K.bind_pass(**_bind_args(3, 8, f64=True)) is not None
+    short = _bind_args(3, 8, f64=True)
+    short["warning"] = np.zeros((4, 2, 3), np.int32)
+    assert K.bind_pass(**short) is None
 
 
 def test_the_pass_finds_the_ids_among_the_kept_id_sets() -> None:

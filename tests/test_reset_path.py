@@ -364,3 +364,31 @@ def test_a_failed_engine_write_leaves_its_rows_stale(monkeypatch) -> None:
     with pytest.raises(RuntimeError, match="forward failed"):
         b.set_state(ids, *stand_rows(b, 2, np.random.default_rng(9)))
     assert b._kin_stale[ids].all() and b._kin_stale.sum() == 2
+
+
+@pytest.mark.parametrize("name", ["mujoco", "motrix"])
+def test_scratch_the_pass_cannot_bind_takes_the_dispatcher(name, monkeypatch) -> None:
+    """A backend whose scratch bind_pass does not bind (a user's own dtype or layout) resets
+    through numba's dispatcher with the same result as the bound pass."""
+    from resettrace.backends import _base
+
+    rng = np.random.default_rng(8)
+    ids = np.sort(rng.choice(N, 5, replace=False))
+    ref = _make(name)
+    q, v = stand_rows(ref, 5, rng)
+    ref.set_state(ids, q, v)
+    assert ref._passes[5][4] is not None  # bound
+    monkeypatch.setattr(_base, "bind_pass", lambda *a: None)
+    got = _make(name)
+    dispatched = []
+    real = _base.prepare_rows
+
+    def spy(*args):
+        dispatched.append(len(args))
+        return real(*args)
+
+    monkeypatch.setattr(_base, "prepare_rows", spy)
+    got.set_state(ids, q, v)
+    assert got._passes[5][4] is None and dispatched == [22]
+    for x, y in zip(_state(ref), _state(got), strict=True):
+        np.testing.assert_array_equal(x, y)

@@ -10,8 +10,9 @@ mask           0.0: no bool mask is built; the ids are checked in qpos_convert
 qpos_convert   ``id_array`` (the ids are a 1-D integer array), the randomization rows
                checked, then one compiled pass (its k-row scratch views made and checked
                once per k, :meth:`RowBackend._pass_rows`; int64 ids with float64 rows,
-               in any layout, go to its entry point compiled for them, other ndarrays of
-               the right shapes through numba's dispatcher, anything else through
+               in any layout, go to the pass bound to that scratch,
+               :func:`~resettrace.backends._kernels.bind_pass`, other ndarrays of the
+               right shapes through numba's dispatcher, anything else through
                ``convert_rows``): the ids checked
                sorted, unique and in range into the int32 index (unsorted ids: sorted
                first, then a second pass), the rows into the scratch rows
@@ -41,7 +42,7 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends._kernels import NO_KEPT, NO_ORDER, OK, pass_entry, prepare_rows
+from resettrace.backends._kernels import NO_ORDER, OK, bind_pass, prepare_rows
 from resettrace.backends._pose import PoseCache
 from resettrace.backends._validate import (
     PASS_DTYPES,
@@ -99,11 +100,14 @@ class Scratch:
 #: state rows it scatters them to (or None), their warning counters (or None)
 PassTarget = tuple[OutRows, np.ndarray | None, np.ndarray | None]
 #: what :meth:`RowBackend._pass_rows` keeps for k rows: the int32 ids, the output rows,
-#: the state rows and warning counters as the pass takes them, the pass's entry point
-#: for int64 ids and float64 rows of any layout (:func:`pass_entry`), the shapes of qpos
-#: and qvel, and the engine's handles on the id sets of k rows written last
-PassRows = tuple[np.ndarray, OutRows, np.ndarray, np.ndarray, Any, tuple[int, int],
-                 tuple[int, int], "KeptHandles"]
+#: the state rows and warning counters as the pass takes them, the pass bound to them for
+#: int64 ids and float64 rows of any layout, its context and the arrays bound to it
+#: (:func:`bind_pass`; None, None, () for arrays it does not bind), the shapes of qpos and
+#: qvel, and the engine's handles on the id sets of k rows written last
+PassRows = tuple[np.ndarray, OutRows, np.ndarray, np.ndarray, Any, Any, tuple[int, int],
+                 tuple[int, int], tuple[np.ndarray, ...], "KeptHandles"]
+
+
 class KeptHandles:
     """An engine's handles on the last ``size`` id sets of k rows that ``set_state`` wrote
     (the first kept goes first when one more comes): ``ids`` holds each set as sorted
@@ -126,12 +130,8 @@ class KeptHandles:
             self._next = (i + 1) % len(self.subs)
 
 
-#: the pass's arguments that are the caller's (ids, qpos, qvel): its entry point takes
-#: them in any layout
-_CALLER_ARGS = (0, 3, 4)
-
 _NDARRAY = np.ndarray
-#: the caller types the pass's entry point is compiled for (np.flatnonzero's ids, float64
+#: the caller types the bound pass takes (np.flatnonzero's ids, float64
 #: rows); others go through the dispatcher
 _I64, _F64 = np.dtype(np.int64), np.dtype(np.float64)
 #: reset sizes whose pass scratch is kept (all dropped when one more comes)
@@ -147,7 +147,8 @@ class RowBackend:
     nv: int
     nu: int
     info: BackendInfo
-    #: the rows' body poses, read back lazily (set by the subclass before its first reset)
+    #: the rows' body poses, read back lazily (set by the subclass once, before its first
+    #: reset: the compiled pass is bound to its freshness marks)
     poses: PoseCache
     #: where set_state is recorded when no recorder is bound (``None``: the default
     #: session's); a bound recorder (``resettrace.bind``) wins, so that set_state nests
@@ -174,7 +175,7 @@ class RowBackend:
         self._ctrl_hi = self.info.ctrl_range[:, 1].copy()
         self._scratch = Scratch((self.nq,), (self.nv,), (self.nu,), dtype=self._dtype)
         self._ids = Scratch((), dtype=np.int32)  # the sorted ids, as engines index rows
-        #: the pass's k-row scratch and entry point, by k (:meth:`_pass_rows`)
+        #: the pass's k-row scratch and bound pass, by k (:meth:`_pass_rows`)
         self._passes: dict[int, PassRows] = {}
         #: rows whose kinematics have not been computed since their set_state
         self._kin_stale = np.zeros(self.num_envs, dtype=bool)
@@ -234,25 +235,25 @@ class RowBackend:
             rows = self._passes.get(k)
             if rows is None:
                 rows = self._pass_rows(k)
-            ids_out, out, state, warning, entry, qshape, vshape, held = rows
-            # float or integer ndarrays of the right shapes go straight to the pass
-            # (inline: on the small-k path each Python call costs microseconds); those of
-            # the usual dtypes, in any layout, to its entry point compiled for them (no
-            # type dispatch)
-            if not (k and qpos.__class__ is _NDARRAY and qvel.__class__ is _NDARRAY
+            ids_out, out, state, warning, bound, ctx, qshape, vshape, _, held = rows
+            code = None  # float or integer ndarrays of the right shapes go straight to
+            # the pass (inline: on the small-k path each Python call costs microseconds)
+            if (k and qpos.__class__ is _NDARRAY and qvel.__class__ is _NDARRAY
                     and qpos.shape == qshape and qvel.shape == vshape):
-                entry = None
-            elif not (ids_in.dtype is _I64 and qpos.dtype is _F64 and qvel.dtype is _F64):
-                # another numba type: the dispatcher, for dtypes the pass takes as they are
-                entry = prepare_rows if (qpos.dtype in PASS_DTYPES
-                                         and qvel.dtype in PASS_DTYPES) else None
-            if entry is not None:
-                q, oq, v, ov, c, oc = out[:6]
-                code, slot, col = entry(
-                    ids_in, self.num_envs, ids_out, qpos, qvel, NO_ORDER, q, oq, v, ov, c,
-                    oc, self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
-                    self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics), state,
-                    warning, held.ids)
+                if (ids_in.dtype is _I64 and qpos.dtype is _F64 and qvel.dtype is _F64
+                        and bound is not None):
+                    # the usual dtypes, in any layout: the pass with the rest bound (no
+                    # type dispatch, 3 arrays unboxed)
+                    code, slot, col = bound(ids_in, qpos, qvel, self.lazy_kinematics, ctx)
+                elif qpos.dtype in PASS_DTYPES and qvel.dtype in PASS_DTYPES:
+                    # another numba type: the dispatcher
+                    q, oq, v, ov, c, oc = out[:6]
+                    code, slot, col = prepare_rows(
+                        ids_in, self.num_envs, ids_out, qpos, qvel, NO_ORDER, q, oq, v, ov,
+                        c, oc, self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
+                        self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics),
+                        state, warning, held.ids)
+            if code is not None:
                 if code == OK:  # slot: where the engine's handle on these ids is kept
                     ids, order = ids_out, None
                 else:
@@ -287,7 +288,7 @@ class RowBackend:
 
     def _pass_rows(self, k: int) -> PassRows:
         """The k-row scratch of the pass (:meth:`_reset_rows`' and the int32 ids), checked
-        against what the pass indexes unchecked, with the pass's entry point for int64 ids
+        against what the pass indexes unchecked, with the pass bound to it for int64 ids
         and float64 rows of any layout and the engine's handles on id sets of k rows, kept
         for the next reset of k rows."""
         out, state, warning = self._reset_rows(k)
@@ -295,13 +296,14 @@ class RowBackend:
                                            self.poses.fresh, self._kin_stale, state, warning)
         ids_out = self._ids.rows(k)[0]
         q, oq, v, ov, c, oc = out[:6]
-        entry = pass_entry((
-            np.zeros(k, _I64), self.num_envs, ids_out, np.zeros((k, self.nq), _F64),
-            np.zeros((k, self.nv), _F64), NO_ORDER, q, oq, v, ov, c, oc, self._act_qadr,
-            self._ctrl_lo, self._ctrl_hi, self._xyzw, self.poses.fresh, self._kin_stale,
-            bool(self.lazy_kinematics), state, warning, NO_KEPT), any_layout=_CALLER_ARGS)
-        rows = (ids_out, out, state, warning, entry, (k, self.nq), (k, self.nv),
-                KeptHandles(k, self._kept_handles))
+        held = KeptHandles(k, self._kept_handles)
+        bound = bind_pass(k, self.num_envs, ids_out, q, oq, v, ov, c, oc, self._act_qadr,
+                          self._ctrl_lo, self._ctrl_hi, self._xyzw, self.poses.fresh,
+                          self._kin_stale, state, warning, held.ids, self.nq, self.nv)
+        # pinned: the bound arrays, kept alive with their context (whatever is reassigned)
+        call, ctx, pinned = (None, None, ()) if bound is None else bound
+        rows = (ids_out, out, state, warning, call, ctx, (k, self.nq), (k, self.nv), pinned,
+                held)
         if len(self._passes) >= _PASSES:
             self._passes.clear()
         self._passes[k] = rows

@@ -27,6 +27,10 @@ lookup in Python cost microseconds on the small-k path), else the first problem
 caller sorts them and calls again with the order, :data:`BAD_QPOS`, :data:`BAD_QVEL`,
 :data:`ZERO_QUAT` at the caller's row ``row``); nothing has reached an engine, and no
 mark is set, then.
+
+:func:`bind_pass` binds it, once per k, to everything but the caller's ids and rows:
+``set_state``'s usual call unboxes 3 arrays and an int64 context of values and addresses
+instead of 22 arguments.
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
-__all__ = ["prepare_rows", "pass_entry", "NO_ORDER", "NO_STATE", "NO_WARNING", "NO_KEPT", "OK",
-           "BAD_QPOS", "BAD_QVEL", "ZERO_QUAT", "BAD_ID", "UNSORTED"]
+__all__ = ["prepare_rows", "bind_pass", "BAD_SHAPE", "NO_ORDER", "NO_STATE", "NO_WARNING",
+           "NO_KEPT", "OK", "BAD_QPOS", "BAD_QVEL", "ZERO_QUAT", "BAD_ID", "UNSORTED"]
 
 OK, BAD_QPOS, BAD_QVEL, ZERO_QUAT, BAD_ID, UNSORTED = 0, 1, 2, 3, 4, 5
 #: ``order`` argument for rows already in id order
@@ -125,42 +131,146 @@ def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, oq, v_out,
     return OK, -1, 0
 
 
-#: compiled entry points of ``prepare_rows``, by the description of their arguments
-_ENTRIES: dict[tuple[tuple[object, ...], tuple[int, ...]], Callable[..., tuple[int, int, int]]] = {}
+@intrinsic
+def _at(typingctx, address):  # pragma: no cover
+    """The int64 ``address`` as a pointer, for ``numba.carray`` to view the memory there."""
+    sig = types.voidptr(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return sig, codegen
 
 
-def _describe(arg: object) -> object:
-    """What numba types ``arg`` by: an ndarray's dtype, dimensions, layout flags,
-    alignment and writability; another value's class."""
-    if isinstance(arg, np.ndarray) and arg.__class__ is np.ndarray:
-        f = arg.flags
-        return (arg.dtype, arg.ndim, f.c_contiguous, f.f_contiguous, f.writeable, f.aligned)
-    return arg.__class__
+# the slots of a bound pass's context (:func:`bind_pass`): int64 values and addresses
+(_K, _NUM_ENVS, _XYZW, _NQ, _NV, _NU, _OQ, _OV, _OC, _Q, _Q_ROWS, _Q_COLS, _V, _V_ROWS,
+ _V_COLS, _C, _C_ROWS, _C_COLS, _IDS, _ACT, _LO, _HI, _FRESH, _STALE, _KEPT, _KEPT_ROWS,
+ _STATE, _STATE_COLS, _WARNING, _WARNING_1, _WARNING_2, _CTX_SIZE) = range(32)
+#: what a bound pass returns when the caller's arrays are not of the k rows it was bound to
+BAD_SHAPE = 6
 
 
-def pass_entry(args: tuple[object, ...], any_layout: tuple[int, ...] = ()
-               ) -> Callable[..., tuple[int, int, int]]:
-    """``prepare_rows``' compiled entry point for arguments of exactly the types of
-    ``args``, compiled (or loaded from the cache) on first use. The arrays at the positions
-    ``any_layout`` (arrays the pass only reads) are typed by their dtype and dimensions
-    alone: any layout, alignment and writability (C, Fortran or strided, read through
-    their strides), so that the caller need check only those two.
+@njit(cache=True)
+def _bound_checks(ids_in, q_in, v_in, ctx):  # pragma: no cover
+    k = ctx[_K]
+    return (ids_in.shape[0] == k and q_in.shape[0] == k and v_in.shape[0] == k
+            and q_in.shape[1] == ctx[_NQ] and v_in.shape[1] == ctx[_NV])
 
-    Called directly it skips the dispatcher's type lookup of all 22 arguments: 3-7 us
-    of a 20-row reset right after engine work, where the pass's own work is ~3 us. The
-    caller must pass arguments of exactly these types (the same classes; ndarrays of the
-    same dtype and dimensions and, outside ``any_layout``, the same layout, alignment and
-    writability): the entry point unboxes them as typed here, unchecked.
+
+@njit(cache=True)
+def prepare_bound32(ids_in, q_in, v_in, lazy, ctx):  # pragma: no cover
+    """``prepare_rows`` into float32 output rows ``q``, ``v`` and ``ctrl`` of their own,
+    with no engine state rows, every array but the caller's three viewed at the addresses
+    in ``ctx`` (:func:`bind_pass`)."""
+    if not _bound_checks(ids_in, q_in, v_in, ctx):
+        return BAD_SHAPE, 0, 0
+    n, k, nu = ctx[_NUM_ENVS], ctx[_K], ctx[_NU]
+    return prepare_rows(
+        ids_in, n, carray(_at(ctx[_IDS]), k, np.int32), q_in, v_in, NO_ORDER,
+        carray(_at(ctx[_Q]), (ctx[_Q_ROWS], ctx[_Q_COLS]), np.float32), ctx[_OQ],
+        carray(_at(ctx[_V]), (ctx[_V_ROWS], ctx[_V_COLS]), np.float32), ctx[_OV],
+        carray(_at(ctx[_C]), (ctx[_C_ROWS], ctx[_C_COLS]), np.float32), ctx[_OC],
+        carray(_at(ctx[_ACT]), nu, np.int64), carray(_at(ctx[_LO]), nu, np.float64),
+        carray(_at(ctx[_HI]), nu, np.float64), ctx[_XYZW] != 0,
+        carray(_at(ctx[_FRESH]), n, np.bool_), carray(_at(ctx[_STALE]), n, np.bool_), lazy,
+        np.empty((0, 0), np.float64), np.empty((0, 0, 0), np.int32),  # (no state rows)
+        carray(_at(ctx[_KEPT]), (ctx[_KEPT_ROWS], k), np.int32))
+
+
+@njit(cache=True)
+def prepare_bound64(ids_in, q_in, v_in, lazy, ctx):  # pragma: no cover
+    """``prepare_rows`` into float64 output rows that hold qpos, qvel and ctrl as columns,
+    scattered into the engine's float64 state rows with their int32 warning counters
+    zeroed, every array but the caller's three viewed at the addresses in ``ctx``."""
+    if not _bound_checks(ids_in, q_in, v_in, ctx):
+        return BAD_SHAPE, 0, 0
+    n, k, nu = ctx[_NUM_ENVS], ctx[_K], ctx[_NU]
+    rows = carray(_at(ctx[_Q]), (ctx[_Q_ROWS], ctx[_Q_COLS]), np.float64)
+    return prepare_rows(
+        ids_in, n, carray(_at(ctx[_IDS]), k, np.int32), q_in, v_in, NO_ORDER, rows,
+        ctx[_OQ], rows, ctx[_OV], rows, ctx[_OC], carray(_at(ctx[_ACT]), nu, np.int64),
+        carray(_at(ctx[_LO]), nu, np.float64), carray(_at(ctx[_HI]), nu, np.float64),
+        ctx[_XYZW] != 0, carray(_at(ctx[_FRESH]), n, np.bool_),
+        carray(_at(ctx[_STALE]), n, np.bool_), lazy,
+        carray(_at(ctx[_STATE]), (n, ctx[_STATE_COLS]), np.float64),
+        carray(_at(ctx[_WARNING]), (n, ctx[_WARNING_1], ctx[_WARNING_2]), np.int32),
+        carray(_at(ctx[_KEPT]), (ctx[_KEPT_ROWS], k), np.int32))
+
+
+#: the bound passes' entry points for int64 ids and float64 rows of any layout
+_BOUND: dict[str, Callable[..., tuple[int, int, int]]] = {}
+
+
+def _c(a: np.ndarray, dtype: object, ndim: int) -> bool:
+    return (a.__class__ is np.ndarray and a.dtype == dtype and a.ndim == ndim
+            and a.flags.c_contiguous and a.flags.writeable and a.flags.aligned)
+
+
+def bind_pass(k: int, num_envs: int, ids_out: np.ndarray, q: np.ndarray, oq: int,
+              v: np.ndarray, ov: int, ctrl: np.ndarray, oc: int, act_qadr: np.ndarray,
+              ctrl_lo: np.ndarray, ctrl_hi: np.ndarray, xyzw: bool, fresh: np.ndarray,
+              stale: np.ndarray, state: np.ndarray, warning: np.ndarray, kept: np.ndarray,
+              nq: int, nv: int
+              ) -> tuple[Callable[..., tuple[int, int, int]], np.ndarray,
+                         tuple[np.ndarray, ...]] | None:
+    """``prepare_rows`` for k rows with every argument but the caller's bound once: ``(pass,
+    ctx, pinned)``, called as ``pass(ids_in, q_in, v_in, lazy, ctx)`` with int64 ids and
+    float64 rows of any layout, alignment and writability (read through their strides);
+    None when the arrays are not of a layout it binds (then call ``prepare_rows``).
+
+    ``ctx`` holds the values and the addresses of the bound arrays, which the pass views
+    in place (``numba.carray``): a call unboxes 3 arrays, not 16 (each ~0.2 us right
+    after engine work, where the call costs ~3 us and its work ~3 us), and skips numba's
+    type dispatch of all 22 arguments (3-7 us). The caller must keep ``pinned`` (the bound
+    arrays) as long as it uses ``ctx``, and pass k ids and
+    rows of ``nq`` and ``nv`` columns (else the pass returns :data:`BAD_SHAPE`). Binds
+    float32 output rows of their own with no state rows (MotrixSim's scratch), or one
+    float64 array of output rows with float64 state rows and int32 warning counters (the
+    MuJoCo backend's), all C-contiguous; the arrays are checked here against what the
+    pass indexes.
     """
-    key = (tuple((a.dtype, a.ndim) if i in any_layout else _describe(a)  # type: ignore[attr-defined]
-                 for i, a in enumerate(args)), any_layout)
-    entry = _ENTRIES.get(key)
+    nu = ctrl_lo.shape[0]
+    common = (_c(ids_out, np.int32, 1) and ids_out.shape[0] == k and _c(act_qadr, np.int64, 1)
+              and _c(ctrl_lo, np.float64, 1) and _c(ctrl_hi, np.float64, 1)
+              and act_qadr.shape[0] == nu == ctrl_hi.shape[0] and _c(fresh, np.bool_, 1)
+              and _c(stale, np.bool_, 1) and min(fresh.shape[0], stale.shape[0]) >= num_envs
+              and _c(kept, np.int32, 2) and kept.shape[1] == k
+              and min(q.shape[0], v.shape[0], ctrl.shape[0]) >= k
+              and oq + nq <= q.shape[1] and ov + nv <= v.shape[1]
+              and oc + nu <= ctrl.shape[1] and bool((act_qadr >= 0).all())
+              and bool((act_qadr < nq).all()))
+    if not common:
+        return None
+    if (state.shape[0] == 0 and warning.shape[0] == 0
+            and all(_c(a, np.float32, 2) for a in (q, v, ctrl))):
+        name = "32"
+    elif (q is v is ctrl and _c(q, np.float64, 2) and _c(state, np.float64, 2)
+          and state.shape[0] >= num_envs and state.shape[1] == q.shape[1]
+          and _c(warning, np.int32, 3) and warning.shape[0] >= num_envs):
+        name = "64"
+    else:
+        return None
+    ctx = np.zeros(_CTX_SIZE, np.int64)
+    ctx[[_K, _NUM_ENVS, _XYZW, _NQ, _NV, _NU, _OQ, _OV, _OC]] = (
+        k, num_envs, int(bool(xyzw)), nq, nv, nu, oq, ov, oc)
+    for at, a in ((_Q, q), (_V, v), (_C, ctrl)):
+        ctx[at:at + 3] = (a.ctypes.data, a.shape[0], a.shape[1])
+    for at, a in ((_IDS, ids_out), (_ACT, act_qadr), (_LO, ctrl_lo), (_HI, ctrl_hi),
+                  (_FRESH, fresh), (_STALE, stale), (_KEPT, kept)):
+        ctx[at] = a.ctypes.data
+    ctx[_KEPT_ROWS] = kept.shape[0]
+    if name == "64":
+        ctx[[_STATE, _STATE_COLS, _WARNING, _WARNING_1, _WARNING_2]] = (
+            state.ctypes.data, state.shape[1], warning.ctypes.data, warning.shape[1],
+            warning.shape[2])
+    entry = _BOUND.get(name)
     if entry is None:
-        from numba import typeof, types
+        from numba import typeof
 
-        sig = [typeof(a) for a in args]
-        for i in any_layout:
-            sig[i] = types.Array(sig[i].dtype, sig[i].ndim, "A", readonly=True, aligned=False)
-        entry = prepare_rows.compile(tuple(sig))
-        _ENTRIES[key] = entry
-    return entry
+        any_layout = (types.Array(types.int64, 1, "A", readonly=True, aligned=False),
+                      types.Array(types.float64, 2, "A", readonly=True, aligned=False),
+                      types.Array(types.float64, 2, "A", readonly=True, aligned=False))
+        fn = prepare_bound32 if name == "32" else prepare_bound64
+        entry = _BOUND[name] = fn.compile((*any_layout, types.boolean, typeof(ctx)))
+    return entry, ctx, (ids_out, q, v, ctrl, act_qadr, ctrl_lo, ctrl_hi, fresh, stale, state,
+                        warning, kept)

@@ -209,6 +209,8 @@ def finish_pass(code: int, row: int, col: int, ids_in: np.ndarray, num_envs: int
         _out_of_range(ids_in[row], num_envs)
     if code == K.ZERO_QUAT:
         raise ValueError(f"qpos has a zero base quaternion at row {row}")
+    if code not in (K.BAD_QPOS, K.BAD_QVEL):  # (a bound pass given other k rows)
+        raise RuntimeError(f"the compiled pass returned code {code} for {ids_out.shape[0]} rows")
     name, src = ("qpos", q_in) if code == K.BAD_QPOS else ("qvel", v_in)
     if np.isfinite(src[row, col]):
         raise ValueError(f"{name} has a value too large for float32 at row {row}, column {col}")
