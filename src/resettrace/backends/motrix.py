@@ -363,8 +363,10 @@ class MotrixBackend(RowBackend):
         if sub is None:
             if self.data is None:
                 raise RuntimeError("the MotrixSim backend is closed")
-            with _G_INDICES:
-                index = ms.DisjointIndices(ids)  # a copy of the ids (they may be scratch)
+            with _G_INDICES:  # a copy of the ids (they may be scratch); from a list: the
+                # engine reads a list of ints about twice as fast as an int array (20 ids:
+                # 3.6 against 7.7 us with the list made, 2048: 120 against 179 us)
+                index = ms.DisjointIndices(ids.tolist())
             with _G_SLICE:
                 sub = self.data[index]
             if len(self._slices) >= _SLICES:
