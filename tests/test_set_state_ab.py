@@ -103,6 +103,20 @@ def test_config_rejects_bad_values() -> None:
     for idle in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="idle-us"):
             ab.SetStateABConfig(idle_us=idle)
+    for seconds in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="min-seconds"):
+            ab.SetStateABConfig(min_seconds=seconds)
+
+
+def test_short_cells_run_rounds_until_min_seconds() -> None:
+    """A cell whose rounds are short runs as many as its warmup says fill min_seconds (at
+    least ``calls``); min_seconds 0 runs ``calls``."""
+    base = dict(backends=("mujoco",), num_envs=(32,), ratios=(0.1,), calls=3, warmup=2,
+                fixed_k=0, nthread=1, idle_us=0.0)
+    (cell,) = ab.run_set_state_ab(ab.SetStateABConfig(**base, min_seconds=0.3))["cells"]
+    assert cell["calls"] > 3
+    (cell,) = ab.run_set_state_ab(ab.SetStateABConfig(**base, min_seconds=0.0))["cells"]
+    assert cell["calls"] == 3
 
 
 def test_every_timed_and_warm_up_call_follows_the_idle_time(monkeypatch) -> None:
@@ -112,7 +126,8 @@ def test_every_timed_and_warm_up_call_follows_the_idle_time(monkeypatch) -> None
     waits: list[int] = []
     monkeypatch.setattr(ab, "_busy", waits.append)
     cfg = ab.SetStateABConfig(backends=("mujoco",), num_envs=(32,), ratios=(0.25,),
-                              calls=3, warmup=2, fixed_k=4, nthread=1, idle_us=250.0)
+                              calls=3, warmup=2, fixed_k=4, nthread=1, idle_us=250.0,
+                              min_seconds=0.0)
     ab.run_set_state_ab(cfg)
     per_cell = (cfg.warmup + cfg.calls) * len(ab.VARIANTS)
     assert waits == [250_000] * (per_cell + cfg.warmup + cfg.calls)
@@ -123,6 +138,7 @@ def test_cli_writes_the_json_schema(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RESETTRACE", "OTEL_"))}
     r = subprocess.run([sys.executable, "-m", "resettrace.cli", "bench", "set-state-ab",
                         "--num-envs", "64", "128", "--ratios", "0.05", "--calls", "3",
+                        "--min-seconds", "0.1",
                         "--warmup", "1", "--fixed-k", "4", "--nthread", "1",
                         "--backends", "mujoco", "motrix", "--idle-us", "200",
                         "--json", str(path)],
@@ -142,6 +158,7 @@ def test_cli_writes_the_json_schema(tmp_path) -> None:
         for ci in (c["floor_ratio_ci"], c["aa_ratio_ci"]):  # 3 rounds: an interval
             assert 0.0 < ci[0] <= ci[1]
         assert c["k"] == round(0.05 * c["num_envs"]) and c["ratio"] == 0.05
+        assert c["calls"] >= 3
         assert set(c["keys"]) == set(C.SET_STATE_KEYS)
         assert min(c["baseline_ms"], c["optimized_ms"], c["floor_ms"]) > 0.0
         assert c["speedup"] == pytest.approx(c["baseline_ms"] / c["optimized_ms"])

@@ -193,8 +193,9 @@ def _set_state_ab(args: argparse.Namespace) -> int:
 
     return _bench(args, lambda: SetStateABConfig(
         backends=tuple(args.backends), num_envs=tuple(args.num_envs), ratios=tuple(args.ratios),
-        calls=args.calls, warmup=args.warmup, fixed_k=args.fixed_k, model=args.model,
-        nthread=args.nthread, seed=args.seed, idle_us=args.idle_us), run_set_state_ab,
+        calls=args.calls, min_seconds=args.min_seconds, warmup=args.warmup,
+        fixed_k=args.fixed_k, model=args.model, nthread=args.nthread, seed=args.seed,
+        idle_us=args.idle_us), run_set_state_ab,
         lambda result: render_set_state_ab(result, per_key=not args.no_per_key))
 
 
@@ -320,7 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--num-envs", type=int, nargs="+", default=[1024, 2048, 4096])
     a.add_argument("--ratios", type=float, nargs="+", default=[0.02, 0.05, 0.25, 0.5],
                    help="shares of envs reset per call")
-    a.add_argument("--calls", type=int, default=30, help="timed calls per variant and cell")
+    a.add_argument("--calls", type=int, default=30,
+                   help="timed calls per variant and cell, at least")
+    a.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
+                   help="timed seconds per cell, at least: cells of short calls (small k) run "
+                        "more than --calls rounds, as many as their warmup says fill S "
+                        "(default 3; 0: --calls)")
     a.add_argument("--warmup", type=int, default=5, help="untimed calls per variant first")
     a.add_argument("--fixed-k", type=int, default=82,
                    help="rows reset on every --num-envs to check N-independence (0: skip)")

@@ -51,7 +51,10 @@ to back, 265 us after 1 ms), which ``set_state``'s, coming after its own checks,
 is. ``idle_us=0`` runs the calls back to back.
 
 Sweeps backends x ``num_envs`` x reset ratios (k = round(ratio * num_envs)), ``warmup``
-untimed then ``calls`` timed calls per variant and cell. ``baseline_ms`` and
+untimed then ``calls`` timed calls per variant and cell, or more where the warmup rounds
+say that ``calls`` rounds fill less than ``min_seconds`` (small k: a 20-row cell's round
+takes ~6 ms, and a p50 ratio of 200 rounds moved by a few percent from run to run;
+``calls`` in each cell's result). ``baseline_ms`` and
 ``optimized_ms`` are the medians of the ``set_state`` span (the sum of the 16 keys);
 ``floor_ms`` the median wall time of the floor's engine calls; ``floor_ratio_ci`` and
 ``aa_ratio_ci`` 95% paired bootstrap intervals (rounds resampled) of opt/floor and A/A.
@@ -66,6 +69,7 @@ and the random order spreads any cache warmth evenly over the variants.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -96,8 +100,11 @@ class SetStateABConfig:
     num_envs: tuple[int, ...] = (1024, 2048, 4096)
     #: shares of the batch reset per call
     ratios: tuple[float, ...] = (0.02, 0.05, 0.25, 0.5)
-    #: timed calls per variant and cell
+    #: timed calls per variant and cell (at least; see ``min_seconds``)
     calls: int = 30
+    #: timed seconds per cell at least: a cell whose rounds are short (small k) runs more
+    #: than ``calls`` of them, as many as its warmup rounds say fill this (0: ``calls``)
+    min_seconds: float = 3.0
     #: untimed calls per variant and cell first
     warmup: int = 5
     #: rows of the N-independence check (0: skip it)
@@ -128,6 +135,8 @@ class SetStateABConfig:
             raise ValueError("--calls must be >= 1 and --warmup >= 0")
         if not 0.0 <= self.idle_us <= 1e6:
             raise ValueError(f"--idle-us must be in [0, 1e6], got {self.idle_us}")
+        if not 0.0 <= self.min_seconds <= 3600.0:
+            raise ValueError(f"--min-seconds must be in [0, 3600], got {self.min_seconds}")
         if self.fixed_k < 0:
             raise ValueError(f"--fixed-k must be >= 0, got {self.fixed_k}")
         if self.fixed_k > min(self.num_envs):
@@ -395,10 +404,15 @@ def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
             assert out is not None
             timings[variant].append(out["timing"])
 
+    t0 = time.perf_counter()
     for i in range(cfg.warmup):
         for variant in VARIANTS:
             one(variant, i, False)
-    for i in range(cfg.calls):
+    calls = cfg.calls
+    if cfg.min_seconds and cfg.warmup:  # small cells: enough rounds for a stable p50
+        per_round = (time.perf_counter() - t0) / cfg.warmup
+        calls = max(calls, math.ceil(cfg.min_seconds / max(per_round, 1e-9)))
+    for i in range(calls):
         for variant in rng.permutation(VARIANTS):
             one(str(variant), i, True)
     be.__dict__.pop("lazy_kinematics", None)  # the shipped default again
@@ -413,7 +427,8 @@ def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
         keys[key] = {"baseline_ms": b, "optimized_ms": o, "lazy_ms": lz,
                      "speedup": _ratio(b, o)}
     b50, o50, l50, f50 = _p50(base), _p50(opt), _p50(lazy), _p50(floor_ms)
-    return {"baseline_ms": b50, "optimized_ms": o50, "lazy_ms": l50, "floor_ms": f50,
+    return {"calls": calls, "baseline_ms": b50, "optimized_ms": o50, "lazy_ms": l50,
+            "floor_ms": f50,
             "floor_aa_ms": _p50(floor_aa_ms),
             "floor_ratio_ci": _ratio_ci(opt, floor_ms),
             "aa_ratio": _ratio(_p50(floor_aa_ms), f50),
@@ -469,7 +484,7 @@ def run_set_state_ab(cfg: SetStateABConfig, progress: Callable[[str], None] | No
                                  | cell)
                     say(f"{name} {n} envs, k={k}: baseline {cell['baseline_ms']:.3f} ms, "
                         f"optimized {cell['optimized_ms']:.3f} ms, floor "
-                        f"{cell['floor_ms']:.3f} ms")
+                        f"{cell['floor_ms']:.3f} ms ({cell['calls']} calls)")
             if cfg.fixed_k:
                 fixed.append({"backend": name} | _run_fixed_k(instances, cfg, rng))
         finally:
