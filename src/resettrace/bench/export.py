@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from resettrace.bench._stats import paired_ratio_ci
 from resettrace.config import Config
 from resettrace.contract import MAX_ENVS
 from resettrace.tables import format_table
@@ -256,17 +257,7 @@ def _total_ci(spent: list[float], base: list[float]) -> list[float] | None:
     times of each) of ``sum(spent) / sum(base)``. None below 3 rounds."""
     if spent == base:
         return [1.0, 1.0]
-    if len(spent) < 3:
-        return None
-    from scipy import stats
-
-    def ratio(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
-        return np.sum(a, axis=axis) / np.sum(b, axis=axis)
-
-    res = stats.bootstrap((np.asarray(spent), np.asarray(base)), ratio, paired=True,
-                          vectorized=True, confidence_level=0.95, method="percentile",
-                          n_resamples=2000, random_state=0)
-    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    return paired_ratio_ci(spent, base, np.sum)
 
 
 def _median_ci(ratios: list[float]) -> list[float] | None:

@@ -81,6 +81,7 @@ import numpy as np
 
 from resettrace import catalog as C
 from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
+from resettrace.bench._stats import paired_ratio_ci
 from resettrace.tables import format_table
 from resettrace.tracing.recorder import Recorder
 
@@ -348,22 +349,6 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
-def _ratio_ci(a: Sequence[float], b: Sequence[float]) -> list[float] | None:
-    """95% paired bootstrap interval (percentile; rounds resampled with both variants' times
-    of each) of ``p50(a) / p50(b)``. None below 3 rounds."""
-    if len(a) < 3:
-        return None
-    from scipy import stats
-
-    def ratio(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-        return np.median(x, axis=axis) / np.median(y, axis=axis)
-
-    res = stats.bootstrap((np.asarray(a), np.asarray(b)), ratio, paired=True,
-                          vectorized=True, confidence_level=0.95, method="percentile",
-                          n_resamples=2000, random_state=0)
-    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
-
-
 def _busy(ns: int) -> None:
     """Spin ``ns`` ns: the env's own Python between a physics step and its resets (an
     engine call right after another is tens of us faster at small k than one after a
@@ -430,9 +415,9 @@ def _run_cell(be: Any, k: int, cfg: SetStateABConfig, rng: np.random.Generator
     return {"calls": calls, "baseline_ms": b50, "optimized_ms": o50, "lazy_ms": l50,
             "floor_ms": f50,
             "floor_aa_ms": _p50(floor_aa_ms),
-            "floor_ratio_ci": _ratio_ci(opt, floor_ms),
+            "floor_ratio_ci": paired_ratio_ci(opt, floor_ms),
             "aa_ratio": _ratio(_p50(floor_aa_ms), f50),
-            "aa_ratio_ci": _ratio_ci(floor_aa_ms, floor_ms),
+            "aa_ratio_ci": paired_ratio_ci(floor_aa_ms, floor_ms),
             "baseline_p90_ms": float(np.percentile(base, 90)),
             "optimized_p90_ms": float(np.percentile(opt, 90)),
             "lazy_p90_ms": float(np.percentile(lazy, 90)),
