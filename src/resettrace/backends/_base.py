@@ -290,7 +290,10 @@ class RowBackend:
         """The k-row scratch of the pass (:meth:`_reset_rows`' and the int32 ids), checked
         against what the pass indexes unchecked, with the pass bound to it for int64 ids
         and float64 rows of any layout and the engine's handles on id sets of k rows, kept
-        for the next reset of k rows."""
+        for the next reset of k rows. A closed backend (its kept passes cleared by
+        ``close``) refuses here, before any write."""
+        if self._is_closed():
+            raise RuntimeError(f"the {self.name} backend is closed")
         out, state, warning = self._reset_rows(k)
         state, warning = check_pass_target(k, self.num_envs, out, self._ctrl_lo,
                                            self.poses.fresh, self._kin_stale, state, warning)
@@ -310,6 +313,10 @@ class RowBackend:
         return rows
 
     # -- each engine's own -----------------------------------------------------------------
+    def _is_closed(self) -> bool:
+        """Whether ``close`` has let the engine go (``close`` also clears ``_passes``)."""
+        return False
+
     def _reset_rows(self, k: int) -> PassTarget:
         """Where the compiled pass writes k rows: the output rows, the engine's state rows
         it scatters them to itself (``state[ids] = rows``, or None) and their warning

@@ -520,8 +520,11 @@ class MotrixBackend(RowBackend):
     def close(self) -> None:
         self.data = None
         self._slices.clear()  # each handle holds the engine's data
-        self._passes.clear()  # (their kept handles too)
+        self._passes.clear()  # (their kept handles too); a reset after this refuses
         self._state_query = None
+
+    def _is_closed(self) -> bool:
+        return self.data is None
 
 
 if TYPE_CHECKING:  # a type checker proves this backend satisfies the contract

@@ -238,6 +238,10 @@ class MujocoBackend(RowBackend):
 
     def close(self) -> None:
         self.batch = None
+        self._passes.clear()  # a reset after this refuses (_is_closed)
+
+    def _is_closed(self) -> bool:
+        return self.batch is None
 
 
 if TYPE_CHECKING:  # a type checker proves this backend satisfies the contract
