@@ -397,7 +397,8 @@ def test_scratch_the_pass_cannot_bind_takes_the_dispatcher(name, monkeypatch) ->
 @pytest.mark.parametrize("name", ["mujoco", "motrix"])
 def test_a_closed_backend_refuses_every_reset_before_writing(name) -> None:
     """After close, set_state raises a RuntimeError naming the backend before any write:
-    a size reset before (its kept pass dropped), a new size, and no rows at all."""
+    a size reset before (its kept pass dropped), a new size, and no rows at all; so does a
+    physics step."""
     b = _make(name)
     rng = np.random.default_rng(13)
     b.set_state(np.array([1, 4]), *stand_rows(b, 2, rng))
@@ -408,3 +409,5 @@ def test_a_closed_backend_refuses_every_reset_before_writing(name) -> None:
             b.set_state(np.arange(k), *stand_rows(b, k, rng))
     np.testing.assert_array_equal(b.poses.fresh, marks[0])  # nothing marked either
     np.testing.assert_array_equal(b._kin_stale, marks[1])
+    with pytest.raises(RuntimeError, match=f"the {name} backend is closed"):
+        b.step(np.zeros((N, b.nu)))

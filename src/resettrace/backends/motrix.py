@@ -327,6 +327,8 @@ class MotrixBackend(RowBackend):
 
     # -- contract (set_state: RowBackend's, with _index and _write_rows below) ---------------
     def step(self, ctrl: np.ndarray, nsteps: int = 1) -> None:
+        if self.data is None:
+            raise RuntimeError("the motrix backend is closed")
         ctrl = np.asarray(ctrl)
         if ctrl.shape != (self.num_envs, self.nu):
             raise ValueError(f"ctrl must have shape ({self.num_envs}, {self.nu}), "

@@ -152,6 +152,8 @@ class MujocoBackend(RowBackend):
 
     # -- contract (set_state: RowBackend's, with _write_rows below) --------------------------
     def step(self, ctrl: np.ndarray, nsteps: int = 1) -> None:
+        if self.batch is None:
+            raise RuntimeError("the mujoco backend is closed")
         if ctrl.shape != (self.num_envs, self.nu):
             raise ValueError(f"ctrl must have shape ({self.num_envs}, {self.nu}), "
                              f"got {ctrl.shape}")
