@@ -222,11 +222,10 @@ def test_jaeger_json_holds_whole_traces_in_jaeger_ui_form(tmp_path: Path,
     import json
     import time
 
-    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "7")
     path = tmp_path / "traces.json"
     t0 = time.time_ns() // 1000
     session = Tracing(Config(mode="trace", exporters=(f"jaeger-json:{path}",),
-                             service_name="mylab"))
+                             service_name="mylab", export_batch_size=7))
     _traces(session, 50)
     session.shutdown()
     doc = json.loads(path.read_text())
@@ -332,11 +331,11 @@ def test_a_long_run_never_stalls_on_the_status_pipe(monkeypatch: pytest.MonkeyPa
     from resettrace.testing.receivers import GrpcReceiver
     from resettrace.tracing import export_process
 
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "0")  # an export call per wake-up ...
-    monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # ... and one per trace
+    monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # a write per trace ...
     with GrpcReceiver(count_only=True) as rx:
         session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
-                                 shutdown_timeout_s=30))
+                                 shutdown_timeout_s=30,
+                                 export_delay_s=0.0))  # ... and an export call per wake-up
         _fill_the_status_pipe(session, monkeypatch)
         _traces(session, 16_000)  # more than the trace pipe and the queue hold together
         monkeypatch.undo()
@@ -358,9 +357,9 @@ def test_a_flush_acknowledged_into_a_full_status_pipe_still_arrives(
 
     from resettrace.tracing import export_process
 
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "0")  # an export call per wake-up ...
-    monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # ... and one per trace
-    session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 's.jsonl'}",)))
+    monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # a write per trace ...
+    session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 's.jsonl'}",),
+                             export_delay_s=0.0))  # ... and an export call per wake-up
     proc = _fill_the_status_pipe(session, monkeypatch)
     assert not proc.flush(1.0)  # acknowledged into the full pipe, which nobody reads
     monkeypatch.undo()  # the parent reads again and sends nothing more
@@ -412,11 +411,11 @@ def test_export_calls_carry_full_batches_until_the_delay_or_a_flush(
     from resettrace.tracing import export_process
 
     monkeypatch.setenv("RESETTRACE_OTLP_ENCODER", encoder)
-    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "10")  # 3 whole traces of 3
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
     monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # a pipe write per trace
     with GrpcReceiver() as rx:
-        session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint))
+        session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
+                                 export_batch_size=10,  # 3 whole traces of 3
+                                 export_delay_s=60.0))
         for _ in range(10):
             _traces(session, 1)
             time.sleep(0.02)  # the export process reads each write on its own

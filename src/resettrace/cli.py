@@ -74,6 +74,9 @@ def _collector(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     try:
         env_cfg = Config.from_env()
+        if _refused_endpoint(env_cfg):
+            print(f"resettrace: {env_cfg.otlp_refused}", file=sys.stderr)
+            return 2
         if env_cfg.mode == "off":
             overrides["mode"] = "timing"  # the breakdown needs timings
         if args.numba_ab and env_cfg.mode == "trace":
@@ -129,6 +132,15 @@ def _collector(args: argparse.Namespace) -> int:
               f"of {cfg.steps} timed steps", file=sys.stderr)
         return 128 + int(signum)
     return 0
+
+
+def _refused_endpoint(config: Config) -> bool:
+    """Whether an OTLP sink in use has an endpoint the environment named unusably: at the
+    command line that stops before anything runs (in a user's process the sink sends
+    nothing and counts its spans as failed)."""
+    uses_otlp = (config.mode == "trace" and "otlp" in config.exporters) or (
+        config.enabled and "otlp" in config.metrics)
+    return bool(config.otlp_refused) and uses_otlp
 
 
 def _save_json(path: str | None, result: Any) -> int:
@@ -220,6 +232,16 @@ def _run(args: argparse.Namespace) -> int:
               "python train.py ...)", file=sys.stderr)
         return 2
     env = dict(os.environ)
+    if not env.get(ENV_MODE, "").strip():
+        env[ENV_MODE] = "timing"  # running under resettrace means: record
+    try:
+        run_cfg = Config.from_env(env)
+    except ValueError as e:  # contradictory settings
+        print(f"resettrace run: {e}", file=sys.stderr)
+        return 2
+    if _refused_endpoint(run_cfg):
+        print(f"resettrace run: {run_cfg.otlp_refused}", file=sys.stderr)
+        return 2
     spec = args.instrument or env.get(ENV_INSTRUMENT, "").strip() or None
     if spec:
         try:
@@ -232,8 +254,6 @@ def _run(args: argparse.Namespace) -> int:
     env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in
                                                   env.get("PYTHONPATH", "").split(os.pathsep)
                                                   if p])
-    if not env.get(ENV_MODE, "").strip():
-        env[ENV_MODE] = "timing"  # running under resettrace means: record
     env[ENV_RUN_SUMMARY] = "0" if args.no_summary else "1"
     env.pop(ENV_RUN_OWNER, None)  # a run inside a run: its command is a main process again
     if args.stats_json:

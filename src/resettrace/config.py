@@ -13,43 +13,60 @@ Variables read (all optional):
     Jaeger's UI sends to a running Jaeger to convert), ``jaeger-json:PATH`` (Jaeger UI
     JSON: opens in Jaeger's UI with no server) or ``memory`` (tests). Paths may hold
     ``{pid}`` and ``{rank}``. Default ``file:resettrace-spans.jsonl``
-    (none when spans go to a tracer provider passed in code).
-``RESETTRACE_SAMPLE_EVERY``
-    Export 1 trace in K (default 1: every trace).
+    (none when spans go to a tracer provider passed in code). An item named twice is
+    used once (with a warning); two file kinds given one path are an error.
 ``RESETTRACE_SAMPLE``
     ``all`` (default) or ``slowest:W``: export only the trace with the slowest
     ``reset_done`` of each window of W traces. Cannot be combined with
     ``RESETTRACE_SAMPLE_EVERY`` > 1. Timing statistics always see every trace.
-``RESETTRACE_MAX_SAMPLES``
-    Samples kept per timing key for percentiles (reservoir beyond it); count, mean,
-    max and total stay exact. Default 100000.
-``RESETTRACE_QUEUE_SIZE``
-    Finished traces waiting for span export; beyond it traces are dropped and
-    counted, never blocking the training thread. Default 4096.
-``RESETTRACE_SHUTDOWN_TIMEOUT``
-    Seconds the exporters may take to flush at shutdown. Default 2.
-``RESETTRACE_WORKER_RANK``
-    Rank of this worker process (resource attribute ``resettrace.worker.rank``);
-    falls back to ``RANK``, then 0.
 ``RESETTRACE_HANDLE_SIGTERM``
     ``1`` (default): in ``trace`` mode, flush spans on SIGTERM before the process
     ends (only when no other SIGTERM handler is installed).
+``RESETTRACE_METRICS``
+    ``otlp``, ``prometheus``, ``prometheus:PORT`` or ``prometheus:HOST:PORT``
+    (comma-separated). The Prometheus endpoint binds ``127.0.0.1`` unless a host is
+    given.
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
     Collector endpoint for ``otlp``. Default ``http://localhost:4317`` (gRPC) or
     ``http://localhost:4318/v1/traces`` (HTTP; the generic variable is a base URL to
-    which ``/v1/traces`` is appended, the ``TRACES`` one is used as it is).
+    which ``/v1/traces`` is appended, the ``TRACES`` one is used as it is). For gRPC a
+    ``HOST:PORT`` without a scheme is allowed (as the OpenTelemetry specification
+    allows it): it means TLS unless ``OTEL_EXPORTER_OTLP_(TRACES_)INSECURE`` is
+    ``true``. An endpoint that cannot be used is never replaced by another one: the
+    ``otlp`` exporter then sends nothing and counts its spans as failed, saying why.
 ``OTEL_EXPORTER_OTLP_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``
     ``grpc`` (default) or ``http/protobuf``.
-``OTEL_EXPORTER_OTLP_TIMEOUT``
-    Seconds one OTLP export may take. Default 2.
+``OTEL_EXPORTER_OTLP_COMPRESSION`` / ``OTEL_EXPORTER_OTLP_TRACES_COMPRESSION``
+    ``none`` (default), ``gzip`` or ``deflate``.
 ``OTEL_SDK_DISABLED``
     ``true`` turns ``trace`` into ``timing`` (no span is built).
 ``OTEL_SERVICE_NAME``
     ``service.name`` of exported spans. Default ``resettrace``.
 
-A malformed value (non-finite and negative numbers included) is logged as a warning naming
-the variable and the default used;
-contradictory settings raise ``ValueError``.
+Numbers, each with its valid range (:data:`NUMBERS`):
+
+=================================  =======================================  ===========
+variable                           meaning                                  range
+=================================  =======================================  ===========
+``RESETTRACE_SAMPLE_EVERY``        export 1 trace in K (default 1)          1 - 2**31-1
+``RESETTRACE_MAX_SAMPLES``         samples kept per key for percentiles     1 - 10**8
+                                   (default 100000)
+``RESETTRACE_QUEUE_SIZE``          traces waiting for export (4096)         1 - 10**7
+``RESETTRACE_SHUTDOWN_TIMEOUT``    seconds for the final flush (2)          0.001 - 3600
+``RESETTRACE_WORKER_RANK``         this worker's rank (else ``RANK``, 0)    0 - 2**31-1
+``OTEL_EXPORTER_OTLP_TIMEOUT``     seconds one OTLP export may take (2;     0.001 - 3600
+                                   ``..._TRACES_TIMEOUT`` wins)
+``OTEL_EXPORTER_OTLP_METRICS_``    seconds one metrics push may take        0.001 - 3600
+``TIMEOUT``                        (default: the OTLP timeout)
+``OTEL_METRIC_EXPORT_INTERVAL``    ms between OTLP metric pushes (60000)    1 - 86400000
+``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans per export call (512)              1 - 65536
+``OTEL_BSP_SCHEDULE_DELAY``        ms a span waits at most for its export   0 - 3600000
+                                   call (1000)
+=================================  =======================================  ===========
+
+A malformed value (not a number, not finite, out of range, or not one of the choices) is
+logged as a warning naming the variable and the value used instead; the same values
+given as arguments raise ``ValueError``, and so do contradictory settings.
 """
 
 from __future__ import annotations
@@ -76,21 +93,77 @@ ENV_WORKER_RANK = "RESETTRACE_WORKER_RANK"
 ENV_HANDLE_SIGTERM = "RESETTRACE_HANDLE_SIGTERM"
 ENV_METRICS = "RESETTRACE_METRICS"
 ENV_METRIC_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+ENV_METRICS_TIMEOUT = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"
+ENV_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+ENV_BATCH_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
 #: the Prometheus scrape port when ``prometheus`` names none (OpenTelemetry's)
 DEFAULT_PROMETHEUS_PORT = 9464
+#: the address the Prometheus endpoint binds when ``prometheus`` names none: loopback only
+DEFAULT_PROMETHEUS_HOST = "127.0.0.1"
 ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
 ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 ENV_OTLP_ENDPOINT = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 ENV_OTLP_PROTOCOL = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 ENV_OTLP_TIMEOUT = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+ENV_OTLP_INSECURE = ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE")
+ENV_OTLP_COMPRESSION = ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+                        "OTEL_EXPORTER_OTLP_COMPRESSION")
+ENV_RANK = (ENV_WORKER_RANK, "RANK")
 
 #: exporter kinds; those in PATH_KINDS take ``kind:PATH``
 EXPORTER_KINDS = ("otlp", "file", "perfetto", "otlp-json", "jaeger-json", "memory")
 PATH_KINDS = ("file", "perfetto", "otlp-json", "jaeger-json")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+OTLP_COMPRESSIONS = ("none", "gzip", "deflate")
 DEFAULT_EXPORTERS = ("file:resettrace-spans.jsonl",)
 DEFAULT_OTLP_ENDPOINT = {"grpc": "http://localhost:4317",
                          "http/protobuf": "http://localhost:4318/v1/traces"}
+
+_INT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Number:
+    """A numeric setting: its variables (the first set wins), type, valid range and the
+    factor from the variable's unit to the field's (ms -> s: 0.001)."""
+
+    env: tuple[str, ...]
+    kind: type
+    low: float
+    high: float
+    scale: float = 1.0
+
+    def problem(self, value: float) -> str | None:
+        """Why ``value`` (in the field's unit) is not valid, or ``None``."""
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or (
+                self.kind is int and not float(value).is_integer()):
+            return f"must be {'an integer' if self.kind is int else 'a number'}"
+        if not math.isfinite(value):
+            return "must be a finite number"
+        lo, hi = self.low * self.scale, self.high * self.scale
+        if not lo <= value <= hi:
+            return f"must be in {_fmt(lo)} - {_fmt(hi)}"
+        return None
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+#: every numeric field of :class:`Config`, with its variables and valid range
+NUMBERS: dict[str, Number] = {
+    "sample_every": Number((ENV_SAMPLE_EVERY,), int, 1, _INT_MAX),
+    "sample_slowest_window": Number((), int, 1, _INT_MAX),
+    "max_samples": Number((ENV_MAX_SAMPLES,), int, 1, 10**8),
+    "queue_size": Number((ENV_QUEUE_SIZE,), int, 1, 10**7),
+    "shutdown_timeout_s": Number((ENV_SHUTDOWN_TIMEOUT,), float, 1e-3, 3600.0),
+    "worker_rank": Number(ENV_RANK, int, 0, _INT_MAX),
+    "otlp_timeout_s": Number(ENV_OTLP_TIMEOUT, float, 1e-3, 3600.0),
+    "metrics_timeout_s": Number((ENV_METRICS_TIMEOUT,), float, 1e-3, 3600.0),
+    "metrics_interval_s": Number((ENV_METRIC_INTERVAL,), float, 1.0, 86_400_000.0, 1e-3),
+    "export_batch_size": Number((ENV_BATCH_SIZE,), int, 1, 65536),
+    "export_delay_s": Number((ENV_BATCH_DELAY,), float, 0.0, 3_600_000.0, 1e-3),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,17 +193,31 @@ class Config:
     handle_sigterm: bool = True
     #: OTLP collector endpoint (``None``: the protocol's localhost default).
     otlp_endpoint: str | None = None
+    #: gRPC without TLS (``None``: from the endpoint's scheme; a ``HOST:PORT`` endpoint
+    #: without one means TLS)
+    otlp_insecure: bool | None = None
     #: ``grpc`` or ``http/protobuf``.
     otlp_protocol: str = "grpc"
     #: Seconds one OTLP export may take.
     otlp_timeout_s: float = 2.0
+    #: ``none``, ``gzip`` or ``deflate``.
+    otlp_compression: str = "none"
+    #: Why the ``otlp`` exporter and OTLP metrics cannot send (an unusable endpoint in the
+    #: environment): they then send nothing, and count what they did not send.
+    otlp_refused: str | None = None
     #: Extra resource attributes for exported spans.
     resource_attributes: Mapping[str, Any] = field(default_factory=dict)
-    #: metrics of the aggregated statistics: ``otlp``, ``prometheus[:PORT]``
+    #: metrics of the aggregated statistics: ``otlp``, ``prometheus[:[HOST:]PORT]``
     #: (``RESETTRACE_METRICS``)
     metrics: tuple[str, ...] = ()
     #: seconds between OTLP metric exports (``OTEL_METRIC_EXPORT_INTERVAL``, ms)
     metrics_interval_s: float = 60.0
+    #: seconds one OTLP metrics push may take (``None``: ``otlp_timeout_s``)
+    metrics_timeout_s: float | None = None
+    #: spans per export call (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``)
+    export_batch_size: int = 512
+    #: seconds a span waits at most for its export call (``OTEL_BSP_SCHEDULE_DELAY``, ms)
+    export_delay_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -141,31 +228,32 @@ class Config:
             problem = exporter_problem(spec)
             if problem:
                 raise ValueError(problem)
-        if self.sample_every < 1:
-            raise ValueError(f"sample_every must be >= 1, got {self.sample_every}")
-        if self.sample_slowest_window is not None:
-            if self.sample_slowest_window < 1:
-                raise ValueError("sample_slowest_window must be >= 1, got "
-                                 f"{self.sample_slowest_window}")
-            if self.sample_every > 1:
-                raise ValueError("contradictory sampling: choose either 1 in K "
-                                 f"({ENV_SAMPLE_EVERY}) or slowest:W ({ENV_SAMPLE})")
-        if self.max_samples < 1:
-            raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
-        if self.queue_size < 1:
-            raise ValueError(f"queue_size must be >= 1, got {self.queue_size}")
-        if not 0 < self.shutdown_timeout_s < math.inf:
-            raise ValueError("shutdown_timeout_s must be a finite number > 0, got "
-                             f"{self.shutdown_timeout_s}")
+        exporters, problems = unique_exporters(self.exporters)
+        for problem in problems:
+            if "one path" in problem:
+                raise ValueError(problem)
+            log.warning("resettrace: %s", problem)
+        object.__setattr__(self, "exporters", exporters)
+        for name, number in NUMBERS.items():
+            value = getattr(self, name)
+            if value is None and name in ("sample_slowest_window", "metrics_timeout_s"):
+                continue
+            problem = number.problem(value)
+            if problem:
+                raise ValueError(f"{name} {problem}, got {value!r}")
+        if self.sample_slowest_window is not None and self.sample_every > 1:
+            raise ValueError("contradictory sampling: choose either 1 in K "
+                             f"({ENV_SAMPLE_EVERY}) or slowest:W ({ENV_SAMPLE})")
         if self.otlp_protocol not in OTLP_PROTOCOLS:
             raise ValueError(f"otlp_protocol must be one of {', '.join(OTLP_PROTOCOLS)}, "
                              f"got {self.otlp_protocol!r}")
-        if self.otlp_endpoint is not None and endpoint_problem(self.otlp_endpoint):
-            raise ValueError(f"otlp_endpoint {self.otlp_endpoint!r}: "
-                             f"{endpoint_problem(self.otlp_endpoint)}")
-        if not 0 < self.otlp_timeout_s < math.inf:
-            raise ValueError("otlp_timeout_s must be a finite number > 0, got "
-                             f"{self.otlp_timeout_s}")
+        if self.otlp_compression not in OTLP_COMPRESSIONS:
+            raise ValueError("otlp_compression must be one of "
+                             f"{', '.join(OTLP_COMPRESSIONS)}, got {self.otlp_compression!r}")
+        if self.otlp_endpoint is not None:
+            problem = endpoint_problem(self.otlp_endpoint, self.otlp_protocol)
+            if problem:
+                raise ValueError(f"otlp_endpoint {self.otlp_endpoint!r}: {problem}")
         if isinstance(self.metrics, str):
             object.__setattr__(self, "metrics", tuple(
                 x.strip() for x in self.metrics.split(",") if x.strip()))
@@ -173,9 +261,6 @@ class Config:
             problem = metrics_problem(spec)
             if problem:
                 raise ValueError(problem)
-        if not 0 < self.metrics_interval_s < math.inf:
-            raise ValueError("metrics_interval_s must be a finite number > 0, got "
-                             f"{self.metrics_interval_s}")
 
     @property
     def enabled(self) -> bool:
@@ -190,6 +275,21 @@ class Config:
         """The OTLP endpoint in use (the protocol's default when none is set)."""
         return self.otlp_endpoint or DEFAULT_OTLP_ENDPOINT[self.otlp_protocol]
 
+    @property
+    def insecure(self) -> bool:
+        """gRPC without TLS: ``http://`` endpoints; ``HOST:PORT`` only when told so."""
+        scheme = urlsplit(self.endpoint).scheme if "://" in self.endpoint else ""
+        if scheme == "https":
+            return False
+        if scheme == "http":
+            return True
+        return bool(self.otlp_insecure)
+
+    @property
+    def metrics_push_timeout_s(self) -> float:
+        """Seconds one OTLP metrics push may take."""
+        return self.otlp_timeout_s if self.metrics_timeout_s is None else self.metrics_timeout_s
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         """Read the environment; keyword ``overrides`` (not ``None``) win over it."""
@@ -199,22 +299,24 @@ class Config:
             "mode": _choice(env, ENV_MODE, MODES, d.mode),
             "exporters": _exporters(env, d.exporters),
             "service_name": env.get(ENV_SERVICE_NAME, "").strip() or d.service_name,
-            "max_samples": _number(env, ENV_MAX_SAMPLES, int, d.max_samples, minimum=1),
-            "queue_size": _number(env, ENV_QUEUE_SIZE, int, d.queue_size, minimum=1),
-            "shutdown_timeout_s": _number(env, ENV_SHUTDOWN_TIMEOUT, float,
-                                          d.shutdown_timeout_s, minimum=1e-3),
-            "sample_every": _number(env, ENV_SAMPLE_EVERY, int, d.sample_every, minimum=1),
             "sample_slowest_window": _slowest(env),
             "worker_rank": _rank(env),
-            "handle_sigterm": _flag(env, ENV_HANDLE_SIGTERM, d.handle_sigterm),
-            "otlp_protocol": _otlp_protocol(env),
-            "otlp_timeout_s": _first_number(env, ENV_OTLP_TIMEOUT, d.otlp_timeout_s),
+            "handle_sigterm": _flag(env, (ENV_HANDLE_SIGTERM,), d.handle_sigterm),
+            "otlp_protocol": _choice(env, ENV_OTLP_PROTOCOL, OTLP_PROTOCOLS, d.otlp_protocol,
+                                     lower=False),
+            "otlp_insecure": _flag(env, ENV_OTLP_INSECURE, None),
+            "otlp_compression": _choice(env, ENV_OTLP_COMPRESSION, OTLP_COMPRESSIONS,
+                                        d.otlp_compression),
             "metrics": _metrics(env),
-            "metrics_interval_s": _number(env, ENV_METRIC_INTERVAL, float,
-                                          1e3 * d.metrics_interval_s, minimum=1.0) / 1e3,
         }
-        values["otlp_endpoint"] = _otlp_endpoint(env, values["otlp_protocol"])
+        for name in NUMBERS:
+            if name not in values and NUMBERS[name].env:
+                values[name] = env_number(env, name, getattr(d, name))
+        values["otlp_endpoint"], values["otlp_refused"] = _otlp_endpoint(
+            env, values["otlp_protocol"])
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if "otlp_endpoint" in overrides and overrides["otlp_endpoint"] is not None:
+            values["otlp_refused"] = None  # an endpoint given in code replaces the variable's
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise TypeError(f"unknown config option(s): {', '.join(sorted(unknown))}")
@@ -238,18 +340,61 @@ def exporter_problem(spec: str) -> str | None:
     return None
 
 
+def unique_exporters(specs: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
+    """``specs`` with each exporter once (an item named twice would deliver every span
+    twice), and what was wrong: an item named again, or two file kinds given one path
+    (the only problem that mentions "one path")."""
+    out: list[str] = []
+    seen: dict[str, str] = {}  # normalised exporter -> the item that named it
+    paths: dict[str, str] = {}  # normalised path -> the item that writes it
+    problems = []
+    for spec in specs:
+        kind, _, arg = spec.partition(":")
+        path = os.path.normpath(arg) if kind in PATH_KINDS else ""
+        key = f"{kind}:{path}"
+        if key in seen:
+            problems.append(f"exporter {spec!r} is named twice (as {seen[key]!r}): used once")
+            continue
+        if path and path in paths:
+            problems.append(f"exporters {paths[path]!r} and {spec!r} would write one path")
+            continue
+        seen[key] = spec
+        if path:
+            paths[path] = spec
+        out.append(spec)
+    return tuple(out), problems
+
+
+def prometheus_address(spec: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``prometheus[:[HOST:]PORT]`` item, or ``None`` if it is not
+    one. The host defaults to loopback; an IPv6 host is written in brackets."""
+    kind, sep, arg = spec.partition(":")
+    if kind != "prometheus":
+        return None
+    if not sep:
+        return DEFAULT_PROMETHEUS_HOST, DEFAULT_PROMETHEUS_PORT
+    host, _, port = arg.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        return None  # an IPv6 host needs brackets
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        return None
+    return (host or DEFAULT_PROMETHEUS_HOST), int(port)
+
+
 def metrics_problem(spec: str) -> str | None:
     """Why ``spec`` is not a valid ``RESETTRACE_METRICS`` item, or ``None``."""
-    kind, sep, arg = spec.partition(":")
+    kind, sep, _ = spec.partition(":")
     if kind == "otlp" and not sep:
         return None
     if kind == "prometheus":
-        if not sep:
+        if prometheus_address(spec) is not None:
             return None
-        if arg.isdigit() and 0 < int(arg) < 65536:
-            return None
-        return f"metrics {spec!r}: the port must be a number in 1-65535"
-    return f"unknown metrics {spec!r}; known: otlp, prometheus, prometheus:PORT"
+        return f"metrics {spec!r}: expected prometheus, prometheus:PORT or " \
+               "prometheus:HOST:PORT (port 1-65535, an IPv6 host in brackets)"
+    return f"unknown metrics {spec!r}; known: otlp, prometheus, prometheus:PORT, " \
+           "prometheus:HOST:PORT"
 
 
 def _metrics(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -266,53 +411,31 @@ def _metrics(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(good)
 
 
-def endpoint_problem(url: str) -> str | None:
-    """Why ``url`` is not a usable OTLP endpoint, or ``None``."""
+def endpoint_problem(url: str, protocol: str = "grpc") -> str | None:
+    """Why ``url`` is not a usable OTLP endpoint for ``protocol``, or ``None``.
+
+    ``http://`` and ``https://`` URLs with a host; for gRPC also ``HOST:PORT`` (TLS
+    unless insecure is set, as the OpenTelemetry specification has it)."""
+    if not url.isprintable() or any(c.isspace() for c in url):
+        return "has spaces or control characters"
+    if "://" not in url and protocol == "grpc":
+        host, sep, number = url.rpartition(":")
+        if not sep or not host or "/" in host or "@" in host or not (
+                number.isascii() and number.isdigit() and 0 < int(number) < 65536):
+            return "is neither an http(s):// URL nor HOST:PORT"
+        return None
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as e:
         return str(e)
     if parts.scheme not in ("http", "https"):
-        return "needs an http:// or https:// scheme (without one gRPC means TLS)"
+        return "needs an http:// or https:// scheme" + (
+            " (or HOST:PORT for gRPC)" if protocol == "grpc" else "")
     if not parts.hostname:
         return "has no host"
     del port
     return None
-
-
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    value = raw.strip().lower()
-    if value in ("0", "false", "no"):
-        value = "off"
-    if value not in choices:
-        log.warning("%s=%r is not one of %s; using the default %r", name, raw,
-                    ", ".join(choices), default)
-        return default
-    return value
-
-
-def _number(env: Mapping[str, str], name: str, kind: type, default: Any, *,
-            minimum: float) -> Any:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = kind(raw.strip())
-    except ValueError:
-        log.warning("%s=%r is not a valid %s; using the default %r", name, raw, kind.__name__,
-                    default)
-        return default
-    if kind is float and not math.isfinite(value):
-        log.warning("%s=%r is not a finite number; using the default %r", name, raw, default)
-        return default
-    if value < minimum:
-        log.warning("%s=%r is below %s; using the default %r", name, raw, minimum, default)
-        return default
-    return value
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str | None]:
@@ -323,18 +446,57 @@ def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str | N
     return names[-1], None
 
 
-def _first_number(env: Mapping[str, str], names: tuple[str, ...], default: float) -> float:
+def _choice(env: Mapping[str, str], names: str | tuple[str, ...], choices: tuple[str, ...],
+            default: str, *, lower: bool = True) -> str:
+    name, raw = _first(env, (names,) if isinstance(names, str) else names)
+    if raw is None:
+        return default
+    value = raw.lower() if lower else raw
+    if names == ENV_MODE and value in ("0", "false", "no"):
+        value = "off"
+    if value not in choices:
+        log.warning("%s=%r is not one of %s; using the default %r", name, raw,
+                    ", ".join(choices), default)
+        return default
+    return value
+
+
+def env_number(env: Mapping[str, str], name: str, default: Any) -> Any:
+    """The numeric setting ``name`` of :data:`NUMBERS` from the first of its variables
+    that is set, in the field's unit; ``default`` (with a warning naming the variable,
+    the range and the value used) when it is malformed or out of range."""
+    number = NUMBERS[name]
+    var, raw = _first(env, number.env)
+    if raw is None:
+        return default
+    try:
+        value = float(raw) if number.kind is float else int(raw)
+    except ValueError:
+        try:
+            value = float(raw)  # "1e3" or "2.0" for an integer setting
+        except ValueError:
+            log.warning("%s=%r is not a number; using the default %s", var, raw,
+                        _default_text(default, number))
+            return default
+    value = value * number.scale if number.scale != 1.0 else value
+    problem = number.problem(value)
+    if problem:
+        lo, hi = _fmt(number.low), _fmt(number.high)
+        log.warning("%s=%r is not valid (%s - %s); using the default %s", var, raw, lo, hi,
+                    _default_text(default, number))
+        return default
+    return number.kind(value)
+
+
+def _default_text(default: Any, number: Number) -> str:
+    return "(unset)" if default is None else _fmt(default / number.scale)
+
+
+def _flag(env: Mapping[str, str], names: tuple[str, ...], default: Any) -> Any:
     name, raw = _first(env, names)
     if raw is None:
         return default
-    return float(_number({name: raw}, name, float, default, minimum=1e-3))
-
-
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    value = raw.strip().lower()
+    value = raw.lower()
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):
@@ -352,9 +514,9 @@ def _slowest(env: Mapping[str, str]) -> int | None:
         window = int(arg)
     except ValueError:
         window = 0
-    if kind != "slowest" or window < 1:
-        log.warning("%s=%r is not 'all' or 'slowest:W' (W >= 1); using the default 'all'",
-                    ENV_SAMPLE, raw)
+    if kind != "slowest" or NUMBERS["sample_slowest_window"].problem(window):
+        log.warning("%s=%r is not 'all' or 'slowest:W' (W in 1 - %d); using the default "
+                    "'all'", ENV_SAMPLE, raw, _INT_MAX)
         return None
     return window
 
@@ -365,41 +527,66 @@ def _rank(env: Mapping[str, str]) -> int:
 
 
 def env_worker_rank(env: Mapping[str, str] | None = None) -> int | None:
-    """``RESETTRACE_WORKER_RANK``, else ``RANK``, when one holds a valid rank; else None."""
+    """``RESETTRACE_WORKER_RANK``, else ``RANK``, when one holds a valid rank (0 -
+    2**31-1); else None. A malformed ``RESETTRACE_WORKER_RANK`` is a warning naming the
+    rank used instead; ``RANK`` belongs to the launcher (torchrun, MPI) and is used only
+    when it is a valid rank."""
     env = os.environ if env is None else env
-    for name in (ENV_WORKER_RANK, "RANK"):
-        raw = env.get(name)
-        if raw is not None and raw.strip():
-            value = _number({name: raw}, name, int, -1, minimum=0)
-            if value >= 0:
-                return int(value)
-    return None
+    ranks = {}
+    for name in ENV_RANK:
+        raw = env.get(name, "").strip()
+        if raw:
+            try:
+                value = int(raw)
+            except ValueError:
+                value = -1
+            ranks[name] = None if NUMBERS["worker_rank"].problem(value) else value
+    rank = ranks.get(ENV_WORKER_RANK)
+    if rank is not None:
+        return rank
+    fallback = ranks.get("RANK")
+    if ENV_WORKER_RANK in ranks:
+        log.warning("%s=%r is not a rank (an integer in 0 - %d); using %s", ENV_WORKER_RANK,
+                    env[ENV_WORKER_RANK], _INT_MAX,
+                    f"RANK={fallback}" if fallback is not None else "the default 0")
+    return fallback
 
 
-def _otlp_protocol(env: Mapping[str, str]) -> str:
-    name, raw = _first(env, ENV_OTLP_PROTOCOL)
+def _otlp_endpoint(env: Mapping[str, str], protocol: str, signal: str = "traces"
+                   ) -> tuple[str | None, str | None]:
+    """The ``signal``'s endpoint from the environment (``OTEL_EXPORTER_OTLP_<SIGNAL>_
+    ENDPOINT``, else the generic variable, a base URL for HTTP), and why it cannot be
+    used: then no other endpoint is put in its place (data and credentials go only where
+    they were sent)."""
+    names = (f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    name, raw = _first(env, names)
     if raw is None:
-        return "grpc"
-    if raw not in OTLP_PROTOCOLS:
-        log.warning("%s=%r is not one of %s; using the default 'grpc'", name, raw,
-                    ", ".join(OTLP_PROTOCOLS))
-        return "grpc"
-    return raw
-
-
-def _otlp_endpoint(env: Mapping[str, str], protocol: str) -> str | None:
-    name, raw = _first(env, ENV_OTLP_ENDPOINT)
-    if raw is None:
-        return None
-    problem = endpoint_problem(raw)
+        return None, None
+    problem = endpoint_problem(raw, protocol)
     if problem:
-        log.warning("%s=%r %s; using the default %r", name, raw, problem,
-                    DEFAULT_OTLP_ENDPOINT[protocol])
-        return None
+        reason = f"{name}={raw!r} {problem} ({protocol}): nothing is sent to any endpoint"
+        log.error("resettrace: %s", reason)
+        return None, reason
     if protocol == "http/protobuf" and name == "OTEL_EXPORTER_OTLP_ENDPOINT":
-        # the generic variable is a base URL: the traces path is appended
-        return raw.rstrip("/") + "/v1/traces"
-    return raw
+        # the generic variable is a base URL: the signal's path is appended
+        return raw.rstrip("/") + f"/v1/{signal}", None
+    return raw, None
+
+
+def metrics_endpoint(config: Config, env: Mapping[str, str] | None = None
+                     ) -> tuple[str, bool]:
+    """The OTLP metrics endpoint and whether it is plain gRPC (no TLS), read as the trace
+    endpoint is; ``ValueError`` when the environment names one that cannot be used."""
+    env = os.environ if env is None else env
+    endpoint, refused = _otlp_endpoint(env, config.otlp_protocol, "metrics")
+    if refused:
+        raise ValueError(refused)
+    if endpoint is None:
+        endpoint = "http://localhost:4317" if config.otlp_protocol == "grpc" else \
+            "http://localhost:4318/v1/metrics"
+    probe = Config(otlp_endpoint=endpoint, otlp_protocol=config.otlp_protocol,
+                   otlp_insecure=config.otlp_insecure)
+    return endpoint, probe.insecure
 
 
 def _split_exporters(raw: str) -> tuple[str, ...]:
@@ -417,8 +604,12 @@ def _exporters(env: Mapping[str, str], default: tuple[str, ...]) -> tuple[str, .
             log.warning("%s: ignoring %r: %s", ENV_EXPORTER, spec, problem)
             continue
         good.append(spec)
-    if not good:
+    unique, problems = unique_exporters(tuple(good))
+    for problem in problems:  # the first of two items is kept
+        log.warning("%s: %s", ENV_EXPORTER,
+                    problem if "twice" in problem else f"{problem}: ignoring the second")
+    if not unique:
         log.warning("%s=%r names no usable exporter; using the default %r", ENV_EXPORTER, raw,
                     ",".join(default or DEFAULT_EXPORTERS))
         return default
-    return tuple(good)
+    return unique

@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["format_table", "write_json", "write_csv", "STAT_FIELDS", "timing_files"]
+__all__ = ["format_table", "write_json", "write_csv", "STAT_FIELDS", "timing_files",
+           "exporter_outcome"]
 
 
 def timing_files(paths: Sequence[str | Path]) -> list[Path]:
@@ -88,3 +89,23 @@ def render_stats(stats: Mapping[str, Any], title: str = "resettrace stats") -> s
                      d["total_ms"], float("nan") if share is None else 100.0 * share])
     return format_table(title, ["key", "count", "mean", "p50", "p90", "p99", "total",
                                 "% of parent"], rows)
+
+
+def exporter_outcome(e: Mapping[str, Any], dropped: int = 0) -> str:
+    """What became of one exporter's spans, in words: delivered, and of the rest how many
+    failed (timed out among them), were cut off by the deadline, or dropped."""
+    written = f" to {e['path']}" if e.get("path") else ""
+    parts = []
+    if e.get("failed"):
+        failed = f"{e['failed']} failed to send"
+        if e.get("timed_out"):
+            failed += (f" ({e['timed_out']} of them timed out waiting for the answer: the "
+                       "receiver may hold those)")
+        parts.append(failed)
+    if e.get("cut_off"):
+        parts.append(f"{e['cut_off']} cut off by the shutdown deadline (never sent)")
+    if dropped and e.get("undelivered"):
+        parts.append(f"{dropped} dropped before export")
+    why = f"; {e['error']}" if e.get("error") else ""
+    return (f"{e['delivered']} delivered{written}, {e['undelivered']} not delivered"
+            + (f": {', '.join(parts)}" if parts else "") + why)

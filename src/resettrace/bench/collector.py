@@ -33,7 +33,7 @@ import numpy as np
 from resettrace import catalog as C
 from resettrace.config import env_worker_rank
 from resettrace.contract import MAX_ENVS
-from resettrace.tables import STAT_FIELDS, format_table, write_csv, write_json
+from resettrace.tables import STAT_FIELDS, exporter_outcome, format_table, write_csv, write_json
 
 log = logging.getLogger(__name__)
 
@@ -421,16 +421,7 @@ def render_export(exp: Mapping[str, Any]) -> str:
                      f"({exp['export_setup_cpu_s']:.2f} s start-up, then "
                      f"{exp['export_cpu_us_per_span']:.1f} us per span)")
     for name, e in (exp.get("exporters") or {}).items():
-        failed = ""
-        if e.get("failed"):
-            failed = f" ({e['failed']} failed to send"
-            if e.get("timed_out"):
-                failed += (f", {e['timed_out']} of them timed out waiting for the answer:"
-                           " the receiver may hold those")
-            failed += ")"
-        written = f" to {e['path']}" if e.get("path") else ""
-        lines.append(f"  {name}: {e['delivered']} delivered{written}, "
-                     f"{e['undelivered']} not delivered" + failed)
+        lines.append(f"  {name}: " + exporter_outcome(e, exp.get("spans_dropped", 0)))
     return "\n".join(lines)
 
 

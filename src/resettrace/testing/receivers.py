@@ -5,6 +5,12 @@ Everything binds to ``127.0.0.1`` on an ephemeral port chosen by the OS:
 * :class:`GrpcReceiver` -- a grpcio server implementing ``TraceService/Export``.
 * :class:`HttpReceiver` -- a stdlib ``ThreadingHTTPServer`` accepting
   ``POST /v1/traces`` (``application/x-protobuf``, optionally gzip/deflate encoded).
+
+Either can be slow (``delay_s``: the answer comes that much later), refuse every request
+(``refuse=``: a gRPC status name such as ``"UNAVAILABLE"``, or an HTTP status such as 503
+or 413; the spans of refused requests are kept apart, in :attr:`refused`), and speak TLS
+(``tls=(certfile, keyfile)``: the endpoint is then ``https://``). Each request's headers
+(gRPC metadata) are kept in :attr:`headers`.
 * :class:`BlackholeListener` -- accepts TCP connections and never reads or answers.
 * :func:`refused_endpoint` -- an endpoint on which nothing listens.
 
@@ -44,6 +50,7 @@ __all__ = [
     "ReceivedSpan",
     "decode_request",
     "refused_endpoint",
+    "self_signed_certificate",
 ]
 
 HOST = "127.0.0.1"
@@ -123,34 +130,63 @@ def decode_request(request: trace_service_pb2.ExportTraceServiceRequest) -> list
 class _Receiver:
     """Thread-safe span store shared by both receivers, plus start/stop plumbing."""
 
-    def __init__(self, delay_s: float = 0.0, *, count_only: bool = False) -> None:
+    def __init__(self, delay_s: float = 0.0, *, count_only: bool = False,
+                 refuse: Any = None, tls: tuple[str, str] | None = None) -> None:
         self.delay_s = float(delay_s)
         #: only count spans (what a load test needs), keeping none
         self.count_only = count_only
+        #: answer every request with this error (gRPC status name or HTTP status)
+        self.refuse = refuse
+        #: (certificate file, key file) of a TLS server
+        self.tls = tls
         self.counted = 0
         #: spans in each export request, in arrival order
         self.request_spans: list[int] = []
+        #: spans of the requests refused (every attempt: a retried request twice)
+        self.refused: list[ReceivedSpan] = []
+        #: each request's headers or metadata, keys in lower case
+        self.headers: list[dict[str, str]] = []
         self._cond = threading.Condition()
         self._spans: list[ReceivedSpan] = []
         self._requests = 0
         self._stopping = threading.Event()
         self._port: int | None = None
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
     # -- records
-    def _record(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
+    def _record(self, request: trace_service_pb2.ExportTraceServiceRequest,
+                headers: dict[str, str] | None = None) -> bool:
+        """Keep a request's spans; False when it is to be refused (its spans kept apart)."""
+        with self._cond:
+            self.headers.append(dict(headers or {}))
+        if self.refuse is not None:
+            decoded = decode_request(request)
+            with self._cond:
+                self.refused.extend(decoded)
+            return False
         if self.count_only:
             n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
             with self._cond:
                 self._requests += 1
                 self.request_spans.append(n)
                 self.counted += n
-            return
+            return True
         decoded = decode_request(request)
         with self._cond:
             self._requests += 1
             self.request_spans.append(len(decoded))
             self._spans.extend(decoded)
             self._cond.notify_all()
+        return True
+
+    def span_keys(self) -> set[tuple[str, str]]:
+        """(trace id, span id) of every distinct span received: a span sent again by a
+        retry after a timed-out attempt counts once."""
+        with self._cond:
+            return {(s.trace_id, s.span_id) for s in self._spans}
 
     def _delay(self) -> None:
         # Interruptible by stop(), so a slow receiver never blocks teardown.
@@ -222,8 +258,13 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self._owner = owner
 
     def Export(self, request, context):  # grpc method name
-        self._owner._record(request)
-        self._owner._delay()
+        owner = self._owner
+        headers = {k.lower(): v for k, v in context.invocation_metadata()
+                   if isinstance(v, str)}
+        accepted = owner._record(request, headers)
+        owner._delay()
+        if not accepted:
+            context.abort(getattr(grpc.StatusCode, str(owner.refuse)), "refused by the test")
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -235,14 +276,15 @@ class GrpcReceiver(_Receiver):
     """
 
     def __init__(self, delay_s: float = 0.0, max_workers: int = 8, *,
-                 count_only: bool = False) -> None:
-        super().__init__(delay_s, count_only=count_only)
+                 count_only: bool = False, refuse: str | None = None,
+                 tls: tuple[str, str] | None = None) -> None:
+        super().__init__(delay_s, count_only=count_only, refuse=refuse, tls=tls)
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"{self.scheme}://{HOST}:{self.port}"
 
     def start(self) -> GrpcReceiver:
         if self._server is not None:
@@ -253,7 +295,15 @@ class GrpcReceiver(_Receiver):
             options=[("grpc.so_reuseport", 0)],
         )
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self), server)
-        port = server.add_insecure_port(f"{HOST}:0")
+        if self.tls:
+            with open(self.tls[0], "rb") as f:
+                cert = f.read()
+            with open(self.tls[1], "rb") as f:
+                key = f.read()
+            port = server.add_secure_port(f"{HOST}:0",
+                                          grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            port = server.add_insecure_port(f"{HOST}:0")
         if not port:
             raise RuntimeError("grpc could not bind 127.0.0.1:0")
         server.start()
@@ -357,8 +407,11 @@ class _OtlpHttpHandler(BaseHTTPRequestHandler):
         except (OSError, zlib.error, DecodeError) as e:
             self._reply(400, f"bad request body: {e}".encode(), "text/plain")
             return
-        owner._record(request)
+        accepted = owner._record(request, {k.lower(): v for k, v in self.headers.items()})
         owner._delay()
+        if not accepted:
+            self._reply(int(owner.refuse), b"refused by the test", "text/plain")
+            return
         self._reply(200, trace_service_pb2.ExportTraceServiceResponse().SerializeToString())
 
     def do_GET(self) -> None:
@@ -373,6 +426,11 @@ class _OtlpHttpServer(ThreadingHTTPServer):
         self.owner = owner
         super().__init__((HOST, 0), _OtlpHttpHandler)
 
+    def shutdown_request(self, request: Any) -> None:
+        # a slow answer may outlive stop(), which closed the connection already
+        with contextlib.suppress(OSError):
+            super().shutdown_request(request)
+
 
 class HttpReceiver(_Receiver):
     """OTLP/HTTP (protobuf) trace receiver on ``http://127.0.0.1:<ephemeral>/v1/traces``.
@@ -381,14 +439,15 @@ class HttpReceiver(_Receiver):
     415 for non-protobuf content types or unknown encodings, 400 for undecodable bodies.
     """
 
-    def __init__(self, delay_s: float = 0.0) -> None:
-        super().__init__(delay_s)
+    def __init__(self, delay_s: float = 0.0, *, refuse: int | None = None,
+                 tls: tuple[str, str] | None = None) -> None:
+        super().__init__(delay_s, refuse=refuse, tls=tls)
         self._server: _OtlpHttpServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"{self.scheme}://{HOST}:{self.port}"
 
     @property
     def endpoint(self) -> str:
@@ -399,6 +458,12 @@ class HttpReceiver(_Receiver):
             return self
         self._stopping.clear()
         server = _OtlpHttpServer(self)
+        if self.tls:
+            import ssl
+
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*self.tls)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
         thread = threading.Thread(
             target=server.serve_forever,
             kwargs={"poll_interval": 0.05},
@@ -430,13 +495,14 @@ class BlackholeListener:
     Sockets stay open until :meth:`stop`, so a client hangs until its own timeout.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         self._port: int | None = None
+        self._want = port  # 0: any free port
 
     @property
     def port(self) -> int:
@@ -465,7 +531,7 @@ class BlackholeListener:
             return self
         self._stopping.clear()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((HOST, 0))
+        sock.bind((HOST, self._want))
         sock.listen(64)
         sock.settimeout(0.05)  # accept loop polls the stop flag
         self._sock, self._port = sock, sock.getsockname()[1]
@@ -523,6 +589,24 @@ def refused_endpoint(path: str = "") -> str:
         s.bind((HOST, 0))
         port = s.getsockname()[1]
     return f"http://{HOST}:{port}{path}"
+
+
+def self_signed_certificate(folder: str) -> tuple[str, str]:
+    """A certificate for ``127.0.0.1`` and ``localhost`` signed by a throwaway CA, written
+    to ``folder``: (certificate file, key file) for a TLS receiver; the CA's certificate is
+    ``folder/ca.pem`` (what a client trusts: ``OTEL_EXPORTER_OTLP_CERTIFICATE``)."""
+    import os
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(os.path.join(folder, "ca.pem"))
+    cert_path = os.path.join(folder, "server.pem")
+    key_path = os.path.join(folder, "server.key")
+    cert.cert_chain_pems[0].write_to_path(cert_path)
+    cert.private_key_pem.write_to_path(key_path)
+    return cert_path, key_path
 
 
 class ReceiverProcess:

@@ -78,6 +78,7 @@ _REGISTER = struct.Struct("<Iq")
 _ERROR = struct.Struct("<I")
 _TRACE = struct.Struct("<IIq")
 _FLUSH = struct.Struct("<I")
+_QUIT = struct.Struct("<d")  # seconds left to finish, from the moment the frame is read
 _PIPE_BYTES = 1 << 20  # ask the kernel for a 1 MiB pipe
 _F_SETPIPE_SZ = 1031
 #: spans per export call in the child, and the longest a span waits for its batch (ms;
@@ -89,6 +90,10 @@ _BATCH_DELAY_MS = 1000
 #: than the spans it then encodes)
 _WRITE_BYTES = 256 << 10
 _WRITE_DELAY_S = 1.0
+#: how often the export process checks that the training process is alive (s)
+_WATCH_S = 0.1
+#: of a close's time, what the export process leaves itself to report its last status
+_REPORT_MARGIN_S = 0.2
 #: traces held before they are packed into frames, in one go (see ``on_trace``)
 _HOLD_TRACES = 32
 _now = time.monotonic
@@ -348,31 +353,51 @@ class ProcessExporter:
         return sum(s for _, s in self._frames) + self._held_spans
 
     def report(self) -> dict[str, Any]:
-        """Spans sent, dropped, and per exporter delivered / undelivered."""
+        """Spans sent, dropped, and per exporter what became of them.
+
+        Per exporter: ``delivered`` (acknowledged, or written whole), ``failed`` (sent and
+        refused or lost, or an exporter that could not be created; ``timed_out`` of them
+        were sent and never answered in time: the receiver may hold them), ``cut_off``
+        (never sent: the shutdown deadline came first, or the export process died), and
+        ``undelivered`` = spans recorded - delivered. Once the session is closed,
+        ``delivered + failed + cut_off`` = ``spans_sent``, and ``undelivered`` =
+        ``failed + cut_off + spans_dropped``."""
         with self._lock:
             self._pack_held()
             self._pump()
             self._read_status()
+            status = self._status
             recorded = self.sent_spans + self.dropped_spans
-            exported = self._status.get("exported", {})
-            failed = self._status.get("failed", {})
-            timed_out = self._status.get("timed_out", {})
-            # timed out: sent, never acknowledged; the receiver may hold them or not
-            per = {name: {"delivered": int(exported.get(name, 0)),
-                          "failed": int(failed.get(name, 0)),
-                          "timed_out": int(timed_out.get(name, 0)),
-                          "undelivered": recorded - int(exported.get(name, 0))}
-                   for name in self._settings.get("exporters", [])}
-            for name, path in self._status.get("paths", {}).items():
+            # a batch under way when the export process ended without its last word was
+            # sent and not acknowledged: failed, and timed out (the receiver may hold it)
+            over = self._closed or self._dead or (self._proc is not None
+                                                 and self._proc.poll() is not None)
+            lost = status.get("in_flight", {}) if over and not status.get("final") else {}
+            per: dict[str, dict[str, Any]] = {}
+            for name in self._settings.get("exporters", []):
+                delivered = int(status.get("exported", {}).get(name, 0))
+                failed = int(status.get("failed", {}).get(name, 0)) + int(lost.get(name, 0))
+                timed_out = int(status.get("timed_out", {}).get(name, 0)) + int(
+                    lost.get(name, 0))
+                cut_off = int(status.get("cut_off", {}).get(name, 0))
+                if over:  # what the export process never sent: received or not
+                    cut_off = self.sent_spans - delivered - failed
+                per[name] = {"delivered": delivered, "failed": failed,
+                             "timed_out": timed_out, "cut_off": cut_off,
+                             "undelivered": recorded - delivered}
+                reason = status.get("broken", {}).get(name)
+                if reason:
+                    per[name]["error"] = reason
+            for name, path in status.get("paths", {}).items():
                 if name in per:
                     per[name]["path"] = path  # the file it wrote
-            received = int(self._status.get("received", 0))
+            received = int(status.get("received", 0))
             out = {"spans_sent": self.sent_spans, "spans_dropped": self.dropped_spans,
                    "spans_pending": self.pending_spans, "spans_received": received,
                    "exporters": per}
-            if "cpu_s" in self._status:  # the export process's CPU time, start-up apart
-                cpu = float(self._status["cpu_s"])
-                setup = float(self._status.get("setup_cpu_s", 0.0))
+            if "cpu_s" in status:  # the export process's CPU time, start-up apart
+                cpu = float(status["cpu_s"])
+                setup = float(status.get("setup_cpu_s", 0.0))
                 out["export_cpu_s"] = cpu
                 out["export_setup_cpu_s"] = setup
                 out["export_cpu_us_per_span"] = (
@@ -422,7 +447,11 @@ class ProcessExporter:
                 return
             if not self._dead:
                 self._pack_held()
-                self._frame(b"Q", b"", 0, force=True)
+                # the export process is told how long it has, less a margin to report its
+                # last status in: what it cannot send by then it counts as cut off
+                left = deadline - time.monotonic()
+                margin = min(_REPORT_MARGIN_S, 0.25 * max(0.0, left))
+                self._frame(b"Q", _QUIT.pack(max(0.0, left - margin)), 0, force=True)
                 while self._buf and not self._dead and self._wait_writable(deadline):
                     self._pump()
                 unsent = sum(s for _, s in self._frames)
@@ -500,23 +529,6 @@ def _batches(spans: list[Any], size: int) -> list[list[Any]]:
     return out
 
 
-def _batch_size() -> int:
-    """Spans per export call: ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512)."""
-    from resettrace.config import _number
-
-    return int(_number(os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", int, _BATCH_SPANS,
-                       minimum=1))
-
-
-def _batch_delay_s() -> float:
-    """The longest a span waits for its export call: ``OTEL_BSP_SCHEDULE_DELAY`` ms
-    (default 1000)."""
-    from resettrace.config import _number
-
-    return float(_number(os.environ, "OTEL_BSP_SCHEDULE_DELAY", float, _BATCH_DELAY_MS,
-                         minimum=0)) / 1000.0
-
-
 class _Child:
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -533,8 +545,21 @@ class _Child:
         #: per read whose spans still wait to be exported: (its time, ``received`` after it)
         self.arrivals: deque[tuple[float, int]] = deque()
         self.stop = False
-        self.batch_size = _batch_size()
-        self.batch_delay = _batch_delay_s()
+        self.batch_size = _BATCH_SPANS
+        self.batch_delay = _BATCH_DELAY_MS / 1000.0
+        #: of ``failed``'s complement: spans never sent because the deadline came first
+        self.cut_off: dict[str, int] = {}
+        #: spans of the export call under way, per exporter (announced before the call:
+        #: if this process is killed during it, they were sent and not acknowledged)
+        self.in_flight: dict[str, int] = {}
+        #: why an exporter cannot export (it could not be created): its spans are failed
+        self.broken: dict[str, str] = {}
+        #: ``time.monotonic()`` by which everything must be done (set when told to leave)
+        self.deadline: float | None = None
+        self.shutdown_timeout = 2.0
+        self.parent_pid = os.getppid()
+        #: written to by the parent watch: wakes the main loop
+        self.wake_r, self.wake_w = os.pipe()
         #: CPU time spent before the first trace (start-up, imports, exporters)
         self.setup_cpu_s = 0.0
         #: status bytes not yet written to stdout; ``partial``: the first line is begun
@@ -557,17 +582,29 @@ class _Child:
         from resettrace.tracing.exporters import make_exporter
 
         config = Config(**dict(settings["config"], exporters=tuple(settings["exporters"])))
+        self.batch_size = config.export_batch_size
+        self.batch_delay = config.export_delay_s
+        self.shutdown_timeout = config.shutdown_timeout_s
+        self.parent_pid = int(settings["parent_pid"])
         # the resource describes the training process, not this one
         resource = Resource.create(dict(settings["resource"],
                                         **{"process.pid": settings["parent_pid"]}))
         provider = TracerProvider(resource=resource)
         provider.add_span_processor(self.collect)
         self.tracer = provider.get_tracer(INSTRUMENTATION_SCOPE)
+        for spec in settings["exporters"]:
+            self.exported[spec] = self.failed[spec] = self.timed_out[spec] = 0
+            self.cut_off[spec] = 0
         if os.environ.get("RESETTRACE_OTLP_ENCODER", "wire") != "sdk" and \
                 settings["exporters"] and all(x == "otlp" for x in settings["exporters"]):
             from resettrace.tracing.otlp_wire import WireEncoder, make_wire_exporter
 
-            wire = make_wire_exporter(config)
+            try:
+                wire = make_wire_exporter(config)
+            except Exception as e:  # a setting the exporter refuses: said, and counted
+                wire = None
+                for spec in settings["exporters"]:
+                    self.broken[spec] = f"cannot create {spec!r}: {e}"
             if wire is not None:  # no SDK span is built: the records are encoded as they are
                 phases = self.phases
                 self.wire = WireEncoder(
@@ -576,17 +613,18 @@ class _Child:
                     lambda code: self.errors.get(code, error_name(code)))
                 for spec in settings["exporters"]:
                     self.exporters.append((spec, wire))
-                    self.exported[spec] = self.failed[spec] = self.timed_out[spec] = 0
                 return
         for spec in settings["exporters"]:
+            if spec in self.broken:
+                continue
             try:
                 self.exporters.append((spec, make_exporter(
                     spec, config, pid=settings["parent_pid"],
                     rank=int(settings["resource"].get(ATTR_WORKER_RANK, config.worker_rank)))))
             except Exception as e:  # a bad exporter must not stop the others
-                print(f"resettrace export process: cannot create {spec!r}: {e}",
-                      file=sys.stderr)
-            self.exported[spec] = self.failed[spec] = self.timed_out[spec] = 0
+                self.broken[spec] = f"cannot create {spec!r}: {e}"
+        for reason in self.broken.values():
+            print(f"resettrace export process: {reason}", file=sys.stderr)
 
     def handle(self, kind: int, payload: memoryview) -> None:
         if kind == ord("T"):
@@ -633,7 +671,9 @@ class _Child:
                     exporter.force_flush()
             self.status()
         elif kind == ord("Q"):
-            self.stop = True
+            (left,) = _QUIT.unpack_from(payload) if len(payload) >= _QUIT.size else (
+                self.shutdown_timeout,)
+            self.leave(left)
         elif kind == ord("C"):
             self.setup(json.loads(bytes(payload)))
             self.setup_cpu_s = time.process_time()
@@ -656,10 +696,20 @@ class _Child:
         """Spans received and not yet handed to the exporters."""
         return self.wire.pending if self.wire is not None else len(self.collect.spans)
 
+    def leave(self, within_s: float) -> None:
+        """Stop reading, and export what is here within ``within_s`` seconds."""
+        deadline = time.monotonic() + max(0.0, within_s)
+        self.deadline = deadline if self.deadline is None else min(self.deadline, deadline)
+        self.stop = True
+
     def export(self, full_only: bool = False) -> None:
         """Hand what waits to every exporter, in capped batches, and count the outcome;
         with ``full_only``, only full batches (the rest waits for more spans, or for its
-        delay: each export call costs the sender and the receiver ~0.3 ms of CPU)."""
+        delay: each export call costs the sender and the receiver ~0.3 ms of CPU).
+
+        Every batch's fate is reported as it is known: the status says which batch is
+        under way before each call and what it came to after it. Past the deadline, a
+        batch is not sent: its spans are counted as cut off."""
         if self.wire is not None:  # encoded requests of whole traces
             batches: list[tuple[Any, int]] = []
             while not (full_only and self.wire.pending < self.batch_size) and \
@@ -682,19 +732,29 @@ class _Child:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         for batch, count in batches:
+            for spec in self.broken:
+                self.failed[spec] += count
             for spec, exporter in self.exporters:
+                left = None if self.deadline is None else self.deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self.cut_off[spec] += count
+                    continue
+                _limit_call(exporter, left)
+                self.in_flight[spec] = count
+                self.status()
                 try:
                     ok = getattr(exporter, send)(batch) == SpanExportResult.SUCCESS
                 except Exception as e:
                     print(f"resettrace export process: {spec!r} failed: {e}", file=sys.stderr)
                     ok = False
+                del self.in_flight[spec]
                 if ok:
                     self.exported[spec] += count
                 else:
                     self.failed[spec] += count
                     if getattr(exporter, "timed_out", False):
                         self.timed_out[spec] += count
-        self.status()
+                self.status()
 
     def status(self, final: bool = False) -> None:
         # the file each file exporter writes ({pid}/{rank} filled in, or the per-process
@@ -703,6 +763,8 @@ class _Child:
                  if isinstance(getattr(exporter, "path", None), os.PathLike)}
         line = json.dumps({"received": self.received, "exported": self.exported,
                            "failed": self.failed, "timed_out": self.timed_out,
+                           "cut_off": self.cut_off, "in_flight": self.in_flight,
+                           "broken": self.broken,
                            "paths": paths, "cpu_s": time.process_time(),
                            "setup_cpu_s": self.setup_cpu_s,
                            "flush": self.flushed, "final": final})
@@ -763,12 +825,12 @@ class _Child:
                 wait = max(0.0, self.batch_since + self.batch_delay - time.monotonic())
             out = [sys.stdout.fileno()] if self.unsent else []  # a status waits for room
             try:
-                ready, room, _ = select.select([fd], out, [], wait)
+                ready, room, _ = select.select([fd, self.wake_r], out, [], wait)
             except InterruptedError:
                 ready, room = [], []
             if room:
                 self.write_status()
-            if ready:
+            if fd in ready:
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
                     eof = True
@@ -777,15 +839,47 @@ class _Child:
                 self.parse()
                 if self.received > before and self.waiting:  # (a flush may have sent them)
                     self.arrivals.append((time.monotonic(), self.received))
+            if self.stop:
+                break
             if self.batch_since and time.monotonic() - self.batch_since >= self.batch_delay:
                 self.export()  # the oldest waiting span's delay is up: everything goes
             elif self.waiting >= self.batch_size:
                 self.export(full_only=True)
+        if self.deadline is None:  # the pipe closed, or SIGTERM, with no word of a deadline
+            self.leave(self.shutdown_timeout)
         self.export()
         for _, exporter in self.exporters:
             with contextlib.suppress(Exception):
                 exporter.shutdown()
         self.status(final=True)
+
+    def watch_parent(self) -> None:
+        """Leave when the training process is gone (killed, say, with no word to this
+        one): export what is here within the shutdown timeout, then exit, finished or
+        not. Runs on a daemon thread; the training process's pid comes with the settings."""
+        while True:
+            time.sleep(_WATCH_S)
+            if os.getppid() != self.parent_pid:
+                break
+        self.leave(self.shutdown_timeout)
+        with contextlib.suppress(OSError):
+            os.write(self.wake_w, b"w")  # the main loop may be waiting on the pipe
+        deadline = self.deadline if self.deadline is not None else time.monotonic()
+        time.sleep(max(0.0, deadline - time.monotonic()) + _WATCH_S)
+        os._exit(0)  # an export call past its deadline: nobody is left to report to
+
+
+def _limit_call(exporter: Any, left: float | None) -> None:
+    """Let the next export call of an OTLP exporter take at most ``left`` seconds (its
+    retries included), and at most its own timeout."""
+    if left is None:
+        return
+    own = getattr(exporter, "_resettrace_timeout", None)
+    for holder in (exporter, getattr(exporter, "_client", None)):
+        if holder is not None and isinstance(getattr(holder, "_timeout", None), (int, float)):
+            if own is None:
+                own = exporter._resettrace_timeout = float(holder._timeout)
+            holder._timeout = max(1e-3, min(own, left))
 
 
 #: the export process's nice value: below training, so it never takes a busy core's time
@@ -809,9 +903,10 @@ def main() -> None:
     child = _Child()
 
     def _stop(*_: object) -> None:
-        child.stop = True
+        child.leave(child.shutdown_timeout)
 
     signal.signal(signal.SIGTERM, _stop)
+    threading.Thread(target=child.watch_parent, daemon=True, name="watch-parent").start()
     child.run()
 
 

@@ -122,10 +122,56 @@ def make_otlp_exporter(config: Config) -> SpanExporter:
             OTLPSpanExporter as GrpcExporter,
         )
 
-        return GrpcExporter(endpoint=config.endpoint, insecure=config.endpoint.startswith(
-            "http://"), timeout=config.otlp_timeout_s)
+        return GrpcExporter(**otlp_arguments(config))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,
     )
 
-    return HttpExporter(endpoint=config.endpoint, timeout=config.otlp_timeout_s)
+    return HttpExporter(**otlp_arguments(config))
+
+
+def otlp_arguments(config: Config, *, timeout_s: float | None = None,
+                   metrics: bool = False) -> dict[str, Any]:
+    """The SDK OTLP exporter's arguments for ``config`` (trace or metrics exporter): the
+    endpoint, TLS and compression resolved by resettrace, never left to the SDK's own
+    reading of the environment (which would accept what the config refused). A trace
+    endpoint the environment named unusably raises ``ValueError``: no other one is used."""
+    if config.otlp_refused and not metrics:
+        raise ValueError(config.otlp_refused)
+    timeout = config.otlp_timeout_s if timeout_s is None else timeout_s
+    if config.otlp_protocol == "grpc":
+        from grpc import Compression as GrpcCompression
+
+        compression = {"none": GrpcCompression.NoCompression, "gzip": GrpcCompression.Gzip,
+                       "deflate": GrpcCompression.Deflate}[config.otlp_compression]
+        return {"endpoint": config.endpoint, "insecure": config.insecure,
+                "timeout": timeout, "compression": compression}
+    from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
+
+    http = {"none": HttpCompression.NoCompression, "gzip": HttpCompression.Gzip,
+            "deflate": HttpCompression.Deflate}[config.otlp_compression]
+    args: dict[str, Any] = {"endpoint": config.endpoint, "timeout": timeout,
+                            "compression": http}
+    signal = "METRICS" if metrics else "TRACES"
+    if (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_CERTIFICATE")
+            or os.environ.get("OTEL_EXPORTER_OTLP_CERTIFICATE")) and not os.environ.get(
+            f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{signal}_CREDENTIAL_PROVIDER"):
+        args["session"] = _certificate_session()
+    return args
+
+
+def _certificate_session() -> Any:
+    """A ``requests`` session in which the certificate the exporter is given wins over
+    ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` (plain ``requests`` lets those replace
+    it, and an OTLP/HTTP collector with a private CA then fails verification)."""
+    import requests
+
+    class _Session(requests.Session):
+        def merge_environment_settings(self, url: Any, proxies: Any, stream: Any,
+                                       verify: Any, cert: Any) -> Any:
+            merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if verify is None and self.verify not in (True, None):
+                merged["verify"] = self.verify
+            return merged
+
+    return _Session()

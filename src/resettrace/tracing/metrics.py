@@ -22,8 +22,9 @@ Attributes: ``resettrace.phase`` (the span name), ``resettrace.backend.name``,
 headers and timeout variables: ``OTEL_EXPORTER_OTLP_METRICS_*``, else the generic ones) every
 ``OTEL_METRIC_EXPORT_INTERVAL`` ms (default 60,000) on a daemon thread, and once more at
 shutdown; failed or timed-out exports are counted (:meth:`MetricsExport.report`), never
-raised. The scrape endpoint is ``prometheus_client``'s HTTP server on ``0.0.0.0:PORT``
-(default 9464), serving a collector that reads the statistics at each scrape.
+raised. The scrape endpoint is ``prometheus_client``'s HTTP server on ``HOST:PORT``
+(default ``127.0.0.1:9464``: loopback only, unless a host is given), serving a collector
+that reads the statistics at each scrape.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from resettrace import catalog as C
-from resettrace.config import DEFAULT_PROMETHEUS_PORT
+from resettrace.config import prometheus_address
 from resettrace.distribution import SCALE, Distribution
 
 if TYPE_CHECKING:
@@ -51,6 +52,17 @@ log = logging.getLogger("resettrace")
 PROMETHEUS_SCALE = 3
 _PROM_SHIFT = SCALE - PROMETHEUS_SCALE
 _SCOPE = "resettrace"
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
 
 
 def _label(name: str) -> str:
@@ -70,13 +82,16 @@ class MetricsExport:
         self._server: Any = None
         self._start_ns = time.time_ns()
         self.prometheus_port: int | None = None
+        self.prometheus_host: str | None = None
         _LIVE.add(self)
         for spec in self.specs:
             kind, _, arg = spec.partition(":")
             if kind == "otlp":
                 self._start_otlp()
             elif kind == "prometheus":
-                self._start_prometheus(int(arg) if arg else DEFAULT_PROMETHEUS_PORT)
+                address = prometheus_address(spec)
+                assert address is not None  # validated by the config
+                self._start_prometheus(*address)
 
     # -- what is exported -------------------------------------------------------------------
     def attributes(self) -> dict[str, Any]:
@@ -168,11 +183,17 @@ class MetricsExport:
                 from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
                     OTLPMetricExporter,
                 )
-            # endpoint and headers from OTEL_EXPORTER_OTLP_METRICS_* or the generic variables,
-            # as the SDK reads them; the timeout is resettrace's OTLP timeout unless
-            # OTEL_EXPORTER_OTLP_METRICS_TIMEOUT says otherwise (the SDK's own is 10 s)
-            own = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "").strip()
-            self._exporter = OTLPMetricExporter(timeout=None if own else cfg.otlp_timeout_s)
+            # the endpoint, TLS, compression and timeout as resettrace resolved them (a
+            # refused endpoint is never replaced); headers and certificates as the SDK
+            # reads them (OTEL_EXPORTER_OTLP_METRICS_*, else the generic variables)
+            from resettrace.config import metrics_endpoint
+            from resettrace.tracing.exporters import otlp_arguments
+
+            args = otlp_arguments(cfg, timeout_s=cfg.metrics_push_timeout_s, metrics=True)
+            args["endpoint"], insecure = metrics_endpoint(cfg)
+            if "insecure" in args:
+                args["insecure"] = insecure
+            self._exporter = OTLPMetricExporter(**args)
         except Exception as e:  # a bad setting: said once, training goes on
             log.warning("resettrace: OTLP metrics are off: %s", e)
             return
@@ -205,7 +226,7 @@ class MetricsExport:
         return ok
 
     # -- Prometheus ------------------------------------------------------------------------
-    def _start_prometheus(self, port: int) -> None:
+    def _start_prometheus(self, host: str, port: int) -> None:
         try:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
@@ -215,12 +236,17 @@ class MetricsExport:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_PromCollector(self))
         try:
-            self._server = start_http_server(port, addr="0.0.0.0", registry=registry)
+            self._server = start_http_server(port, addr=host, registry=registry)
         except OSError as e:
-            log.warning("resettrace: the Prometheus endpoint on port %d is off: %s", port,
-                        e.strerror or e)
+            log.warning("resettrace: the Prometheus endpoint on %s port %d is off: %s", host,
+                        port, e.strerror or e)
             return
+        if not _is_loopback(host):
+            log.warning("resettrace: serving metrics on %s:%d, reachable from other machines "
+                        "(no authentication; each scrape costs this process CPU time)",
+                        host, port)
         self.prometheus_port = port
+        self.prometheus_host = host
 
     def _after_fork_in_child(self) -> None:
         """A forked process has no push thread and does not serve the parent's port: its
@@ -235,12 +261,13 @@ class MetricsExport:
         self._server = None
         self._thread = None
         self._exporter = None  # gRPC channels do not survive a fork
-        self.prometheus_port = None
+        self.prometheus_port = self.prometheus_host = None
         self.specs = ()
 
     def report(self) -> dict[str, Any]:
         return {"metrics": list(self.specs), "otlp_exports": self.exports,
-                "otlp_failed": self.failed, "prometheus_port": self.prometheus_port}
+                "otlp_failed": self.failed, "prometheus_port": self.prometheus_port,
+                "prometheus_host": self.prometheus_host}
 
     def close(self, timeout_s: float) -> None:
         """Stop the push thread after one last export (bounded), and the scrape server."""

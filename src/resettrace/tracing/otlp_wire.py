@@ -341,16 +341,18 @@ def _grpc_exporter(config: Any) -> Any:
             self.timed_out = False
             return self._export(payload)  # type: ignore[arg-type]
 
-    return WireGrpcExporter(endpoint=config.endpoint,
-                            insecure=config.endpoint.startswith("http://"),
-                            timeout=config.otlp_timeout_s)
+    from resettrace.tracing.exporters import otlp_arguments
+
+    return WireGrpcExporter(**otlp_arguments(config))
 
 
 def _http_exporter(config: Any) -> Any:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    exporter = OTLPSpanExporter(endpoint=config.endpoint, timeout=config.otlp_timeout_s)
+    from resettrace.tracing.exporters import otlp_arguments
+
+    exporter = OTLPSpanExporter(**otlp_arguments(config))
     client = getattr(exporter, "_client", None)
     if client is None or not hasattr(client, "export"):
         return None

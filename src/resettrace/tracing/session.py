@@ -284,8 +284,12 @@ class Tracing:
             report = self.export_report()
             lost = report.get("spans_not_delivered", 0) or report["spans_dropped"]
             if lost:
-                log.warning("resettrace: %d spans were not delivered (%s)", lost,
-                            {k: v for k, v in report.items() if k != "mode"})
+                from resettrace.tables import exporter_outcome
+
+                log.warning("resettrace: %d spans were not delivered (%s)", lost, "; ".join(
+                    f"{name}: {exporter_outcome(e, report['spans_dropped'])}"
+                    for name, e in report.get("exporters", {}).items())
+                    or f"{report['spans_dropped']} dropped")
 
 
 def _jsonable(config: Config) -> dict[str, Any]:
