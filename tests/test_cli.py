@@ -143,7 +143,7 @@ def test_a_signal_stops_the_collector_with_its_report_and_timing_json(
     data = json.loads((out / "timing.json").read_text())
     done = data["interrupted"]["steps_done"]
     assert data["interrupted"]["signal"] == signal.Signals(signum).name and done > 0
-    assert data["stats"]["env_step_total_ms"]["count"] >= done
+    assert data["stats"]["env_step_total_ms"]["count"] == done  # the step under way ends first
     spans = (out / "spans.jsonl").read_text().splitlines()
     delivered = data["export"]["exporters"][f"file:{out / 'spans.jsonl'}"]["delivered"]
     assert len(spans) == delivered > 0 and data["export"]["spans_not_delivered"] == 0

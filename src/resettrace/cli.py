@@ -36,14 +36,8 @@ log = logging.getLogger("resettrace")
 
 def _collector(args: argparse.Namespace) -> int:
     from resettrace.bench import collector
-    from resettrace.bench.collector import (
-        CollectorConfig,
-        Interrupted,
-        progress_printer,
-        render_report,
-        write_outputs,
-    )
-    from resettrace.tracing.session import Tracing
+    from resettrace.bench.collector import CollectorConfig, StopRequest, progress_printer
+    from resettrace.tracing.session import Tracing, holding_signals
 
     try:
         cfg = CollectorConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
@@ -65,12 +59,11 @@ def _collector(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
-    def on_sigterm(signum: int, frame: Any) -> None:
-        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
-        raise Interrupted(signum)
-
-    # before the session: its own SIGTERM hook then stays out of the way
-    signal.signal(signal.SIGTERM, on_sigterm)
+    # SIGTERM and SIGINT stop the run after the step under way; set before the session,
+    # whose own SIGTERM hook then stays out of the way
+    stop = StopRequest()
+    signal.signal(signal.SIGTERM, stop.handler)
+    signal.signal(signal.SIGINT, stop.handler)
     overrides: dict[str, Any] = {}
     try:
         env_cfg = Config.from_env()
@@ -93,15 +86,34 @@ def _collector(args: argparse.Namespace) -> int:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
     try:
-        result = collector.run_collector(cfg, tracing, progress=progress_printer())
+        result = collector.run_collector(cfg, tracing, progress=progress_printer(), stop=stop)
     except (ValueError, FileNotFoundError) as e:
         tracing.shutdown()
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
+    # the flush and the files: a signal now (the first of each kind) waits until they are
+    # written, and a second one ends the process at once
     stopped = result.get("interrupted")
-    if stopped:  # flush and report what was done; a second signal ends the process
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    asked = (int(signal.Signals[stopped["signal"]]),) if stopped else ()
+    with holding_signals(already=asked) as held:
+        code = _finish_collector(args, cfg, tracing, result)
+    late = held.first
+    if stopped or late:
+        name = stopped["signal"] if stopped else signal.Signals(late).name  # type: ignore[arg-type]
+        done = stopped["steps_done"] if stopped else cfg.steps
+        print(f"resettrace: interrupted by {name} after {done} of {cfg.steps} timed steps"
+              + ("" if stopped else " (during the final flush: the files are complete)"),
+              file=sys.stderr)
+        if code == 0:
+            code = 128 + int(signal.Signals[name])
+    return code
+
+
+def _finish_collector(args: argparse.Namespace, cfg: Any, tracing: Any,
+                      result: dict[str, Any]) -> int:
+    """Shut the session down (its spans flushed), print the tables, write the files."""
+    from resettrace.bench.collector import render_report, write_outputs
+
     tracing.shutdown()
     result["export"] = tracing.export_report()
     print(render_report(result))
@@ -126,11 +138,6 @@ def _collector(args: argparse.Namespace) -> int:
                   if spec.partition(":")[0] in PATH_KINDS]
     if paths:
         print("\noutputs:\n" + "\n".join(f"  {p}" for p in paths))
-    if stopped:
-        signum = signal.SIGINT if stopped["signal"] == "SIGINT" else signal.SIGTERM
-        print(f"resettrace: interrupted by {stopped['signal']} after {stopped['steps_done']} "
-              f"of {cfg.steps} timed steps", file=sys.stderr)
-        return 128 + int(signum)
     return 0
 
 

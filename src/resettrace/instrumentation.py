@@ -495,13 +495,27 @@ def arrange_run_summary(environ: Mapping[str, str] | None = None) -> None:
     if not os.environ.get(ENV_RUN_OWNER, "").strip():
         os.environ[ENV_RUN_OWNER] = str(os.getpid())
     if summary or json_path:
+        from resettrace.tracing.session import install_sigterm_exit
+
         atexit.register(_run_summary, summary, json_path)
+        if not _run_worker() or "{pid}" in json_path:
+            # a scheduler's SIGTERM ends the command through its exit hooks, as Ctrl-C
+            # does, so its summary and stats file are written (SIGTERM's default action
+            # ends a process at once)
+            install_sigterm_exit()
 
 
 def _run_summary(summary: bool, json_path: str) -> None:
     # asked at exit, not at start-up: a forked child inherits the atexit handlers too
     if _run_worker() and "{pid}" not in json_path:
         return
+    from resettrace.tracing.session import holding_signals
+
+    with holding_signals(redeliver=True):  # a signal now would cut the file short
+        _write_run_summary(summary, json_path)
+
+
+def _write_run_summary(summary: bool, json_path: str) -> None:
     from resettrace.tables import render_stats, write_json
     from resettrace.tracing.api import get_tracing
 

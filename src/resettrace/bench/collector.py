@@ -96,21 +96,28 @@ def simulated_time(env: Any) -> dict[str, Any]:
             "sim_s_per_step": task.substeps * dt}
 
 
-class Interrupted(KeyboardInterrupt):
-    """Raised by the CLI's SIGTERM handler: the run stops and reports what it did."""
+class StopRequest:
+    """Set by a signal handler of the caller's: the run stops after the step under way,
+    so the steps counted and the steps recorded are the same."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+    def __init__(self) -> None:
+        #: the name of the signal that asked, or None
+        self.signal: str | None = None
+
+    def handler(self, signum: int, frame: Any) -> None:
+        """A signal handler: the first signal asks for the stop, a second one ends the
+        process at once (its default action)."""
+        signal.signal(signum, signal.SIG_DFL)
+        self.signal = signal.Signals(signum).name
 
 
 def run_collector(cfg: CollectorConfig, tracing: Any,
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[str], None] | None = None,
+                  stop: StopRequest | None = None) -> dict[str, Any]:
     """Run the benchmark under ``tracing`` (mode ``timing`` or ``trace``); return the result.
 
-    Interrupted (``KeyboardInterrupt``, or :class:`Interrupted` from a SIGTERM handler),
-    it stops and returns the result of the steps done, with ``result["interrupted"] =
-    {"signal", "steps_done"}``.
+    Stopped (``stop`` set by a signal handler, or ``KeyboardInterrupt``), it returns the
+    result of the steps done, with ``result["interrupted"] = {"signal", "steps_done"}``.
     """
     import resettrace
 
@@ -135,10 +142,14 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
     t0 = time.perf_counter()
     try:
         for _ in range(cfg.warmup):
+            if stop is not None and stop.signal:
+                break
             env.step(rng.normal(0.0, cfg.action_noise, shape))
         tracing.processor.clear()  # statistics of the timed steps only
         last_report = t0 = time.perf_counter()
         for i in range(cfg.steps):
+            if stop is not None and stop.signal:
+                break
             rng.standard_normal(out=actions)
             actions *= cfg.action_noise
             _, _, done, _ = env.step(actions)
@@ -151,10 +162,8 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
                 say(f"step {i + 1}/{cfg.steps} ({100 * (i + 1) / cfg.steps:.0f}%), "
                     f"{rate:,.0f} env/s, resets {100 * resets / ((i + 1) * cfg.num_envs):.2f}%"
                     " of envs per step")
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through the CLI's handler
-        name = str(e) if isinstance(e, Interrupted) else "SIGINT"
-        interrupted = {"signal": name, "steps_done": done_steps}
-        say(f"interrupted by {name} after {done_steps} of {cfg.steps} timed steps")
+    except KeyboardInterrupt:  # Ctrl-C with Python's own handler
+        interrupted = {"signal": "SIGINT", "steps_done": done_steps}
     finally:
         wall = time.perf_counter() - t0
         env.close()
@@ -176,7 +185,11 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
         "model": tracing.cost_model(),
         "export": tracing.export_report(),
     }
+    if stop is not None and stop.signal and interrupted is None:
+        interrupted = {"signal": stop.signal, "steps_done": done_steps}
     if interrupted is not None:
+        say(f"interrupted by {interrupted['signal']} after {done_steps} of {cfg.steps} "
+            "timed steps")
         result["interrupted"] = interrupted
     return result
 

@@ -20,6 +20,7 @@ other handler is installed (``handle_sigterm``): SIGTERM then ends the process w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -28,7 +29,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from resettrace.catalog import (
@@ -307,13 +308,85 @@ _finalize_pid: int | None = None
 _sigterm_installed = False
 
 
+class HeldSignals:
+    """Signals that arrived while :func:`holding_signals` held them (first of each kind)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    @property
+    def first(self) -> int | None:
+        return self.received[0] if self.received else None
+
+
+#: what the scheduler, the pool or the user sends to stop a process
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def holding_signals(signums: tuple[int, ...] = STOP_SIGNALS, *, redeliver: bool = False,
+                    already: tuple[int, ...] = ()) -> Iterator[HeldSignals]:
+    """Let a bounded piece of work (a final flush, writing the run's files) finish when a
+    stop signal arrives: the first of each kind is noted, a second one ends the process
+    at once (default action), as does the first of those in ``already`` (signals that
+    asked for the stop before). Afterwards the handlers in place before come back; with
+    ``redeliver``, a noted signal is then raised again for a handler of the user's (the
+    default action, or resettrace's own, would only end a process that is ending).
+    Only the main thread can set handlers: elsewhere this holds nothing."""
+    held = HeldSignals()
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    previous: dict[int, Any] = {}
+
+    def note(signum: int, frame: Any) -> None:
+        if signum in held.received or signum in already:  # the second one: at once
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        held.received.append(signum)
+
+    try:
+        for signum in signums:
+            previous[signum] = signal.signal(signum, note)
+        yield held
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if redeliver:
+            for signum in held.received:
+                handler = previous.get(signum)
+                if callable(handler) and handler not in (_on_sigterm,
+                                                         signal.default_int_handler):
+                    signal.raise_signal(signum)
+
+
 def shutdown_all() -> None:
-    """Flush and stop every span-exporting session of this process (bounded)."""
-    for session in list(_EXPORTING):
-        try:
-            session.shutdown()
-        except Exception:  # exiting: report, never raise
-            log.exception("resettrace: shutdown failed")
+    """Flush and stop every span-exporting session of this process (bounded). Runs at
+    exit: a SIGTERM or SIGINT that arrives meanwhile (a pool's ``terminate()`` lands just
+    as its workers leave) waits until the flush is done, within the shutdown timeout."""
+    with holding_signals(redeliver=True):
+        for session in list(_EXPORTING):
+            try:
+                session.shutdown()
+            except Exception:  # exiting: report, never raise
+                log.exception("resettrace: shutdown failed")
+
+
+def install_sigterm_exit() -> bool:
+    """End this process on SIGTERM through ``SystemExit(143)`` (so ``finally`` blocks and
+    exit hooks run: flushes, summaries, run records), when SIGTERM has no handler yet and
+    this is the main thread. True when installed (now or before)."""
+    global _sigterm_installed
+    with _hooks_lock:
+        if _sigterm_installed:
+            return True
+        if (threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+            return False
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _sigterm_installed = True
+        return True
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -342,7 +415,7 @@ def _armed_after_fork(session: Tracing) -> None:
 
 
 def _register_exit_hooks(session: Tracing) -> None:
-    global _atexit_pid, _sigterm_installed
+    global _atexit_pid
     import atexit
     import multiprocessing
 
@@ -358,8 +431,5 @@ def _register_exit_hooks(session: Tracing) -> None:
         from multiprocessing import util
 
         util.register_after_fork(session, _armed_after_fork)
-        if (session.config.handle_sigterm and not _sigterm_installed
-                and threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
-            signal.signal(signal.SIGTERM, _on_sigterm)
-            _sigterm_installed = True
+    if session.config.handle_sigterm:
+        install_sigterm_exit()
