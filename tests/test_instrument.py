@@ -511,6 +511,13 @@ def test_attributes_go_on_new_recorders_until_undo(resettrace: Any) -> None:
     ({"phases": {"span": "x"}}, "[[phases]] must be a list of tables"),
     ({"attributes": {"backend": ["a"]}}, "[attributes] 'backend'"),
     ({"attributes": "x"}, "[attributes] must be a table"),
+    ({"attributes": {"task": "walk\udcff"}},
+     "[attributes] 'task': span attribute 'resettrace.task.name': its value 'walk\\udcff' "
+     "has a lone surrogate"),
+    ({"attributes": {"mylab.run\x00": "a"}},
+     "span attribute key 'mylab.run\\x00' has a control character"),
+    ({"phases": [{"span": "test_instrument.bad\udcff", "parent": ""}]},
+     "phases[0]: a phase's span name"),
 ])
 def test_spec_errors_name_the_problem(spec: dict[str, Any], expected: str) -> None:
     with pytest.raises(InstrumentError) as info:

@@ -73,6 +73,88 @@ def test_register_phase_conflicts_name_the_problem(catalog: C.Catalog) -> None:
         catalog.register("", parent="env_step")
 
 
+BAD_TEXT = [("custom\udcff.phase", "lone surrogate '\\udcff' at index 6"),
+            ("custom\n.phase", "control character '\\n' at index 6"),
+            ("custom\x7f.phase", "control character '\\x7f'")]
+
+
+@pytest.mark.parametrize(("text", "problem"), BAD_TEXT)
+def test_register_phase_refuses_text_no_exporter_can_write(catalog: C.Catalog, text: str,
+                                                           problem: str) -> None:
+    """A span name, key or gap key with a lone surrogate (as ``os.fsdecode`` makes of
+    undecodable bytes) or a control character is refused at registration: once in the
+    catalog, every later trace failed to export."""
+    size = len(catalog)
+    for kwargs in ({"span": text}, {"span": "user.ok", "key": text},
+                   {"span": "user.ok", "gap_key": text}):
+        span = kwargs.pop("span")
+        with pytest.raises(ValueError) as info:
+            catalog.register(span, parent="dr_reset", **kwargs)
+        assert problem in str(info.value) and repr(text) in str(info.value)
+        str(info.value).encode("utf-8")  # the message itself prints anywhere
+    assert len(catalog) == size
+    with pytest.raises(ValueError, match="lone surrogate"):
+        resettrace.register_phase("custom\udcff.phase", parent="dr_reset")
+    assert C.CATALOG.get("custom\udcff.phase") is None
+
+
+@pytest.mark.parametrize("mode", ["off", "timing"])
+def test_attributes_no_exporter_can_write_are_refused_where_given(mode: str) -> None:
+    session = Tracing(Config(mode=mode))
+    cases = [({"attributes": {"mylab.note\udcff": 1}}, "key 'mylab.note\\udcff'"),
+             ({"attributes": {"mylab.note": "a\udcffb"}}, "'mylab.note': its value"),
+             ({"attributes": {"mylab.tags": ["ok", "b\x00"]}}, "'mylab.tags': its value"),
+             ({"attributes": {"": 1}}, "key '' is empty"),
+             ({"backend": "mylab\udcff"}, f"{C.ATTR_BACKEND!r}: its value"),
+             ({"task": "walk\n"}, f"{C.ATTR_TASK!r}: its value")]
+    for kwargs, named in cases:
+        with pytest.raises(ValueError) as info:
+            resettrace.recorder(tracing=session, **kwargs)
+        assert named in str(info.value), kwargs
+    rec = resettrace.recorder(tracing=session, backend="mylab", attributes={
+        "mylab.note": "", "mylab.tags": ["a", "b"], "mylab.n": 3})  # an empty value is fine
+    assert rec.enabled is (mode == "timing")
+    with pytest.raises(ValueError, match=r"count 'env_ids\\udcff' has a lone surrogate"):
+        resettrace.traced("dr_reset", count="env_ids\udcff")(lambda env_ids: None)
+    with pytest.raises(ValueError, match=r"env_count 'self\\x1b' has a control character"):
+        resettrace.traced("dr_reset", env_count="self\x1b")(lambda self: None)
+    with pytest.raises(ValueError, match="unknown phase 'dr_reset\\\\udcff'"):
+        resettrace.traced("dr_reset\udcff")
+    session.shutdown()
+
+
+def _exported_names(path: Path, kind: str) -> list[str]:
+    if kind == "file":
+        return [json.loads(line)["name"] for line in path.read_text().splitlines()]
+    return [span["name"] for line in path.read_text().splitlines()
+            for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]
+            for span in ss["spans"]]
+
+
+@pytest.mark.parametrize("kind", ["file", "otlp-json"])
+def test_a_refused_registration_leaves_trace_export_whole(tmp_path: Path, kind: str) -> None:
+    """The reproducer: a surrogate phase name, once accepted, made every later trace fail
+    to export (and ``shutdown()`` raise). Refused at registration, nothing is lost."""
+    out = tmp_path / "spans.json"
+    session = Tracing(Config(mode="trace", exporters=(f"{kind}:{out}",)))
+    with pytest.raises(ValueError, match="lone surrogate"):
+        resettrace.register_phase("custom\udcff.phase", parent="dr_reset")
+    with pytest.raises(ValueError, match="lone surrogate"):
+        session.recorder(backend="mylab", attributes={"mylab.run": "r\udcff"})
+    rec = session.recorder(backend="mylab")
+    for _ in range(40):
+        with rec.scope(C.DR_RESET, 2):
+            with rec.scope(C.DR_RESET_PLAN):
+                pass
+    session.shutdown()  # raised UnicodeEncodeError
+    assert session.processor is not None
+    session.processor.shutdown()
+    names = _exported_names(out, kind)
+    assert names.count("dr_reset") == 40 and names.count("dr_reset.plan") == 40
+    report = session.export_report()
+    assert report["spans_not_delivered"] == 0 and report["spans_dropped"] == 0
+
+
 def test_process_catalog_register_phase_is_public() -> None:
     p = resettrace.register_phase("test_public_api.rollout", parent=None,
                                   description="a root phase of a test")

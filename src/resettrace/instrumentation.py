@@ -49,7 +49,7 @@ from typing import Any
 
 from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK, CATALOG, Phase
 from resettrace.tracing.api import traced
-from resettrace.tracing.session import default_attributes
+from resettrace.tracing.session import attribute_problem, default_attributes
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,11 @@ def _attributes(raw: Any) -> dict[str, Any]:
         if not isinstance(value, str | int | float | bool):
             raise InstrumentError(f"[attributes] {name!r}: a string, number or boolean, "
                                   f"got {value!r}")
-        out[ATTRIBUTE_ALIASES.get(name) or str(name)] = value
+        key = ATTRIBUTE_ALIASES.get(name) or str(name)
+        problem = attribute_problem({key: value})
+        if problem is not None:
+            raise InstrumentError(f"[attributes] {name!r}: {problem}")
+        out[key] = value
     return out
 
 

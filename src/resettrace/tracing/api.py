@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from resettrace.catalog import CATALOG, Phase
+from resettrace.catalog import CATALOG, Phase, text_problem
 from resettrace.config import Config
 from resettrace.tracing.recorder import CURRENT, NO_COUNT, NoopRecorder, Recorder, note_once
 
@@ -116,7 +116,9 @@ def recorder(*, backend: str | None = None, task: str | None = None,
     """A recorder of ``tracing`` (default: the default session) for one env/backend.
 
     ``backend``, ``task``, ``env_count`` and ``attributes`` go on every span it
-    exports. With tracing off it is the shared no-op recorder.
+    exports. With tracing off it is the shared no-op recorder. An attribute key or string
+    value that no exporter could write (a lone surrogate, a control character) raises
+    ``ValueError`` naming its key, here, in every mode.
     """
     session = tracing if tracing is not None else get_tracing()
     return session.recorder(backend=backend, task=task, env_count=env_count,
@@ -192,6 +194,9 @@ def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | Non
         return lambda args, kwargs: spec(*args, **kwargs)
     if not isinstance(spec, str) or not spec:
         raise TypeError(f"{what} must be an argument name or a callable, got {spec!r}")
+    problem = text_problem(spec)
+    if problem is not None:
+        raise ValueError(f"{what} {spec!r} {problem}")
     name, *path = spec.split(".")
     try:
         params = list(inspect.signature(fn).parameters.values())
