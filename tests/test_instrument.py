@@ -564,6 +564,43 @@ def test_a_property_or_a_bad_count_argument_is_refused(make_module: Callable[...
     assert isinstance(mod.Base.__dict__["prop"], property)
 
 
+DEFERRED_SOURCE = """
+    def rollout(n):
+        yield n
+
+
+    async def fetch():
+        return 1
+
+
+    async def stream():
+        yield 1
+
+
+    class Env:
+        @staticmethod
+        def frames():
+            yield 1
+"""
+
+
+@pytest.mark.parametrize(("target", "kind"), [("rollout", "a generator function"),
+                                              ("fetch", "a coroutine function"),
+                                              ("stream", "an async generator function"),
+                                              ("Env.frames", "a generator function")])
+def test_a_generator_or_async_target_is_a_spec_error(make_module: Callable[..., Any],
+                                                     target: str, kind: str) -> None:
+    mod = make_module("deferred", DEFERRED_SOURCE)
+    original = mod.Env.__dict__["frames"] if "." in target else getattr(mod, target)
+    with pytest.raises(InstrumentError) as info:
+        instrument({"instrument": {f"{mod.__name__}:{target}": "env_step"}})
+    message = str(info.value)
+    assert message.startswith(f"instrument target '{mod.__name__}:{target}': traced() cannot "
+                              f"record {mod.__name__}.{target}: it is {kind}")
+    assert "trace the code that consumes it, or a synchronous helper" in message
+    assert (mod.Env.__dict__["frames"] if "." in target else getattr(mod, target)) is original
+
+
 def test_missing_attribute_of_a_later_module_raises_on_import(
         make_module: Callable[..., Any]) -> None:
     name = make_module("env", ENV_SOURCE, load=False)

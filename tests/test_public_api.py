@@ -15,6 +15,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -532,6 +533,41 @@ def test_traced_never_breaks_the_call(session: Tracing) -> None:
         resettrace.traced("no.such.phase")
     with pytest.raises(ValueError, match="has no argument 'env_ids'"):
         resettrace.traced("dr_reset", count="env_ids")(lambda ids: None)
+
+
+def test_traced_refuses_functions_whose_work_runs_after_the_call(session: Tracing) -> None:
+    """A call of a generator or async function only creates the generator or coroutine:
+    recorded, 50 ms of work read as microseconds. Refused at decoration, saying why."""
+    def rollout(n: int) -> Iterator[int]:
+        yield n
+
+    async def fetch() -> int:
+        return 1
+
+    async def stream() -> Any:
+        yield 1
+
+    class Env:
+        def frames(self) -> Iterator[int]:
+            yield 1
+
+    for fn, kind, across in ((rollout, "a generator function", "across yields"),
+                             (fetch, "a coroutine function", "across awaits"),
+                             (stream, "an async generator function", "yields and awaits"),
+                             (Env.frames, "a generator function", "across yields")):
+        with pytest.raises(TypeError) as info:
+            resettrace.traced("dr_reset", count="n" if fn is rollout else None)(fn)
+        message = str(info.value)
+        assert f"traced() cannot record {__name__}.{fn.__qualname__}: it is {kind}" in message
+        assert across in message and "mis-nest" in message
+        assert "trace the code that consumes it, or a synchronous helper" in message
+    with resettrace.use_tracing(session):  # what to do instead: trace the consumer
+        @resettrace.traced("dr_reset")
+        def consume() -> int:
+            return sum(rollout(3))
+
+        assert consume() == 3
+    assert session.stats()["dr_reset_total_ms"].count == 1
 
 
 def test_traced_off_records_nothing_and_returns_the_value() -> None:
