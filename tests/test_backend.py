@@ -145,6 +145,10 @@ BAD = [
     ("inf qvel", lambda q, v: ([1, 2], q[:2], _with(v[:2], (0, 0), np.inf)), "non-finite"),
     ("zero quat", lambda q, v: ([1, 2], _with(q[:2], (0, slice(3, 7)), 0.0), v[:2]),
      "zero base quaternion at row 0"),
+    # finite, but the squared norm overflows: it would normalise to [0, 0, 0, 0]
+    *[(f"huge quat {x:g}", lambda q, v, x=x: ([1, 2], _with(q[:2], (1, slice(3, 5)), x),
+                                              v[:2]),
+       "base quaternion too large to normalise at row 1") for x in (1e200, 1.7e308, -1e308)],
     ("text qpos", lambda q, v: ([1, 2], np.full((2, 36), "a"), v[:2]), "numeric"),
 ]
 
@@ -164,6 +168,23 @@ def test_bad_input_raises_and_touches_nothing(off_backend, make_args, match) -> 
         b.set_state(*make_args(q, v))
     for x, y in zip(before, _snapshot(b), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_the_numpy_normaliser_refuses_what_the_pass_refuses() -> None:
+    """``normalise_quat_into`` (the published path's qpos conversion in the benchmarks)."""
+    from resettrace.backends._validate import normalise_quat_into
+
+    for x, match in ((0.0, "zero base quaternion at row 1"),
+                     (1e200, "too large to normalise at row 1"),
+                     (-1e308, "too large to normalise at row 1")):
+        quat = np.array([[2.0, 0.0, 0.0, 0.0], [x, x, 0.0, 0.0]])
+        out = np.full_like(quat, 7.0)
+        with pytest.raises(ValueError, match=match):
+            normalise_quat_into(out, quat, "qpos")
+        assert (out == 7.0).all()
+    quat = np.array([[2.0, 0.0, 0.0, 0.0], [1e150, 1e150, 0.0, 0.0]])
+    normalise_quat_into(quat, quat, "qpos")
+    np.testing.assert_allclose(quat, [[1.0, 0.0, 0.0, 0.0], [np.sqrt(0.5)] * 2 + [0.0] * 2])
 
 
 def test_empty_ids_is_a_no_op(timing_session) -> None:

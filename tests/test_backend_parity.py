@@ -120,6 +120,33 @@ def test_qpos_and_qvel_round_trip_in_contract_layout(pair, name) -> None:
 
 
 @pytest.mark.parametrize("name", BACKENDS)
+def test_a_quaternion_too_large_to_normalise_is_refused_before_any_write(pair, name) -> None:
+    """Finite parts whose squares overflow float64 would normalise to (0, 0, 0, 0): a
+    90-degree roll would read back as no rotation. Both backends refuse it (MotrixSim's
+    float32 rows refuse the value itself) and leave every env as it was; a long quaternion
+    that can be normalised still is."""
+    b = pair[name]
+    q, v = stand_rows(b, 2)
+    v[:] = 0.25
+    before = (b.get_qpos_rows(None).copy(), b.get_qvel_rows(None).copy())
+    for x in (1e200, 1.7e308, -1e308):
+        roll = q.copy()
+        roll[1, 3:7] = [x, x, 0.0, 0.0]
+        with pytest.raises(ValueError, match=r"^qpos has .* at row 1\b"):
+            b.set_state([3, 9], roll, v)
+        np.testing.assert_array_equal(b.get_qpos_rows(None), before[0])
+        np.testing.assert_array_equal(b.get_qvel_rows(None), before[1])
+    long = q.copy()
+    long[0, 3:7] = [2.0, 0.0, 0.0, 0.0]
+    long[1, 3:7] = [3e30, 3e30, 0.0, 0.0]  # squares far from overflow, within float32
+    b.set_state([3, 9], long, v)
+    half = np.sqrt(0.5)
+    np.testing.assert_allclose(b.get_qpos_rows([3, 9])[:, 3:7],
+                               [[1.0, 0.0, 0.0, 0.0], [half, half, 0.0, 0.0]],
+                               atol=STATE_ATOL[name])
+
+
+@pytest.mark.parametrize("name", BACKENDS)
 def test_step_then_set_state_keeps_untouched_rows(pair, name) -> None:
     b = pair[name]
     rng = np.random.default_rng(7)

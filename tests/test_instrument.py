@@ -511,6 +511,13 @@ def test_attributes_go_on_new_recorders_until_undo(resettrace: Any) -> None:
     ({"phases": {"span": "x"}}, "[[phases]] must be a list of tables"),
     ({"attributes": {"backend": ["a"]}}, "[attributes] 'backend'"),
     ({"attributes": "x"}, "[attributes] must be a table"),
+    ({"attributes": {"task": "walk\udcff"}},
+     "[attributes] 'task': span attribute 'resettrace.task.name': its value 'walk\\udcff' "
+     "has a lone surrogate"),
+    ({"attributes": {"mylab.run\x00": "a"}},
+     "span attribute key 'mylab.run\\x00' has a control character"),
+    ({"phases": [{"span": "test_instrument.bad\udcff", "parent": ""}]},
+     "phases[0]: a phase's span name"),
 ])
 def test_spec_errors_name_the_problem(spec: dict[str, Any], expected: str) -> None:
     with pytest.raises(InstrumentError) as info:
@@ -557,13 +564,81 @@ def test_a_property_or_a_bad_count_argument_is_refused(make_module: Callable[...
     assert isinstance(mod.Base.__dict__["prop"], property)
 
 
+DEFERRED_SOURCE = """
+    def rollout(n):
+        yield n
+
+
+    async def fetch():
+        return 1
+
+
+    async def stream():
+        yield 1
+
+
+    class Env:
+        @staticmethod
+        def frames():
+            yield 1
+"""
+
+
+@pytest.mark.parametrize(("target", "kind"), [("rollout", "a generator function"),
+                                              ("fetch", "a coroutine function"),
+                                              ("stream", "an async generator function"),
+                                              ("Env.frames", "a generator function")])
+def test_a_generator_or_async_target_is_a_spec_error(make_module: Callable[..., Any],
+                                                     target: str, kind: str) -> None:
+    mod = make_module("deferred", DEFERRED_SOURCE)
+    original = mod.Env.__dict__["frames"] if "." in target else getattr(mod, target)
+    with pytest.raises(InstrumentError) as info:
+        instrument({"instrument": {f"{mod.__name__}:{target}": "env_step"}})
+    message = str(info.value)
+    assert message.startswith(f"instrument target '{mod.__name__}:{target}': traced() cannot "
+                              f"record {mod.__name__}.{target}: it is {kind}")
+    assert "trace the code that consumes it, or a synchronous helper" in message
+    assert (mod.Env.__dict__["frames"] if "." in target else getattr(mod, target)) is original
+
+
 def test_missing_attribute_of_a_later_module_raises_on_import(
         make_module: Callable[..., Any]) -> None:
     name = make_module("env", ENV_SOURCE, load=False)
-    with installed({"instrument": {f"{name}:Env.stepp": "env_step"}}):  # unknown yet
+    with installed({"instrument": {f"{name}:Env.stepp": "env_step",
+                                   f"{name}:Env.step": "env_step"}}):  # unknown yet
         with pytest.raises(InstrumentError, match=r"has no attribute 'stepp'"):
             importlib.import_module(name)
         assert name not in sys.modules  # the failed import left nothing behind
+        # the targets still wait: importing it again fails again, never silently unpatched
+        with pytest.raises(InstrumentError, match=r"has no attribute 'stepp'"):
+            importlib.import_module(name)
+    assert not _traced(importlib.import_module(name).Env.step)  # undone: a plain import
+
+
+LAZY_SOURCE = """
+    def __getattr__(name):
+        raise ImportError(f"{name} needs an optional package")
+"""
+
+
+def test_a_lookup_that_raises_or_a_target_that_cannot_be_replaced(
+        make_module: Callable[..., Any]) -> None:
+    """A module ``__getattr__`` that raises (or any lookup raising other than
+    AttributeError), and a method of a built-in type: an InstrumentError naming the
+    target, at once or when the module is imported, never the lookup's traceback."""
+    mod = make_module("lazy", LAZY_SOURCE)
+    with pytest.raises(InstrumentError) as info:
+        instrument({"instrument": {f"{mod.__name__}:Env.step": "env_step"}})
+    assert str(info.value) == (f"instrument target '{mod.__name__}:Env.step': looking up 'Env' "
+                               f"on '{mod.__name__}' raised ImportError: Env needs an optional "
+                               "package")
+    later = make_module("lazy_later", LAZY_SOURCE, load=False)
+    with installed({"instrument": {f"{later}:reset": "reset_done"}}):
+        with pytest.raises(InstrumentError, match=r"looking up 'reset' .* raised ImportError"):
+            importlib.import_module(later)
+    with pytest.raises(InstrumentError, match=r"'collections:OrderedDict.popitem' cannot be "
+                                              r"replaced: .*immutable type"):
+        instrument({"instrument": {"collections:OrderedDict.popitem": "env_step"}})
 
 
 def test_a_bad_toml_file_and_an_unreadable_path(tmp_path: Path) -> None:
@@ -571,6 +646,12 @@ def test_a_bad_toml_file_and_an_unreadable_path(tmp_path: Path) -> None:
     bad.write_text('[instrument]\n"a:b" = \n')
     with pytest.raises(InstrumentError, match=r"bad.toml' is not valid TOML"):
         instrument(bad)
+    latin = tmp_path / "latin.toml"  # TOML is UTF-8, whatever the locale
+    latin.write_bytes(NON_UTF8_SPEC)
+    for call in (instrument, check_spec):
+        with pytest.raises(InstrumentError, match=r"latin.toml' is not valid TOML: not UTF-8 "
+                                                  r"text \(byte 0xe9 on line 2\)"):
+            call(latin)
     with pytest.raises(InstrumentError, match=r"cannot read the instrument spec .*nowhere"):
         instrument(tmp_path / "nowhere.toml")
     with pytest.raises(InstrumentError, match=r"cannot read the instrument spec"):
@@ -628,6 +709,10 @@ def test_a_failing_instrument_leaves_nothing_installed(
 
 
 # -- RESETTRACE_INSTRUMENT and ``resettrace run`` --------------------------------------------
+#: a spec saved in Latin-1: its comment's "é" is byte 0xe9
+NON_UTF8_SPEC = '[instrument]\n# r\u00e9glage\n"ti_run_env:Env.step" = "env_step"\n'.encode(
+    "latin-1")
+
 RUN_MODULE = """
     import numpy as np
 
@@ -701,9 +786,12 @@ def _resettrace_run(args: list[str], cwd: Path, **extra: str
                           env=_env(**extra), capture_output=True, text=True, timeout=120)
 
 
-def _write(folder: Path, files: Mapping[str, str]) -> None:
+def _write(folder: Path, files: Mapping[str, str | bytes]) -> None:
     for name, text in files.items():
-        (folder / name).write_text(textwrap.dedent(text))
+        if isinstance(text, bytes):
+            (folder / name).write_bytes(text)
+        else:
+            (folder / name).write_text(textwrap.dedent(text))
 
 
 def _json_counts(path: Path) -> dict[str, int]:
@@ -820,8 +908,14 @@ def test_run_spawned_workers_leave_the_main_process_stats_alone(tmp_path: Path) 
      ["--instrument", "spec.toml"], "no module named 'ti_run_nowhere'"),
     ({"spec.toml": '[instrument]\n"ti_run_nowhere:f" = "env_step"\n'},
      [], "no module named 'ti_run_nowhere'"),  # the spec from RESETTRACE_INSTRUMENT
+    ({"spec.toml": NON_UTF8_SPEC}, ["--instrument", "spec.toml"],
+     "'spec.toml' is not valid TOML: not UTF-8 text (byte 0xe9 on line 2)"),
+    ({"spec.toml": NON_UTF8_SPEC}, [], "not UTF-8 text (byte 0xe9 on line 2)"),
+    ({"spec.toml": '[instrument]\n"ti_run_env:Env.step" = \n'}, [], "is not valid TOML"),
+    ({"spec.toml": '[instrument]\n"os:getcwdz" = "env_step"\n'},  # imported at start-up
+     [], "'os' has no attribute 'getcwdz'"),
 ])
-def test_run_bad_spec_is_one_line_and_exit_2(tmp_path: Path, files: dict[str, str],
+def test_run_bad_spec_is_one_line_and_exit_2(tmp_path: Path, files: dict[str, str | bytes],
                                              args: list[str], expected: str) -> None:
     _write(tmp_path, {"ti_run_env.py": RUN_MODULE, "train.py": RUN_SCRIPT, **files})
     extra = {} if args else {"RESETTRACE_INSTRUMENT": "spec.toml"}
@@ -832,6 +926,88 @@ def test_run_bad_spec_is_one_line_and_exit_2(tmp_path: Path, files: dict[str, st
     assert lines[0].startswith("resettrace run:") and expected in lines[0]
     assert "Traceback" not in r.stderr
     assert r.stdout == ""  # the script never ran
+
+
+LATER_MODULE = RUN_MODULE + """
+
+    def rollout(n):
+        yield n
+
+
+    def __getattr__(name):
+        if name == "Lazy":
+            raise ImportError("Lazy needs an optional package")
+        raise AttributeError(name)
+"""
+
+
+@pytest.mark.parametrize(("target", "value", "expected"), [
+    ("Env.stepp", '"env_step"', "not found: 'ti_run_env.Env' has no attribute 'stepp'"),
+    ("Nope.step", '"env_step"', "not found: 'ti_run_env' has no attribute 'Nope'"),
+    ("Backend.num_envs", '"env_step"', "is not a function or method (int)"),
+    ("Backend.set_state", '{ phase = "set_state", count = "ids" }',
+     "count 'ids': 'Backend.set_state' has no argument 'ids' (arguments: self, env_ids)"),
+    ("Backend.set_state", '{ phase = "set_state", env_count = "this.n" }',
+     "env_count 'this.n': 'Backend.set_state' has no argument 'this'"),
+    ("rollout", '"env_step"', "it is a generator function"),
+    ("Lazy.step", '"env_step"',
+     "looking up 'Lazy' on 'ti_run_env' raised ImportError: Lazy needs an optional package"),
+])
+@pytest.mark.parametrize("how", ["--instrument", "RESETTRACE_INSTRUMENT"])
+def test_run_a_target_that_fails_when_its_module_is_imported_is_one_line_and_exit_2(
+        tmp_path: Path, target: str, value: str, expected: str, how: str) -> None:
+    """The module is imported after start-up, by the user's code: the spec error is one
+    line and exit code 2 (it was a traceback inside the user's import, exit 1, then "no
+    instrumented call ran"), and no exit summary follows it."""
+    script = "print('started', flush=True)\n" + textwrap.dedent(RUN_SCRIPT)
+    _write(tmp_path, {"ti_run_env.py": LATER_MODULE, "train.py": script,
+                      "spec.toml": f'[instrument]\n"ti_run_env:{target}" = {value}\n'})
+    args = ["--instrument", "spec.toml"] if how == "--instrument" else []
+    extra = {} if args else {"RESETTRACE_INSTRUMENT": "spec.toml"}
+    r = _resettrace_run([*args, "--", sys.executable, "train.py"], tmp_path, **extra)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"resettrace run: instrument target 'ti_run_env:{target}'")
+    assert expected in lines[0]
+    assert r.stdout == "started\n"  # the user's code ran up to the import, and no further
+
+
+def test_resettrace_instrument_without_run_fails_in_one_line_too(tmp_path: Path) -> None:
+    """The variable alone is what ``resettrace run`` sets up: a spec it names that cannot
+    be installed, at ``import resettrace`` or at a later import, is one line and exit 2."""
+    _write(tmp_path, {"ti_run_env.py": RUN_MODULE, "latin.toml": NON_UTF8_SPEC,
+                      "missing.toml": '[instrument]\n"ti_run_env:Env.stepp" = "env_step"\n'})
+    code = "import resettrace\nprint('imported', flush=True)\nimport ti_run_env\nprint('no')\n"
+    for spec, stdout, expected in (
+            ("latin.toml", "", "resettrace (RESETTRACE_INSTRUMENT=latin.toml): instrument spec "
+                               "'latin.toml' is not valid TOML: not UTF-8 text (byte 0xe9 on "
+                               "line 2)"),
+            ("missing.toml", "imported\n", "resettrace (RESETTRACE_INSTRUMENT=missing.toml): "
+                                           "instrument target 'ti_run_env:Env.stepp' not "
+                                           "found: 'ti_run_env.Env' has no attribute "
+                                           "'stepp'")):
+        r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120,
+                           env=_env(RESETTRACE="timing", RESETTRACE_INSTRUMENT=spec))
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.splitlines() == [expected]
+        assert r.stdout == stdout
+
+
+def test_run_a_target_module_that_raises_keeps_its_traceback_and_says_so(
+        tmp_path: Path) -> None:
+    """The module's own error is the user's: its traceback as ever, exit 1; at exit the
+    target is reported as never traced because its import raised, not as never imported."""
+    _write(tmp_path, {"ti_run_boom.py": "raise RuntimeError('boom at import')\n",
+                      "spec.toml": '[instrument]\n"ti_run_boom:f" = "env_step"\n'})
+    r = _resettrace_run(["--instrument", "spec.toml", "--", sys.executable, "-c",
+                         "import ti_run_boom"], tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.startswith("Traceback") and "RuntimeError: boom at import" in r.stderr
+    assert "never traced: importing their module 'ti_run_boom' raised RuntimeError: " \
+           "ti_run_boom:f" in r.stderr
+    assert "never imported" not in r.stderr
 
 
 @pytest.mark.parametrize("args", [[], ["--"], ["--no-summary", "--"]])

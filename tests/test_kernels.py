@@ -470,3 +470,31 @@ def test_the_pass_finds_the_ids_among_the_kept_id_sets() -> None:
     assert run([2, 5, 9], np.full((4, 2), 2, np.int32)) == (K.OK, -1, 0)
     assert run([2, 5, 9], K.NO_KEPT) == (K.OK, -1, 0)
     assert run([9, 5, 2], kept)[0] == K.UNSORTED  # (the caller sorts, no slot then)
+
+
+@pytest.mark.parametrize("f64", [False, True])
+def test_the_pass_refuses_a_quaternion_it_cannot_normalise_and_marks_nothing(f64: bool
+                                                                              ) -> None:
+    """Zero, or finite parts whose squared norm overflows float64 (it would normalise to
+    zeros): BAD_QUAT at the caller's row in float64 rows, no row marked or scattered; in
+    float32 rows the value is out of range first (BAD_QPOS at its column)."""
+    from resettrace.backends import _kernels as K
+
+    k, nq = 2, 8
+    for x in (0.0, 1e200, 1.7e308, -1e308):
+        q = np.zeros((k, nq))
+        q[:, 3] = 1.0
+        q[1, 3:5] = x
+        args = _bind_args(k, nq, f64=f64)
+        call, ctx, _ = K.bind_pass(**args)
+        got = call(np.array([2, 5]), q, np.zeros((k, 6)), True, ctx)
+        assert got == ((K.BAD_QUAT, 1, 3) if f64 or x == 0.0 else (K.BAD_QPOS, 1, 3)), x
+        assert args["fresh"].all() and not args["stale"].any()
+        if f64:
+            assert not args["state"].any() and args["warning"].all()
+    q = np.zeros((k, nq))
+    q[:, 3:5] = [[2.0, 0.0], [1e150, 1e150]]  # long, but its square sum is finite
+    args = _bind_args(k, nq, f64=True)
+    call, ctx, _ = K.bind_pass(**args)
+    assert call(np.array([2, 5]), q, np.zeros((k, 6)), True, ctx) == (K.OK, -1, 0)
+    np.testing.assert_allclose(args["q"][:, 3:5], [[1.0, 0.0], [np.sqrt(0.5)] * 2])

@@ -216,6 +216,10 @@ BAD = [
      "zero base quaternion at row 0"),
     ("float32 overflow", lambda q, v: ([1, 2], _with(q[:2], (1, 0), 1e39), v[:2]),
      "too large for float32"),
+    # a quaternion whose squared norm overflows float64 is out of float32's range first
+    *[(f"huge quat {x:g}", lambda q, v, x=x: ([1, 2], _with(q[:2], (1, slice(3, 5)), x),
+                                              v[:2]),
+       "too large for float32 at row 1, column 3") for x in (1e200, 1.7e308, -1e308)],
     ("text qpos", lambda q, v: ([1, 2], np.full((2, 36), "a"), v[:2]), "numeric"),
 ]
 

@@ -15,6 +15,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -71,6 +72,88 @@ def test_register_phase_conflicts_name_the_problem(catalog: C.Catalog) -> None:
         catalog.register("user.fourth", parent="set_stat")
     with pytest.raises(ValueError, match="non-empty"):
         catalog.register("", parent="env_step")
+
+
+BAD_TEXT = [("custom\udcff.phase", "lone surrogate '\\udcff' at index 6"),
+            ("custom\n.phase", "control character '\\n' at index 6"),
+            ("custom\x7f.phase", "control character '\\x7f'")]
+
+
+@pytest.mark.parametrize(("text", "problem"), BAD_TEXT)
+def test_register_phase_refuses_text_no_exporter_can_write(catalog: C.Catalog, text: str,
+                                                           problem: str) -> None:
+    """A span name, key or gap key with a lone surrogate (as ``os.fsdecode`` makes of
+    undecodable bytes) or a control character is refused at registration: once in the
+    catalog, every later trace failed to export."""
+    size = len(catalog)
+    for kwargs in ({"span": text}, {"span": "user.ok", "key": text},
+                   {"span": "user.ok", "gap_key": text}):
+        span = kwargs.pop("span")
+        with pytest.raises(ValueError) as info:
+            catalog.register(span, parent="dr_reset", **kwargs)
+        assert problem in str(info.value) and repr(text) in str(info.value)
+        str(info.value).encode("utf-8")  # the message itself prints anywhere
+    assert len(catalog) == size
+    with pytest.raises(ValueError, match="lone surrogate"):
+        resettrace.register_phase("custom\udcff.phase", parent="dr_reset")
+    assert C.CATALOG.get("custom\udcff.phase") is None
+
+
+@pytest.mark.parametrize("mode", ["off", "timing"])
+def test_attributes_no_exporter_can_write_are_refused_where_given(mode: str) -> None:
+    session = Tracing(Config(mode=mode))
+    cases = [({"attributes": {"mylab.note\udcff": 1}}, "key 'mylab.note\\udcff'"),
+             ({"attributes": {"mylab.note": "a\udcffb"}}, "'mylab.note': its value"),
+             ({"attributes": {"mylab.tags": ["ok", "b\x00"]}}, "'mylab.tags': its value"),
+             ({"attributes": {"": 1}}, "key '' is empty"),
+             ({"backend": "mylab\udcff"}, f"{C.ATTR_BACKEND!r}: its value"),
+             ({"task": "walk\n"}, f"{C.ATTR_TASK!r}: its value")]
+    for kwargs, named in cases:
+        with pytest.raises(ValueError) as info:
+            resettrace.recorder(tracing=session, **kwargs)
+        assert named in str(info.value), kwargs
+    rec = resettrace.recorder(tracing=session, backend="mylab", attributes={
+        "mylab.note": "", "mylab.tags": ["a", "b"], "mylab.n": 3})  # an empty value is fine
+    assert rec.enabled is (mode == "timing")
+    with pytest.raises(ValueError, match=r"count 'env_ids\\udcff' has a lone surrogate"):
+        resettrace.traced("dr_reset", count="env_ids\udcff")(lambda env_ids: None)
+    with pytest.raises(ValueError, match=r"env_count 'self\\x1b' has a control character"):
+        resettrace.traced("dr_reset", env_count="self\x1b")(lambda self: None)
+    with pytest.raises(ValueError, match="unknown phase 'dr_reset\\\\udcff'"):
+        resettrace.traced("dr_reset\udcff")
+    session.shutdown()
+
+
+def _exported_names(path: Path, kind: str) -> list[str]:
+    if kind == "file":
+        return [json.loads(line)["name"] for line in path.read_text().splitlines()]
+    return [span["name"] for line in path.read_text().splitlines()
+            for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]
+            for span in ss["spans"]]
+
+
+@pytest.mark.parametrize("kind", ["file", "otlp-json"])
+def test_a_refused_registration_leaves_trace_export_whole(tmp_path: Path, kind: str) -> None:
+    """The reproducer: a surrogate phase name, once accepted, made every later trace fail
+    to export (and ``shutdown()`` raise). Refused at registration, nothing is lost."""
+    out = tmp_path / "spans.json"
+    session = Tracing(Config(mode="trace", exporters=(f"{kind}:{out}",)))
+    with pytest.raises(ValueError, match="lone surrogate"):
+        resettrace.register_phase("custom\udcff.phase", parent="dr_reset")
+    with pytest.raises(ValueError, match="lone surrogate"):
+        session.recorder(backend="mylab", attributes={"mylab.run": "r\udcff"})
+    rec = session.recorder(backend="mylab")
+    for _ in range(40):
+        with rec.scope(C.DR_RESET, 2):
+            with rec.scope(C.DR_RESET_PLAN):
+                pass
+    session.shutdown()  # raised UnicodeEncodeError
+    assert session.processor is not None
+    session.processor.shutdown()
+    names = _exported_names(out, kind)
+    assert names.count("dr_reset") == 40 and names.count("dr_reset.plan") == 40
+    report = session.export_report()
+    assert report["spans_not_delivered"] == 0 and report["spans_dropped"] == 0
 
 
 def test_process_catalog_register_phase_is_public() -> None:
@@ -450,6 +533,41 @@ def test_traced_never_breaks_the_call(session: Tracing) -> None:
         resettrace.traced("no.such.phase")
     with pytest.raises(ValueError, match="has no argument 'env_ids'"):
         resettrace.traced("dr_reset", count="env_ids")(lambda ids: None)
+
+
+def test_traced_refuses_functions_whose_work_runs_after_the_call(session: Tracing) -> None:
+    """A call of a generator or async function only creates the generator or coroutine:
+    recorded, 50 ms of work read as microseconds. Refused at decoration, saying why."""
+    def rollout(n: int) -> Iterator[int]:
+        yield n
+
+    async def fetch() -> int:
+        return 1
+
+    async def stream() -> Any:
+        yield 1
+
+    class Env:
+        def frames(self) -> Iterator[int]:
+            yield 1
+
+    for fn, kind, across in ((rollout, "a generator function", "across yields"),
+                             (fetch, "a coroutine function", "across awaits"),
+                             (stream, "an async generator function", "yields and awaits"),
+                             (Env.frames, "a generator function", "across yields")):
+        with pytest.raises(TypeError) as info:
+            resettrace.traced("dr_reset", count="n" if fn is rollout else None)(fn)
+        message = str(info.value)
+        assert f"traced() cannot record {__name__}.{fn.__qualname__}: it is {kind}" in message
+        assert across in message and "mis-nest" in message
+        assert "trace the code that consumes it, or a synchronous helper" in message
+    with resettrace.use_tracing(session):  # what to do instead: trace the consumer
+        @resettrace.traced("dr_reset")
+        def consume() -> int:
+            return sum(rollout(3))
+
+        assert consume() == 3
+    assert session.stats()["dr_reset_total_ms"].count == 1
 
 
 def test_traced_off_records_nothing_and_returns_the_value() -> None:

@@ -21,6 +21,7 @@ key as a string literal: import the constants from here.
 from __future__ import annotations
 
 import difflib
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ __all__ = [
     "Catalog",
     "CATALOG",
     "register_phase",
+    "text_problem",
     "PHASES",
     "BY_SPAN",
     "BY_KEY",
@@ -52,6 +54,32 @@ class Phase:
     parent: str | None = None  # span name of the enclosing phase
     gap_key: str | None = None  # key of "self minus sum of children", if accounted
     description: str = ""
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def text_problem(text: object, *, empty: bool = False) -> str | None:
+    """Why ``text`` cannot be a span name, timing key or span attribute text; None if it can.
+
+    It must be a string, non-empty unless ``empty``, that encodes as UTF-8 (a lone
+    surrogate, as ``os.fsdecode`` makes of undecodable bytes, fails every exporter) and
+    holds no control character. Checked where such text is given (registration, a
+    recorder's attributes, a spec), never on the hot path or at export.
+    """
+    if not isinstance(text, str):
+        return f"is not a string ({type(text).__name__})"
+    if not text and not empty:
+        return "is empty"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"has a lone surrogate {text[e.start]!r} at index {e.start} "
+                "(not encodable as UTF-8)")
+    bad = _CONTROL.search(text)
+    if bad is not None:
+        return f"has a control character {bad.group()!r} at index {bad.start()}"
+    return None
 
 
 def default_key(span: str) -> str:
@@ -195,19 +223,30 @@ class Catalog:
         ``parent`` is a :class:`Phase`, a span name or ``None`` (a root phase); ``key``
         defaults to :func:`default_key` of ``span``. A span registered before with other
         arguments, or a key or gap key already in use, raises ``ValueError`` naming the
-        conflict.
+        conflict; so does a span name, key or gap key that is not text every exporter
+        can write (:func:`text_problem`; a span name also without surrounding spaces).
         """
-        if not isinstance(span, str) or not span.strip() or span != span.strip():
+        problem = text_problem(span)
+        if problem is None and (not span.strip() or span != span.strip()):
+            problem = "has surrounding spaces"
+        if problem is not None:
             raise ValueError(f"a phase's span name must be a non-empty string without "
-                             f"surrounding spaces, got {span!r}")
+                             f"surrounding spaces or control characters that encodes as "
+                             f"UTF-8, got {span!r}: it {problem}")
         parent_span = None
         if parent is not None:
             parent_span = self.resolve(parent).span
         key = default_key(span) if key is None else key
         for what, value in (("key", key), ("gap_key", gap_key)):
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ValueError(f"{what} of phase {span!r} must be a non-empty string, "
-                                 f"got {value!r}")
+            if value is None:
+                continue
+            problem = text_problem(value)
+            if problem is None and not value.strip():
+                problem = "is blank"
+            if problem is not None:
+                raise ValueError(f"{what} of phase {span!r} must be a non-empty string "
+                                 f"without control characters that encodes as UTF-8, got "
+                                 f"{value!r}: it {problem}")
         with self._lock:
             old = self.by_span.get(span)
             if old is not None:

@@ -22,9 +22,12 @@ your own and the functions to record::
 Each target is wrapped with :func:`resettrace.traced` (``count`` and ``env_count``
 as there). A module already imported is patched at once; any other when it is
 first imported (a ``sys.meta_path`` hook), so the spec can be installed before the
-training code starts. Errors in the spec and targets that cannot exist (unknown
-module, missing attribute, unknown phase) raise :class:`InstrumentError` naming
-them: at once where possible, else when the module is imported.
+training code starts. Errors in the spec and targets that cannot be wrapped (unknown
+module, missing attribute, not a function, a generator or async function, a count
+argument it does not have, an unknown phase) raise :class:`InstrumentError` naming
+them: at once where possible, else from the import of the module. The spec of
+``RESETTRACE_INSTRUMENT`` (what ``resettrace run`` installs) instead ends the process
+with one line on stderr and exit code 2, at start-up or at that import.
 
 :func:`instrument` returns an ``undo()`` that restores every original. The
 ``RESETTRACE_INSTRUMENT=SPEC`` variable makes ``import resettrace`` install the
@@ -33,6 +36,7 @@ spec (what ``resettrace run`` sets up, with a ``sitecustomize`` on ``PYTHONPATH`
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -45,11 +49,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK, CATALOG, Phase
 from resettrace.tracing.api import traced
-from resettrace.tracing.session import default_attributes
+from resettrace.tracing.session import attribute_problem, default_attributes
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +94,16 @@ def load_spec(spec: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any
         return dict(spec)
     path = Path(spec)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
         raise InstrumentError(f"cannot read the instrument spec {str(path)!r}: "
                               f"{e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")  # TOML is UTF-8, whatever the locale
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise InstrumentError(f"instrument spec {str(path)!r} is not valid TOML: not UTF-8 "
+                              f"text (byte 0x{data[e.start]:02x} on line {line})") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -117,7 +127,11 @@ def _attributes(raw: Any) -> dict[str, Any]:
         if not isinstance(value, str | int | float | bool):
             raise InstrumentError(f"[attributes] {name!r}: a string, number or boolean, "
                                   f"got {value!r}")
-        out[ATTRIBUTE_ALIASES.get(name) or str(name)] = value
+        key = ATTRIBUTE_ALIASES.get(name) or str(name)
+        problem = attribute_problem({key: value})
+        if problem is not None:
+            raise InstrumentError(f"[attributes] {name!r}: {problem}")
+        out[key] = value
     return out
 
 
@@ -187,23 +201,13 @@ class _Patch:
         owner: Any = module
         parts = target.qualname.split(".")
         for i, part in enumerate(parts[:-1]):
-            try:
-                owner = getattr(owner, part)
-            except AttributeError:
-                raise InstrumentError(
-                    f"instrument target {target.name!r} not found: "
-                    f"{'.'.join([target.module] + parts[:i])!r} has no attribute {part!r}"
-                ) from None
+            owner = _lookup(target, owner, ".".join([target.module] + parts[:i]), part)
         name = parts[-1]
         raw = None
         if isinstance(owner, type):  # the class's own or an inherited one, undecorated
             raw = next((k.__dict__[name] for k in owner.__mro__ if name in k.__dict__), None)
         if raw is None:
-            if not hasattr(owner, name):
-                raise InstrumentError(f"instrument target {target.name!r} not found: "
-                                      f"{'.'.join([target.module] + parts[:-1])!r} has no "
-                                      f"attribute {name!r}")
-            raw = getattr(owner, name)
+            raw = _lookup(target, owner, ".".join([target.module] + parts[:-1]), name)
         self.owner, self.name = owner, name
         self.had_own = isinstance(owner, type) and name in owner.__dict__ or \
             not isinstance(owner, type)
@@ -226,13 +230,30 @@ class _Patch:
             wrapped = traced(target.phase, count=target.count, env_count=target.env_count)(fn)
         except (TypeError, ValueError) as e:
             raise InstrumentError(f"instrument target {target.name!r}: {e}") from None
-        setattr(owner, name, kind(wrapped) if kind is not None else wrapped)
+        try:
+            setattr(owner, name, kind(wrapped) if kind is not None else wrapped)
+        except (AttributeError, TypeError) as e:  # a built-in or extension type's method
+            raise InstrumentError(f"instrument target {target.name!r} cannot be replaced: "
+                                  f"{e}") from None
 
     def undo(self) -> None:
         if self.had_own:
             setattr(self.owner, self.name, self.original)
         else:  # the method was inherited: drop the wrapper, the base class's shows again
             delattr(self.owner, self.name)
+
+
+def _lookup(target: Target, owner: Any, where: str, name: str) -> Any:
+    """``owner.name``, or an :class:`InstrumentError` naming the target: not found, or the
+    lookup raised (a module ``__getattr__``, a descriptor)."""
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        raise InstrumentError(f"instrument target {target.name!r} not found: {where!r} has "
+                              f"no attribute {name!r}") from None
+    except Exception as e:  # noqa: BLE001 - the user's code raised: name it, in one line
+        raise InstrumentError(f"instrument target {target.name!r}: looking up {name!r} on "
+                              f"{where!r} raised {type(e).__name__}: {e}") from None
 
 
 class _Loader(importlib.abc.Loader):
@@ -246,7 +267,11 @@ class _Loader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
+        try:
+            self._loader.exec_module(module)
+        except BaseException as e:  # the module's own error: its own traceback, as ever
+            self._hook.failed(module.__name__, e)
+            raise
         self._hook.loaded(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, ... as the real one
@@ -258,6 +283,8 @@ class _ImportHook(importlib.abc.MetaPathFinder):
 
     def __init__(self) -> None:
         self.pending: dict[str, list[tuple[Target, _Installed]]] = {}
+        #: modules with pending targets whose import raised, and what it raised
+        self.failed_imports: dict[str, str] = {}
         self._busy: set[str] = set()
         self._lock = threading.RLock()
 
@@ -275,11 +302,29 @@ class _ImportHook(importlib.abc.MetaPathFinder):
         spec.loader = _Loader(spec.loader, self)
         return spec
 
+    def failed(self, name: str, error: BaseException) -> None:
+        with self._lock:
+            if name in self.pending:
+                self.failed_imports[name] = type(error).__name__
+
     def loaded(self, module: ModuleType) -> None:
+        """Patch the targets waiting for ``module``. A target that cannot be patched fails
+        the import: an :class:`InstrumentError` for a spec installed in code (its targets
+        wait again: the failed import left no module), one line and exit code 2 for the
+        spec of ``RESETTRACE_INSTRUMENT``, never a traceback inside the user's import."""
         with self._lock:
             waiting = self.pending.pop(module.__name__, [])
+            self.failed_imports.pop(module.__name__, None)
         for tgt, owner in waiting:
-            owner.patch(tgt, module)
+            try:
+                owner.patch(tgt, module)
+            except InstrumentError as e:
+                if owner.from_env:
+                    _spec_failed(str(e))
+                with self._lock:
+                    self.pending.setdefault(module.__name__, []).extend(
+                        (t, o) for t, o in waiting if not o.done)
+                raise
 
 
 _HOOK = _ImportHook()
@@ -288,11 +333,14 @@ _HOOK = _ImportHook()
 class _Installed:
     """What one ``instrument()`` call installed: patches, pending targets, attributes."""
 
-    def __init__(self, attributes: dict[str, Any]) -> None:
+    def __init__(self, attributes: dict[str, Any], *, from_env: bool = False) -> None:
         self.patches: list[_Patch] = []
         self.attributes = attributes
         self.previous: dict[str, Any] = {}
         self.done = False
+        #: installed from ``RESETTRACE_INSTRUMENT``: a target that fails later ends the
+        #: process with one line (:func:`_spec_failed`)
+        self.from_env = from_env
 
     def set_attributes(self) -> None:
         defaults = default_attributes()
@@ -368,10 +416,31 @@ def _warn_unpatched() -> None:
     if _run_worker():
         return  # a helper process of a ``resettrace run`` command: its main one speaks
     with _HOOK._lock:
-        names = sorted(t.name for waiting in _HOOK.pending.values() for t, _ in waiting)
+        waiting = {m: sorted(t.name for t, _ in ts) for m, ts in _HOOK.pending.items()}
+        failed = dict(_HOOK.failed_imports)
+    names = sorted(n for m, ts in waiting.items() if m not in failed for n in ts)
     if names:
         log.warning("resettrace: instrument target(s) never imported, so never traced: %s",
                     ", ".join(names))
+    for module, error in sorted(failed.items()):
+        if waiting.get(module):
+            log.warning("resettrace: instrument target(s) never traced: importing their "
+                        "module %r raised %s: %s", module, error, ", ".join(waiting[module]))
+
+
+def _spec_failed(message: str) -> NoReturn:
+    """End the process over a spec from ``RESETTRACE_INSTRUMENT`` that cannot be installed:
+    one line on stderr, exit code 2, no exit hooks (no stats summary saying that nothing
+    ran), wherever it happens (start-up, or a module imported later on any thread)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    # ``resettrace run`` sets the summary variable in every process of its command
+    where = "resettrace run" if ENV_RUN_SUMMARY in os.environ else \
+        f"resettrace ({ENV_INSTRUMENT}={_FROM_ENV_PATH})"
+    with contextlib.suppress(Exception):
+        print(f"{where}: {message}", file=sys.stderr, flush=True)
+    os._exit(2)
 
 
 def instrument(spec: Mapping[str, Any] | str | os.PathLike[str], *,
@@ -381,9 +450,16 @@ def instrument(spec: Mapping[str, Any] | str | os.PathLike[str], *,
     The spec and its targets are checked first (a module that cannot be found is an
     error unless ``strict=False``: then it waits, and is reported at exit if never
     imported); then its phases are registered, every target of a module already
-    imported is wrapped, and the others when their module is imported. Nothing is left
-    installed when it raises, but phases stay registered (a catalog only grows).
+    imported is wrapped, and the others when their module is imported (a target that
+    cannot be wrapped then, as one missing from its module, raises
+    :class:`InstrumentError` from that import). Nothing is left installed when it
+    raises, but phases stay registered (a catalog only grows).
     """
+    return _install(spec, strict=strict, from_env=False)
+
+
+def _install(spec: Mapping[str, Any] | str | os.PathLike[str], *, strict: bool,
+             from_env: bool) -> Callable[[], None]:
     data = _sections(spec)
     attributes = _attributes(data.get("attributes", {}))
     raw_phases, raw_targets = data.get("phases", []), data.get("instrument", {})
@@ -397,7 +473,7 @@ def instrument(spec: Mapping[str, Any] | str | os.PathLike[str], *,
                                       f"{tgt.module!r}")
     _register(raw_phases)
     targets = _targets(raw_targets)
-    installed = _Installed(attributes)
+    installed = _Installed(attributes, from_env=from_env)
     try:
         # after every check: looking up a module never imports it, but a module may be
         # loaded meanwhile, so which ones are is only known now
@@ -446,24 +522,31 @@ def instrument_from_env(environ: Mapping[str, str] | None = None) -> Callable[[]
     """Install the spec named by ``RESETTRACE_INSTRUMENT`` (once per process).
 
     Not in the ``resettrace`` command's own process: ``resettrace run`` checks the spec
-    and hands it to its command, whose modules it may not even find.
+    and hands it to its command, whose modules it may not even find. A spec that cannot
+    be installed, now or when a target's module is imported later, ends the process with
+    one line on stderr and exit code 2, as ``resettrace run`` does for a bad spec.
     """
     env = os.environ if environ is None else environ
     path = env.get(ENV_INSTRUMENT, "").strip()
     if not path or _is_cli():
         return None
-    global _FROM_ENV
+    global _FROM_ENV, _FROM_ENV_PATH
     if _FROM_ENV is None:
+        _FROM_ENV_PATH = path
         # the first process is the program; the ones it starts (workers, subprocesses,
         # from other folders) never fail over a module they cannot find
         strict = not _run_worker()
         if not os.environ.get(ENV_RUN_OWNER, "").strip():
             os.environ[ENV_RUN_OWNER] = str(os.getpid())
-        _FROM_ENV = instrument(path, strict=strict)
+        try:
+            _FROM_ENV = _install(path, strict=strict, from_env=True)
+        except InstrumentError as e:
+            _spec_failed(str(e))
     return _FROM_ENV
 
 
 _FROM_ENV: Callable[[], None] | None = None
+_FROM_ENV_PATH = ""
 
 
 # -- ``resettrace run``'s exit summary -------------------------------------------------------

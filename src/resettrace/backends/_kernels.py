@@ -5,7 +5,8 @@ on every reset (each costs microseconds, several times that right after a physic
 or forward kinematics has evicted the caches): check that the env ids are sorted, unique
 and in range and copy them into the engine's int32 index, copy qpos/qvel rows into
 reused scratch (in id order), reject non-finite values (also values that overflow a
-float32 engine), normalise the base quaternion (rejecting a zero one), optionally
+float32 engine), normalise the base quaternion (rejecting one it cannot: zero, or so large
+that its squared norm overflows and it would normalise to zeros), optionally
 reorder it wxyz -> xyzw, and compute the actuator targets that hold the new joint pose,
 clipped to the control range. qpos, qvel and the targets go to columns ``oq``, ``ov``
 and on from ``oc`` of their output rows, which may be one array (the MuJoCo backend's whole
@@ -25,7 +26,7 @@ ids (-1: none; a search of a few compares per kept set, where a bytes key and a 
 lookup in Python cost microseconds on the small-k path), else the first problem
 (:data:`BAD_ID` at position ``row`` of the ids, :data:`UNSORTED` ids at ``row``: the
 caller sorts them and calls again with the order, :data:`BAD_QPOS`, :data:`BAD_QVEL`,
-:data:`ZERO_QUAT` at the caller's row ``row``); nothing has reached an engine, and no
+:data:`BAD_QUAT` at the caller's row ``row``); nothing has reached an engine, and no
 mark is set, then.
 
 :func:`bind_pass` binds it, once per k, to everything but the caller's ids and rows:
@@ -44,9 +45,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = ["prepare_rows", "bind_pass", "BAD_SHAPE", "NO_ORDER", "NO_STATE", "NO_WARNING",
-           "NO_KEPT", "OK", "BAD_QPOS", "BAD_QVEL", "ZERO_QUAT", "BAD_ID", "UNSORTED"]
+           "NO_KEPT", "OK", "BAD_QPOS", "BAD_QVEL", "BAD_QUAT", "BAD_ID", "UNSORTED"]
 
-OK, BAD_QPOS, BAD_QVEL, ZERO_QUAT, BAD_ID, UNSORTED = 0, 1, 2, 3, 4, 5
+OK, BAD_QPOS, BAD_QVEL, BAD_QUAT, BAD_ID, UNSORTED = 0, 1, 2, 3, 4, 5
 #: ``order`` argument for rows already in id order
 NO_ORDER = np.zeros(0, np.int64)
 #: ``state`` and ``warning`` arguments when no engine state is written in the pass
@@ -89,8 +90,8 @@ def prepare_rows(ids_in, num_envs, ids_out, q_in, v_in, order, q_out, oq, v_out,
         y = float(q_in[src, 5])
         z = float(q_in[src, 6])
         norm = math.sqrt(w * w + x * x + y * y + z * z)
-        if norm < _QUAT_EPS:
-            return ZERO_QUAT, src, 3
+        if not _QUAT_EPS <= norm < math.inf:  # zero, or finite parts whose squares overflow
+            return BAD_QUAT, src, 3
         if xyzw:
             q_out[i, oq + 3] = x / norm
             q_out[i, oq + 4] = y / norm

@@ -12,9 +12,11 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["check_ids", "id_array", "convert_rows", "check_pass_target", "finish_pass",
-           "OutRows", "check_rows", "normalise_quat_into", "QUAT_EPS", "PASS_DTYPES"]
+           "OutRows", "check_rows", "normalise_quat_into", "quat_problem", "QUAT_EPS",
+           "PASS_DTYPES"]
 
-#: A base quaternion shorter than this cannot be normalised.
+#: A base quaternion shorter than this cannot be normalised (nor one whose squared norm
+#: overflows float64).
 QUAT_EPS = 1e-9
 #: the dtypes the compiled pass takes as they are (native-order integers and floats);
 #: other numeric rows (float16, long double, another byte order) are converted first
@@ -82,12 +84,25 @@ def check_rows(name: str, rows: object, k: int, width: int) -> np.ndarray:
 
 
 def normalise_quat_into(out: np.ndarray, quat: np.ndarray, name: str) -> None:
-    """Write unit quaternions of ``quat`` ``(k, 4)`` into ``out``; reject zero ones."""
-    norm = np.sqrt(np.einsum("ij,ij->i", quat, quat))
-    if (norm < QUAT_EPS).any():
-        row = int(np.flatnonzero(norm < QUAT_EPS)[0])
-        raise ValueError(f"{name} has a zero base quaternion at row {row}")
+    """Write unit quaternions of ``quat`` ``(k, 4)`` into ``out``; reject the ones that
+    cannot be normalised (:func:`quat_problem`)."""
+    with np.errstate(over="ignore"):
+        norm = np.sqrt(np.einsum("ij,ij->i", quat, quat))
+    bad = ~((norm >= QUAT_EPS) & (norm < np.inf))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(quat_problem(name, quat[row], row))
     np.divide(quat, norm[:, None], out=out)
+
+
+def quat_problem(name: str, quat: np.ndarray, row: int) -> str:
+    """Why the base quaternion ``quat`` (4 finite values) of ``row`` cannot be normalised:
+    it is zero (shorter than :data:`QUAT_EPS`), or its squared norm overflows float64
+    (parts beyond ~1e154), which would normalise it to zeros."""
+    if float(np.abs(np.asarray(quat, np.float64)).max()) < 1.0:  # refused: so not long
+        return f"{name} has a zero base quaternion at row {row}"
+    return (f"{name} has a base quaternion too large to normalise at row {row} (its "
+            "squared norm overflows float64)")
 
 
 def _shaped(name: str, rows: object, k: int, width: int) -> np.ndarray:
@@ -135,7 +150,8 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
     state rows), ``state[ids] = out.q[:k]`` and ``warning[ids] = 0`` written. One compiled pass
     (:mod:`resettrace.backends._kernels`), two for unsorted ids; ``ValueError`` naming
     the caller's id or row on a bad id, a wrong shape, a non-finite or (for float32
-    scratch) too large value, or a zero quaternion. ``RowBackend.set_state`` calls the
+    scratch) too large value, or a base quaternion that cannot be normalised (zero, or its
+    squared norm overflowing float64). ``RowBackend.set_state`` calls the
     same pass directly, its scratch checked once per k (:func:`check_pass_target`).
     """
     from resettrace.backends import _kernels as K
@@ -207,8 +223,8 @@ def finish_pass(code: int, row: int, col: int, ids_in: np.ndarray, num_envs: int
         return ids_out, order
     if code == K.BAD_ID:
         _out_of_range(ids_in[row], num_envs)
-    if code == K.ZERO_QUAT:
-        raise ValueError(f"qpos has a zero base quaternion at row {row}")
+    if code == K.BAD_QUAT:
+        raise ValueError(quat_problem("qpos", q_in[row, 3:7], row))
     if code not in (K.BAD_QPOS, K.BAD_QVEL):  # (a bound pass given other k rows)
         raise RuntimeError(f"the compiled pass returned code {code} for {ids_out.shape[0]} rows")
     name, src = ("qpos", q_in) if code == K.BAD_QPOS else ("qvel", v_in)

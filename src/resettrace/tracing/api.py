@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from resettrace.catalog import CATALOG, Phase
+from resettrace.catalog import CATALOG, Phase, text_problem
 from resettrace.config import Config
 from resettrace.tracing.recorder import CURRENT, NO_COUNT, NoopRecorder, Recorder, note_once
 
@@ -116,7 +116,9 @@ def recorder(*, backend: str | None = None, task: str | None = None,
     """A recorder of ``tracing`` (default: the default session) for one env/backend.
 
     ``backend``, ``task``, ``env_count`` and ``attributes`` go on every span it
-    exports. With tracing off it is the shared no-op recorder.
+    exports. With tracing off it is the shared no-op recorder. An attribute key or string
+    value that no exporter could write (a lone surrogate, a control character) raises
+    ``ValueError`` naming its key, here, in every mode.
     """
     session = tracing if tracing is not None else get_tracing()
     return session.recorder(backend=backend, task=task, env_count=env_count,
@@ -192,6 +194,9 @@ def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | Non
         return lambda args, kwargs: spec(*args, **kwargs)
     if not isinstance(spec, str) or not spec:
         raise TypeError(f"{what} must be an argument name or a callable, got {spec!r}")
+    problem = text_problem(spec)
+    if problem is not None:
+        raise ValueError(f"{what} {spec!r} {problem}")
     name, *path = spec.split(".")
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -222,6 +227,18 @@ def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | Non
     return read
 
 
+def _deferred_kind(fn: Callable[..., Any]) -> tuple[str, str, str] | None:
+    """``(kind, what a call makes, what its work runs across)`` for a function whose work
+    runs after the call returns; None for any other."""
+    if inspect.isasyncgenfunction(fn):
+        return "an async generator function", "an async generator", "yields and awaits"
+    if inspect.iscoroutinefunction(fn):
+        return "a coroutine function", "a coroutine", "awaits"
+    if inspect.isgeneratorfunction(fn):
+        return "a generator function", "a generator", "yields"
+    return None
+
+
 def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
            env_count: str | Callable[..., Any] | None = None) -> Callable[[F], F]:
     """Record every call of the decorated function under ``phase``, with the current
@@ -232,10 +249,25 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
     path from one (``"self.done"``), or a callable taking the call's arguments; the
     value counts by :func:`count_of`. A count that cannot be read is left out (logged
     once), never raised. An unknown phase raises ``ValueError`` here, at decoration.
+
+    Generator, coroutine and async generator functions are refused (``TypeError``, at
+    decoration): a call only creates the generator or coroutine, and its work runs later,
+    across yields or awaits, where a scope would mis-nest with the other code of the
+    thread. Trace the code that consumes it, or a synchronous helper it calls.
     """
     resolved = CATALOG.resolve(phase)
 
     def decorate(fn: F) -> F:
+        deferred = _deferred_kind(fn)
+        if deferred is not None:
+            kind, made, across = deferred
+            qualname = getattr(fn, "__qualname__", None) or repr(fn)
+            name = f"{getattr(fn, '__module__', None) or '?'}.{qualname}"
+            raise TypeError(
+                f"traced() cannot record {name}: it is {kind}, so a call only creates {made} "
+                f"and its work runs after the call returns, across {across}, where a scope "
+                "would mis-nest with the other code of the thread; trace the code that "
+                "consumes it, or a synchronous helper it calls, instead")
         read_count = argument_reader(fn, count, "count")
         read_envs = argument_reader(fn, env_count, "env_count")
         # a plain positional argument is read in place (the common case: ``env_ids``)

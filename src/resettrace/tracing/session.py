@@ -39,6 +39,7 @@ from resettrace.catalog import (
     ATTR_WORKER_RANK,
     CATALOG,
     Catalog,
+    text_problem,
 )
 from resettrace.config import DEFAULT_EXPORTERS, Config
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Tracing", "ATTR_WORKER_RANK", "default_attributes"]
+__all__ = ["Tracing", "ATTR_WORKER_RANK", "default_attributes", "attribute_problem"]
 
 IN_PROCESS_EXPORTERS = ("memory",)
 
@@ -65,6 +66,23 @@ _DEFAULT_ATTRIBUTES: dict[str, Any] = {}
 def default_attributes() -> dict[str, Any]:
     """The live dict of attributes that every new recorder starts with."""
     return _DEFAULT_ATTRIBUTES
+
+
+def attribute_problem(attributes: Mapping[Any, Any]) -> str | None:
+    """What is wrong with the first span attribute of ``attributes`` whose key, or string
+    value (or string in a list or tuple value), is not text every exporter can write
+    (:func:`~resettrace.catalog.text_problem`; a value may be empty), naming its key;
+    None when all are good. Checked where attributes are given, never at export."""
+    for key, value in attributes.items():
+        problem = text_problem(key)
+        if problem is not None:
+            return f"span attribute key {key!r} {problem}"
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, str):
+                problem = text_problem(item, empty=True)
+                if problem is not None:
+                    return f"span attribute {key!r}: its value {item!r} {problem}"
+    return None
 
 
 class Tracing:
@@ -170,8 +188,14 @@ class Tracing:
         """A recorder for one env/backend pair, or the shared no-op one when off.
 
         Its span attributes: :func:`default_attributes`, then ``attributes``, then
-        backend, task and env count when given.
+        backend, task and env count when given. A key or string value that no exporter
+        could write (:func:`attribute_problem`) raises ``ValueError`` naming it, whatever
+        the mode.
         """
+        problem = attribute_problem({**(attributes or {}), **{
+            k: v for k, v in ((ATTR_BACKEND, backend), (ATTR_TASK, task)) if v is not None}})
+        if problem is not None:
+            raise ValueError(problem)
         if self.processor is None or self._closed:
             return NOOP_RECORDER
         attrs: dict[str, Any] = dict(_DEFAULT_ATTRIBUTES)
