@@ -325,10 +325,10 @@ def render_numba_ab(ab: Mapping[str, Any]) -> str:
 
 
 def write_outputs(result: Mapping[str, Any], out: Path) -> list[Path]:
-    json_path, csv_path = out / "timing.json", out / "timing.csv"
-    write_json(json_path, result)
-    write_csv(csv_path, result["stats"])
-    return [json_path, csv_path]
+    """Write ``OUT/timing.json`` and ``OUT/timing.csv``; the paths written (a name beside
+    either, when a file there is not resettrace's: :mod:`resettrace.outputs`)."""
+    return [write_json(out / "timing.json", result), write_csv(out / "timing.csv",
+                                                               result["stats"])]
 
 
 def _stat(stats: Mapping[str, Any], key: str, field: str = "total_ms") -> float:
@@ -429,8 +429,9 @@ def render_export(exp: Mapping[str, Any]) -> str:
                            " the receiver may hold those")
             failed += ")"
         written = f" to {e['path']}" if e.get("path") else ""
+        why = f": {e['error']}" if e.get("error") else ""  # no file written, and why
         lines.append(f"  {name}: {e['delivered']} delivered{written}, "
-                     f"{e['undelivered']} not delivered" + failed)
+                     f"{e['undelivered']} not delivered" + failed + why)
     return "\n".join(lines)
 
 
