@@ -502,6 +502,7 @@ def _run_summary(summary: bool, json_path: str) -> None:
     # asked at exit, not at start-up: a forked child inherits the atexit handlers too
     if _run_worker() and "{pid}" not in json_path:
         return
+    from resettrace.outputs import OutputRefused
     from resettrace.tables import render_stats, write_json
     from resettrace.tracing.api import get_tracing
 
@@ -512,6 +513,8 @@ def _run_summary(summary: bool, json_path: str) -> None:
         try:
             write_json(path, {"pid": os.getpid(), "mode": session.mode,
                               "stats": {k: s.as_dict() for k, s in stats.items()}})
+        except OutputRefused as e:  # a link, or not a regular file: one line
+            print(f"resettrace run: {e}", file=sys.stderr)
         except (OSError, ValueError) as e:
             print(f"resettrace run: cannot write {str(path)!r}: {e}", file=sys.stderr)
     if summary:
