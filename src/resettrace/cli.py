@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK
-from resettrace.config import DEFAULT_EXPORTERS, ENV_EXPORTER, PATH_KINDS, Config
+from resettrace.config import DEFAULT_EXPORTERS, ENV_EXPORTER, Config
 
 log = logging.getLogger("resettrace")
 
@@ -79,12 +79,15 @@ def _collector(args: argparse.Namespace) -> int:
         elif env_cfg.mode == "trace" and not os.environ.get(ENV_EXPORTER) and args.out:
             overrides["exporters"] = (f"file:{Path(args.out) / 'spans.jsonl'}",)
         # the environment read once (its warnings said once), then the CLI's overrides
-        tracing = Tracing(dataclasses.replace(
+        run_cfg = dataclasses.replace(
             env_cfg, **overrides, resource_attributes={
-                ATTR_TASK: args.task, ATTR_BACKEND: args.backend, ATTR_ENV_COUNT: args.num_envs}))
+                ATTR_TASK: args.task, ATTR_BACKEND: args.backend, ATTR_ENV_COUNT: args.num_envs})
     except ValueError as e:  # contradictory settings
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
+    if _refused(_collector_outputs(args, run_cfg)):  # said now, not after the run
+        return 2
+    tracing = Tracing(run_cfg)
     try:
         result = collector.run_collector(cfg, tracing, progress=progress_printer(), stop=stop)
     except (ValueError, FileNotFoundError) as e:
@@ -120,22 +123,19 @@ def _finish_collector(args: argparse.Namespace, cfg: Any, tracing: Any,
     try:
         paths = write_outputs(result, Path(args.out)) if args.out else []
     except OSError as e:  # the run is done and printed: say why its files are not written
-        print(f"resettrace: cannot write the outputs to {args.out}: {e.strerror or e}",
-              file=sys.stderr)
+        print(f"resettrace: {_write_error(f'the outputs to {args.out}', e)}", file=sys.stderr)
         return 2
     if args.report:
         from resettrace.report import write_report
 
-        try:
-            paths.append(write_report(Path(args.out) / "timing.json",
-                                      Path(args.out) / "report.html"))
+        try:  # from the timing.json just written (paths[0]: beside a foreign file, maybe)
+            paths.append(write_report(paths[0], Path(args.out) / "report.html"))
         except (ValueError, OSError) as e:
             print(f"resettrace: the report was not written: {e}", file=sys.stderr)
             return 2
-    if tracing.mode == "trace":
-        specs = tracing.config.exporters or DEFAULT_EXPORTERS
-        paths += [Path(spec.partition(":")[2]) for spec in specs
-                  if spec.partition(":")[0] in PATH_KINDS]
+    # the span files written (a name beside the path, maybe); none for a refused path
+    paths += [Path(e["path"]) for e in (result["export"].get("exporters") or {}).values()
+              if e.get("path")]
     if paths:
         print("\noutputs:\n" + "\n".join(f"  {p}" for p in paths))
     return 0
@@ -150,6 +150,46 @@ def _refused_endpoint(config: Config) -> bool:
     return bool(config.otlp_refused) and uses_otlp
 
 
+def _refused(paths: list[tuple[str | Path, Any]]) -> bool:
+    """Check output paths before the work that fills them (a symbolic link or anything but
+    a regular file is refused: :mod:`resettrace.outputs`); True, with one line, if one is."""
+    from resettrace import outputs
+
+    for path, kind in paths:
+        try:
+            outputs.output_path(path, kind)
+        except OSError as e:  # refused, or unreadable
+            print(f"resettrace: {_write_error(path, e)}", file=sys.stderr)
+            return True
+    return False
+
+
+def _write_error(path: str | Path, e: OSError) -> str:
+    from resettrace.outputs import OutputRefused
+
+    return str(e) if isinstance(e, OutputRefused) else f"cannot write {path}: {e.strerror or e}"
+
+
+def _collector_outputs(args: argparse.Namespace, cfg: Config) -> list[tuple[str | Path, Any]]:
+    """The files ``bench collector`` will write (each with its output kind)."""
+    from resettrace import outputs
+
+    files: list[tuple[str | Path, Any]] = []
+    if args.out:
+        out = Path(args.out)
+        files += [(out / "timing.json", outputs.JSON), (out / "timing.csv", outputs.CSV)]
+        files += [(out / "report.html", outputs.REPORT_HTML)] if args.report else []
+    if cfg.mode == "trace":  # span files, {pid} and {rank} filled as the export process does
+        from resettrace.tracing.exporters import expand_path
+
+        for spec in cfg.exporters or DEFAULT_EXPORTERS:
+            kind, _, path = spec.partition(":")
+            if kind in outputs.SPAN_KINDS:
+                files.append((expand_path(path, pid=os.getpid(), rank=cfg.worker_rank),
+                              outputs.SPAN_KINDS[kind]))
+    return files
+
+
 def _save_json(path: str | None, result: Any) -> int:
     """Write a benchmark's ``--json`` file (if asked): 0, or 2 with one line on failure."""
     if not path:
@@ -157,11 +197,11 @@ def _save_json(path: str | None, result: Any) -> int:
     from resettrace.tables import write_json
 
     try:
-        write_json(Path(path), result)
+        written = write_json(Path(path), result)
     except OSError as e:
-        print(f"resettrace: cannot write {path}: {e.strerror or e}", file=sys.stderr)
+        print(f"resettrace: {_write_error(path, e)}", file=sys.stderr)
         return 2
-    print(f"\nwrote {path}")
+    print(f"\nwrote {written}")
     return 0
 
 
@@ -176,6 +216,10 @@ def _bench(args: argparse.Namespace, make_config: Callable[[], Any],
 def _command(json_path: str | None, compute: Callable[[], dict[str, Any]],
              render: Callable[[dict[str, Any]], str]) -> int:
     """Compute a result (bad input: one line, exit 2), print it, and write ``--json``."""
+    from resettrace import outputs
+
+    if json_path and _refused([(json_path, outputs.JSON)]):
+        return 2
     try:
         result = compute()
     except (ValueError, FileNotFoundError) as e:
@@ -264,7 +308,14 @@ def _run(args: argparse.Namespace) -> int:
     env[ENV_RUN_SUMMARY] = "0" if args.no_summary else "1"
     env.pop(ENV_RUN_OWNER, None)  # a run inside a run: its command is a main process again
     if args.stats_json:
-        env[ENV_RUN_JSON] = str(Path(args.stats_json).resolve()).replace("%7Bpid%7D", "{pid}")
+        from resettrace import outputs
+
+        if "{pid}" not in args.stats_json and _refused([(args.stats_json, outputs.JSON)]):
+            return 2  # said before the command runs, not at its exit
+        # absolute (the command may change folder); the last component is never resolved:
+        # a link there is refused above, or when written ({pid})
+        stats_json = Path(args.stats_json)
+        env[ENV_RUN_JSON] = str(stats_json.parent.resolve() / stats_json.name)
     else:
         env.pop(ENV_RUN_JSON, None)
     sys.stdout.flush()
@@ -448,8 +499,11 @@ def _compare_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from resettrace import outputs
     from resettrace.compare import compare_runs, load_runs, regressions, render_compare
 
+    if args.json and _refused([(args.json, outputs.JSON)]):
+        return 2
     try:
         options = _compare_options(args)
         result = compare_runs(load_runs(args.base), load_runs(args.new), **options)
@@ -496,7 +550,19 @@ def _collector_workers(args: argparse.Namespace) -> int:
         print("resettrace: --workers writes OUT/rank<r>/ and OUT/merged.json: give --out",
               file=sys.stderr)
         return 2
+    from resettrace import outputs
+
     out = Path(args.out)
+    ranks = [out / f"rank{r}" for r in range(args.workers)]
+    files: list[tuple[str | Path, Any]] = [(out / "merged.json", outputs.JSON)]
+    for folder in ranks:
+        files += [(folder / "log.txt", outputs.WORKER_LOG), (folder / "timing.json", outputs.JSON),
+                  (folder / "timing.csv", outputs.CSV)]
+        files += [(folder / "report.html", outputs.REPORT_HTML)] if args.report else []
+    if _refused(files):
+        return 2
+    # where each worker will write its timing.json (by the same rules: beside a foreign file)
+    timing = [outputs.output_path(folder / "timing.json", outputs.JSON) for folder in ranks]
     # share the cores: an engine pool of every CPU per worker would oversubscribe them
     nthread = args.nthread or max(1, (os.cpu_count() or 1) // args.workers)
 
@@ -525,8 +591,13 @@ def _collector_workers(args: argparse.Namespace) -> int:
     failed = []
     try:
         for r in range(args.workers):
-            (out / f"rank{r}").mkdir(parents=True, exist_ok=True)
-            log_file = open(out / f"rank{r}" / "log.txt", "w")  # noqa: SIM115 - closed below
+            try:
+                _, log_file = outputs.open_output(ranks[r] / "log.txt", outputs.WORKER_LOG)
+            except OSError as e:  # changed since the check above
+                print(f"resettrace: {_write_error(ranks[r] / 'log.txt', e)}", file=sys.stderr)
+                failed.append(r)
+                raise KeyboardInterrupt from None  # the started workers stop
+            log_file.write(outputs.worker_log_header(r, " ".join(command(r))))
             env = dict(os.environ, RESETTRACE_WORKER_RANK=str(r))
             procs.append((r, log_file, subprocess.Popen(
                 [sys.executable, "-m", "resettrace.cli", *command(r)], stdout=log_file,
@@ -546,8 +617,7 @@ def _collector_workers(args: argparse.Namespace) -> int:
     finally:
         for _, log_file, _ in procs:
             log_file.close()
-    done = [out / f"rank{r}" / "timing.json" for r in range(args.workers)
-            if (out / f"rank{r}" / "timing.json").is_file()]
+    done = [t for t in timing if t.is_file()]
     if failed and not stopped:
         print(f"resettrace: worker(s) {failed} failed: see {out}/rank<r>/log.txt",
               file=sys.stderr)
@@ -563,8 +633,11 @@ def _collector_workers(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from resettrace import outputs
     from resettrace.report import write_report
 
+    if _refused([(args.output, outputs.REPORT_HTML)]):
+        return 2
     try:
         path = write_report(args.run, args.output, compare_base=args.compare)
     except (ValueError, FileNotFoundError) as e:
@@ -575,8 +648,11 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare_aa(args: argparse.Namespace) -> int:
+    from resettrace import outputs
     from resettrace.compare import aa_false_positive_rate, load_runs
 
+    if args.json and _refused([(args.json, outputs.JSON)]):
+        return 2
     try:
         options = _compare_options(args)
         if args.pairs < 1:

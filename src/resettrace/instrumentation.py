@@ -599,6 +599,7 @@ def _run_summary(summary: bool, json_path: str) -> None:
 
 
 def _write_run_summary(summary: bool, json_path: str) -> None:
+    from resettrace.outputs import OutputRefused
     from resettrace.tables import render_stats, write_json
     from resettrace.tracing.api import get_tracing
 
@@ -609,6 +610,8 @@ def _write_run_summary(summary: bool, json_path: str) -> None:
         try:
             write_json(path, {"pid": os.getpid(), "mode": session.mode,
                               "stats": {k: s.as_dict() for k, s in stats.items()}})
+        except OutputRefused as e:  # a link, or not a regular file: one line
+            print(f"resettrace run: {e}", file=sys.stderr)
         except (OSError, ValueError) as e:
             print(f"resettrace run: cannot write {str(path)!r}: {e}", file=sys.stderr)
     if summary:

@@ -16,12 +16,16 @@ Fixture ``resettrace``
 
 Option ``--resettrace-json PATH``
     The stats of every test that used the fixture, keyed by node id, are written at the
-    end of the session to ``PATH`` as ``{"tests": {nodeid: {"stats": {key: {...}},
-    "dist": {...}, "worker": ...}}, "merged": {"stats": ..., "dist": ...}, "workers": [...]}``,
-    each key's dict having the fields of ``timing.json``'s stats. Under pytest-xdist each
-    worker hands its tests' results to the controller (``workeroutput``), which writes the
-    one file: ``merged`` is every test's calls together, its percentiles read from the
-    summed exponential buckets (:mod:`resettrace.distribution`).
+    end of the session to ``PATH`` as ``{"resettrace": VERSION, "tests": {nodeid: {"stats":
+    {key: {...}}, "dist": {...}, "worker": ...}}, "merged": {"stats": ..., "dist": ...},
+    "workers": [...]}``, each key's dict having the fields of ``timing.json``'s stats.
+    Under pytest-xdist each worker hands its tests' results to the controller
+    (``workeroutput``), which writes the one file: ``merged`` is every test's calls
+    together, its percentiles read from the summed exponential buckets
+    (:mod:`resettrace.distribution`). ``PATH`` is written by the
+    rules of :mod:`resettrace.outputs`: a symbolic link or a folder there is a usage error
+    at start-up, and a file that is not resettrace's is left as it is, the stats going to
+    ``NAME.1.json`` beside it (the summary's line names the file written).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ JSON_OPTION = "--resettrace-json"
 _RESULTS = pytest.StashKey[dict[str, dict[str, Any]]]()
 #: resolved ``--resettrace-json`` path (relative paths: to the invocation directory)
 _JSON_PATH = pytest.StashKey[Path]()
+#: the file written (beside ``_JSON_PATH`` when that is not resettrace's), or why none was
+_WRITTEN = pytest.StashKey[Path | str]()
 
 
 class ResettraceCapture:
@@ -92,8 +98,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     value = config.getoption(JSON_OPTION)
     if value:
+        from resettrace import outputs
+
         # resolved now: tests may change the working directory
-        config.stash[_JSON_PATH] = Path(config.invocation_params.dir, value)
+        path = Path(config.invocation_params.dir, value)
+        if getattr(config, "workerinput", None) is None:  # the process that writes it
+            try:  # a link or a folder there is said now, not after the tests
+                outputs.output_path(path, outputs.JSON)
+            except outputs.OutputRefused as e:
+                raise pytest.UsageError(f"{JSON_OPTION}: {e}") from None
+        config.stash[_JSON_PATH] = path
         config.stash[_RESULTS] = {}
 
 
@@ -144,8 +158,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         m = merge_runs([(nodeid, {"stats": r["stats"], "dist": r["dist"]})
                         for nodeid, r in results.items()])["merged"]
         merged = {"stats": m["stats"], "dist": m["dist"]}
-    write_json(path, {"tests": results, "merged": merged,
-                      "workers": sorted({r["worker"] for r in results.values()})})
+    try:
+        written: Path | str = write_json(path, {
+            "tests": results, "merged": merged,
+            "workers": sorted({r["worker"] for r in results.values()})})
+    except OSError as e:  # said in the summary, in one line: not an internal error
+        written = str(e)
+    config.stash[_WRITTEN] = written
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -165,5 +184,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
     if path is None:
         return
     n = len(config.stash[_RESULTS])
+    written = config.stash.get(_WRITTEN, path)
+    if isinstance(written, str):
+        terminalreporter.write_line(f"resettrace: stats not written: {written}")
+        return
+    beside = f" ({path} is not resettrace's: left as it is)" if written != path else ""
     terminalreporter.write_line(
-        f"resettrace: stats of {n} test{'' if n == 1 else 's'} written to {path}")
+        f"resettrace: stats of {n} test{'' if n == 1 else 's'} written to {written}{beside}")

@@ -11,6 +11,11 @@ server) with, for a collector ``timing.json``:
   ``a + b*k`` lines of the run's cost model (``timing.json``'s ``model`` section);
 * with ``--compare BASE``: the compare table (``resettrace compare BASE RUN``) and the
   per-phase deltas with their intervals, coloured by verdict.
+
+The file is written by the rules of :mod:`resettrace.outputs`: never through a symbolic
+link, and over an existing file only when it is empty or a resettrace report (its first
+bytes: the doctype, ``<html lang="en">`` and a ``<title>resettrace report: ...``); any
+other file is left as it is and the report goes to ``NAME.1.html`` beside it.
 """
 
 from __future__ import annotations
@@ -260,7 +265,8 @@ def build_report(run: Mapping[str, Any], *, source: str = "",
 
 def write_report(run_path: str | Path, out: str | Path, *,
                  compare_base: str | Path | None = None) -> Path:
-    """Write the report of the run at ``run_path`` (``timing.json`` or its folder)."""
+    """Write the report of the run at ``run_path`` (``timing.json`` or its folder); the path
+    written (``out``, or a name beside it: see the module docstring)."""
     from resettrace.compare import compare_runs, load_runs
 
     path = Path(run_path)
@@ -278,12 +284,12 @@ def write_report(run_path: str | Path, out: str | Path, *,
     if compare_base is not None:
         compared = compare_runs(load_runs(compare_base), load_runs(path))
     text = build_report(run, source=str(path), compare=compared)
+    from resettrace import outputs
+
     target = Path(out)
-    if target.is_dir():
-        raise ValueError(f"{target}: is a folder, give the report's file name")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        return outputs.write_output(target, outputs.REPORT_HTML, text.encode())
+    except outputs.OutputRefused as e:
+        raise ValueError(str(e)) from None
     except OSError as e:
         raise ValueError(f"cannot write {target}: {e.strerror or e}") from None
-    return target

@@ -1,8 +1,16 @@
-"""Plain-text tables and the timing.json / timing.csv writers (standard library only)."""
+"""Plain-text tables and the timing.json / timing.csv writers (standard library only).
+
+:func:`write_json` and :func:`write_csv` write through :func:`resettrace.outputs.write_output`
+(atomic, never through a symbolic link, never over a file that is not resettrace's: see
+:mod:`resettrace.outputs`) and return the path written. Every JSON file starts with the key
+``"resettrace"`` (the version that wrote it), by which a later write recognises it as
+resettrace's own.
+"""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -31,6 +39,8 @@ def timing_files(paths: Sequence[str | Path]) -> list[Path]:
     return files
 
 STAT_FIELDS = ("count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms", "total_ms")
+#: the header row of timing.csv
+CSV_COLUMNS = ("key",) + STAT_FIELDS + ("share_of_parent",)
 
 
 def _cell(v: Any) -> str:
@@ -56,11 +66,13 @@ def format_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]
     return "\n".join(lines)
 
 
-def write_json(path: Path, payload: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, allow_nan=False, default=_json_default))
-    tmp.replace(path)
+def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
+    """Write ``payload`` as JSON, ``"resettrace": VERSION`` first; the path written."""
+    from resettrace import __version__, outputs
+
+    doc = {outputs.JSON_MARKER: __version__, **payload}
+    text = json.dumps(doc, indent=1, allow_nan=False, default=_json_default)
+    return outputs.write_output(path, outputs.JSON, text.encode())
 
 
 def _json_default(o: Any) -> Any:
@@ -69,14 +81,17 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def write_csv(path: Path, stats: Mapping[str, Mapping[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(("key",) + STAT_FIELDS + ("share_of_parent",))
-        for key, s in stats.items():
-            share = s.get("share_of_parent")
-            w.writerow([key] + [s[k] for k in STAT_FIELDS] + ["" if share is None else share])
+def write_csv(path: Path, stats: Mapping[str, Mapping[str, Any]]) -> Path:
+    """Write the per-key stats as CSV (timing.csv); the path written."""
+    from resettrace import outputs
+
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(CSV_COLUMNS)
+    for key, s in stats.items():
+        share = s.get("share_of_parent")
+        w.writerow([key] + [s[k] for k in STAT_FIELDS] + ["" if share is None else share])
+    return outputs.write_output(path, outputs.CSV, buf.getvalue().encode())
 
 
 def render_stats(stats: Mapping[str, Any], title: str = "resettrace stats") -> str:

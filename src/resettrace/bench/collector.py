@@ -338,10 +338,10 @@ def render_numba_ab(ab: Mapping[str, Any]) -> str:
 
 
 def write_outputs(result: Mapping[str, Any], out: Path) -> list[Path]:
-    json_path, csv_path = out / "timing.json", out / "timing.csv"
-    write_json(json_path, result)
-    write_csv(csv_path, result["stats"])
-    return [json_path, csv_path]
+    """Write ``OUT/timing.json`` and ``OUT/timing.csv``; the paths written (a name beside
+    either, when a file there is not resettrace's: :mod:`resettrace.outputs`)."""
+    return [write_json(out / "timing.json", result), write_csv(out / "timing.csv",
+                                                               result["stats"])]
 
 
 def _stat(stats: Mapping[str, Any], key: str, field: str = "total_ms") -> float:

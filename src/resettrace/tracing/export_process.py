@@ -391,6 +391,9 @@ class ProcessExporter:
             for name, path in status.get("paths", {}).items():
                 if name in per:
                     per[name]["path"] = path  # the file it wrote
+            for name, error in status.get("errors", {}).items():
+                if name in per:
+                    per[name]["error"] = error  # why it wrote no file
             received = int(status.get("received", 0))
             out = {"spans_sent": self.sent_spans, "spans_dropped": self.dropped_spans,
                    "spans_pending": self.pending_spans, "spans_received": received,
@@ -757,15 +760,20 @@ class _Child:
                 self.status()
 
     def status(self, final: bool = False) -> None:
-        # the file each file exporter writes ({pid}/{rank} filled in, or the per-process
-        # name when another process holds the path)
-        paths = {spec: str(exporter.path) for spec, exporter in self.exporters
-                 if isinstance(getattr(exporter, "path", None), os.PathLike)}
+        # the file each file exporter writes ({pid}/{rank} filled in, or the name beside
+        # the path when another process holds it or it is not a span file of that format),
+        # and why a file exporter could not open its file (resettrace.outputs' rules)
+        files = [(spec, exporter) for spec, exporter in self.exporters
+                 if isinstance(getattr(exporter, "path", None), os.PathLike)]
+        paths = {spec: str(exporter.path) for spec, exporter in files
+                 if getattr(exporter, "opened", True)}
+        errors = {spec: exporter.error for spec, exporter in files
+                  if getattr(exporter, "error", None)}
         line = json.dumps({"received": self.received, "exported": self.exported,
                            "failed": self.failed, "timed_out": self.timed_out,
                            "cut_off": self.cut_off, "in_flight": self.in_flight,
-                           "broken": self.broken,
-                           "paths": paths, "cpu_s": time.process_time(),
+                           "broken": self.broken, "paths": paths, "errors": errors,
+                           "cpu_s": time.process_time(),
                            "setup_cpu_s": self.setup_cpu_s,
                            "flush": self.flushed, "final": final})
         # Never block on stdout: a training process that reads it seldom must not stop the

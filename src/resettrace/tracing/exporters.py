@@ -7,7 +7,11 @@
     ``resource`` (service, host, pid and worker rank of the process).
 
 File paths may hold ``{pid}`` and ``{rank}``; a file is written by one process only
-(another process given the same path writes ``NAME.pPID.SUFFIX`` and says so).
+(another process given the same path writes ``NAME.pPID.SUFFIX`` and says so). Every path
+opens by the rules of :mod:`resettrace.outputs`: a symbolic link or anything but a regular
+file is refused (the exporter writes nothing and its spans count as not delivered), and an
+existing file that is not a span file of the same format is left as it is, the spans going
+to ``NAME.1.SUFFIX`` beside it.
 ``perfetto:PATH`` / ``otlp-json:PATH`` / ``jaeger-json:PATH``
     :mod:`resettrace.tracing.file_formats`: Chrome trace JSON, OTLP-JSON, Jaeger UI JSON.
 ``otlp``
@@ -28,6 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from resettrace import outputs
 from resettrace.catalog import ATTR_WORKER_RANK
 from resettrace.config import Config
 from resettrace.tracing.file_formats import _BufferedFileExporter
@@ -61,7 +66,9 @@ _RESOURCE_KEYS = ("service.name", "host.name", "process.pid", ATTR_WORKER_RANK)
 class JsonLinesSpanExporter(_BufferedFileExporter):
     """Spans as JSON lines, written in complete lines: a write that fails (a full disk)
     is counted as not delivered and truncated away, so the file always ends on a whole
-    line. The file belongs to one process (see :func:`claim_path`)."""
+    line. The file belongs to one process (see :func:`resettrace.outputs.open_output`)."""
+
+    kind = outputs.SPANS_JSONL
 
     def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
         data = "".join(json.dumps(span_to_dict(s), separators=(",", ":"), default=str) + "\n"

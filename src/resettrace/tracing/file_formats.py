@@ -2,8 +2,13 @@
 
 Both exporters share one contract (:class:`_BufferedFileExporter`):
 
-* The file (and its parent folders) is created, truncated, on the first ``export()``; that
-  first call writes at once, so an unwritable path is reported by the first export.
+* The file (and its parent folders) is created, emptied, on the first ``export()``; that
+  first call writes at once, so an unwritable path is reported by the first export. The
+  path opens by the rules of :mod:`resettrace.outputs`: a symbolic link or anything but a
+  regular file there is refused (the spans count as not delivered and ``error`` says why),
+  a file that is not a span file of the exporter's format is left as it is and the spans go
+  to ``NAME.1.SUFFIX`` beside it, and a file another process writes to ``NAME.pPID.SUFFIX``;
+  ``path`` is then the file written.
 * Later spans wait in memory and are written when ``max_pending`` spans are waiting, when
   ``write_interval_s`` has passed since the last write (checked at the next ``export()``:
   there is no timer thread), on ``force_flush()`` and on ``shutdown()``. Memory is bounded
@@ -84,6 +89,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
+from resettrace import outputs
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -106,36 +113,6 @@ _PRODUCER = "resettrace"
 _UNKNOWN_SERVICE = "unknown_service"
 
 
-def claim_path(path: Path, pid: int | None = None) -> tuple[Path, IO[bytes]]:
-    """Open ``path`` empty for writing, held by this process alone (an exclusive ``flock``).
-
-    When another live process holds it (several workers given one path), this one writes
-    ``NAME.pPID.SUFFIX`` beside it instead and logs a warning naming both, so that no
-    process truncates or interleaves another's file. ``pid``: the process the file is for
-    (the training process, for the export child); default this one.
-    """
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # opened without truncating (another process may own it) and without O_APPEND (the
-    # exporters rewrite their tail in place)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    f = open(fd, "wb", buffering=0)  # noqa: SIM115 - kept open by the exporter
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        mine = path.with_name(f"{path.stem}.p{os.getpid() if pid is None else pid}"
-                              f"{path.suffix}")
-        if mine == path:
-            raise
-        log.warning("resettrace: %s is being written by another process; this one writes "
-                    "%s instead", path, mine)
-        return claim_path(mine, pid)
-    f.truncate(0)
-    return path, f
-
-
 def write_all(f: IO[bytes], data: bytes) -> None:
     """Write every byte (an unbuffered file may take fewer per call), or raise."""
     view = memoryview(data)
@@ -149,10 +126,14 @@ def write_all(f: IO[bytes], data: bytes) -> None:
 class _BufferedFileExporter(SpanExporter):
     """Buffers spans and appends them to one file in robust, complete writes.
 
-    Subclasses implement :meth:`_encode` (the bytes appended for some spans, and the state
-    to commit once they are on disk) and may implement :meth:`_header` and :meth:`_suffix`.
-    All methods are thread-safe; ``export`` blocks only for the writes it triggers.
+    Subclasses set ``kind`` (their format, :mod:`resettrace.outputs`), implement
+    :meth:`_encode` (the bytes appended for some spans, and the state to commit once they
+    are on disk) and may implement :meth:`_header` and :meth:`_suffix`. All methods are
+    thread-safe; ``export`` blocks only for the writes it triggers.
     """
+
+    #: the output kind: which existing file at the path is this format's, to replace
+    kind: outputs.OutputKind
 
     def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
                  write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
@@ -175,6 +156,10 @@ class _BufferedFileExporter(SpanExporter):
         self._failures = 0
         self.exported_spans = 0
         self.dropped_spans = 0
+        #: True once the file is open: ``path`` is then the file written
+        self.opened = False
+        #: why the file could not be opened (the last attempt), else None
+        self.error: str | None = None
 
     # -- format hooks ---------------------------------------------------------------------------
     def _header(self, spans: Sequence[ReadableSpan]) -> bytes:
@@ -230,7 +215,13 @@ class _BufferedFileExporter(SpanExporter):
         self._last_write = self._clock()
         try:
             if self._file is None:
-                self.path, f = claim_path(self.path, self._pid)
+                try:
+                    self.path, f = outputs.open_output(self.path, self.kind, lock=True,
+                                                       pid=self._pid)
+                except OSError as e:
+                    self.error = str(e)
+                    raise
+                self.opened, self.error = True, None
                 try:
                     self._end = 0
                     self._append(f, self._header(spans))
@@ -245,8 +236,12 @@ class _BufferedFileExporter(SpanExporter):
         except OSError as e:
             self.dropped_spans += len(spans)
             self._failures += 1
-            log.log(logging.ERROR if self._failures == 1 else logging.DEBUG,
-                    "resettrace: cannot write %d spans to %s: %s", len(spans), self.path, e)
+            level = logging.ERROR if self._failures == 1 else logging.DEBUG
+            if isinstance(e, outputs.OutputRefused):  # its message names the path and why
+                log.log(level, "resettrace: %s (%d spans not written)", e, len(spans))
+            else:
+                log.log(level, "resettrace: cannot write %d spans to %s: %s", len(spans),
+                        self.path, e)
             return False
         self.exported_spans += len(spans)
         return True
@@ -293,6 +288,7 @@ def _dumps(obj: Any) -> bytes:
 class ChromeTraceSpanExporter(_BufferedFileExporter):
     """Writes spans as Chrome trace events, loadable in Perfetto (see the module docstring)."""
 
+    kind = outputs.PERFETTO
     _SUFFIX = b"\n]}\n"
 
     def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
@@ -408,6 +404,8 @@ def otlp_json_ids_to_hex(request: dict[str, Any]) -> dict[str, Any]:
 class OtlpJsonSpanExporter(_BufferedFileExporter):
     """Writes spans as OTLP-JSON lines, loadable in Jaeger's UI (see the module docstring)."""
 
+    kind = outputs.OTLP_JSON
+
     def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
                  write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic, pid: int | None = None) -> None:
@@ -452,6 +450,7 @@ class JaegerJsonSpanExporter(_BufferedFileExporter):
     over whole traces.
     """
 
+    kind = outputs.JAEGER_JSON
     _SUFFIX = b"\n]}\n"
 
     def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,

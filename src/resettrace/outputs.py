@@ -1,0 +1,333 @@
+"""Every file resettrace writes opens here: one rule for all of its output paths.
+
+Span files (``file:``, ``perfetto:``, ``otlp-json:``, ``jaeger-json:``), ``timing.json`` and
+``timing.csv``, benchmark ``--json`` files, ``resettrace merge -o``, ``resettrace run
+--stats-json``, the pytest plugin's ``--resettrace-json``, ``report.html`` and the worker logs
+of ``bench collector --workers`` all go through :func:`open_output` (files written as they
+grow) or :func:`write_output` (files written whole: a temporary file, then ``os.replace``).
+Training jobs often run as root, so a path given to resettrace must never let it write
+somewhere else or destroy a file it did not write:
+
+1. A symbolic link at the path (its last component) is never followed: the file is opened
+   with ``O_NOFOLLOW`` and checked with ``fstat`` on the opened descriptor, so the check
+   cannot race the open. A symbolic link there is refused: :class:`OutputRefused`, whose
+   message names the path and says it is a symbolic link. (Links among the parent folders
+   are the caller's choice and are followed.)
+2. An existing path that is not a regular file (a folder, FIFO, device or socket) is
+   refused likewise, and never opened for writing when ``lstat`` already shows it.
+3. An existing regular file is replaced only when it is empty or is recognisably a
+   resettrace output of the same kind (:class:`OutputKind`: a cheap signature read from
+   its first 64 KiB). Any other file is left as it is and resettrace writes beside it,
+   ``NAME.1.SUFFIX`` (the first of ``NAME.N.SUFFIX`` that is free or resettrace's own of the
+   same kind, itself checked by these rules), and logs a warning naming both. The path
+   actually written is returned, so callers report the real file.
+4. :func:`write_output` creates its temporary file with ``O_EXCL | O_NOFOLLOW`` (a link or
+   file planted at the temporary name is neither followed nor removed: another name is
+   taken) and checks the final path by the rules above just before ``os.replace`` (which
+   replaces a directory entry and never follows a link).
+
+Span files are also held by one process (``lock=True``: an exclusive ``flock``): when another
+live process holds the path, this one writes ``NAME.pPID.SUFFIX`` beside it (by the same
+rules) and logs a warning naming both, so that no process truncates or interleaves
+another's spans.
+
+:class:`OutputRefused` is an ``OSError``: span exporters count the spans of a refused file as
+not delivered (the reason is logged once), and the CLI prints its message as one line and
+exits 2. This module uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import secrets
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from resettrace.tables import CSV_COLUMNS
+
+log = logging.getLogger(__name__)
+
+__all__ = ["OutputKind", "OutputRefused", "open_output", "write_output", "output_path",
+           "SPANS_JSONL", "PERFETTO", "OTLP_JSON", "JAEGER_JSON", "JSON", "CSV", "REPORT_HTML",
+           "WORKER_LOG", "SPAN_KINDS", "JSON_MARKER", "worker_log_header"]
+
+#: bytes read from an existing file to recognise it
+HEAD_BYTES = 1 << 16
+#: ``NAME.N.SUFFIX`` names tried beside a file that is not resettrace's
+MAX_BESIDE = 100
+
+
+class OutputRefused(OSError):
+    """resettrace will not write this path (a symbolic link, or not a regular file)."""
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """One kind of output: what it is called, and how its first bytes are recognised."""
+
+    #: what the file is, in messages ("JSON-lines span file")
+    name: str
+    #: True when ``head`` (the first :data:`HEAD_BYTES` of a non-empty file) is the start
+    #: of a file resettrace writes of this kind
+    recognise: Callable[[bytes], bool]
+
+
+def _first_line(head: bytes) -> bytes | None:
+    line, newline, _ = head.partition(b"\n")
+    return line if newline else None
+
+
+def _is_span_line(head: bytes) -> bool:
+    # the first line of resettrace.tracing.exporters.JsonLinesSpanExporter's file
+    line = _first_line(head)
+    if line is None:
+        return False
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and {"name", "trace_id", "span_id", "parent_id", "start_ns",
+                                      "end_ns"} <= obj.keys()
+
+
+def _is_perfetto(head: bytes) -> bool:
+    # ChromeTraceSpanExporter's header: otherData names the producer first
+    return head.startswith(b'{"displayTimeUnit":"ms","otherData":{"producer":"resettrace"')
+
+
+def _is_otlp_json(head: bytes) -> bool:
+    # one ExportTraceServiceRequest per line; the spans' instrumentation scope is resettrace's
+    return head.startswith(b'{"resourceSpans":[') and b'"scope":{"name":"resettrace.' in head
+
+
+def _is_jaeger_json(head: bytes) -> bool:
+    # JaegerJsonSpanExporter's layout: '{"data":[' and a newline, then no entry yet or
+    # entries whose tags (span attributes, the process's worker rank) are resettrace's
+    if not head.startswith(b'{"data":[\n'):
+        return False
+    rest = head[len(b'{"data":[\n'):]
+    return rest.startswith(b"]}") or (rest.startswith(b'{"traceID":"')
+                                      and b'"key":"resettrace.' in head)
+
+
+#: the first key of every JSON file resettrace writes (value: its version)
+JSON_MARKER = "resettrace"
+# the first key of each JSON file written before JSON_MARKER existed (timing.json, bench
+# and compare / fit / merge results, run stats, pytest stats), in write_json's layout
+_EARLIER_JSON_KEYS = ("config", "pid", "tests", "base", "runs", "sources", "source")
+
+
+def _is_json(head: bytes) -> bool:
+    keys = (JSON_MARKER,) + _EARLIER_JSON_KEYS
+    return any(head.startswith(b'{\n "' + k.encode() + b'": ') for k in keys)
+
+
+def _is_csv(head: bytes) -> bool:
+    # the header row resettrace.tables.write_csv writes
+    line = _first_line(head)
+    header = ",".join(CSV_COLUMNS)
+    return line is not None and line.rstrip(b"\r") == header.encode()
+
+
+def _is_report(head: bytes) -> bool:
+    # resettrace.report.build_report's first bytes
+    return head.startswith(b'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                           b"<title>resettrace report: ")
+
+
+_LOG_PREFIX = "resettrace worker log: "
+
+
+def worker_log_header(rank: int, command: str) -> bytes:
+    """The first line of a ``bench collector --workers`` log file (its signature)."""
+    return f"{_LOG_PREFIX}rank {rank}: {command}\n".encode()
+
+
+def _is_worker_log(head: bytes) -> bool:
+    return head.startswith(_LOG_PREFIX.encode())
+
+
+SPANS_JSONL = OutputKind("JSON-lines span file", _is_span_line)
+PERFETTO = OutputKind("Chrome trace (Perfetto) span file", _is_perfetto)
+OTLP_JSON = OutputKind("OTLP-JSON span file", _is_otlp_json)
+JAEGER_JSON = OutputKind("Jaeger UI JSON span file", _is_jaeger_json)
+JSON = OutputKind("resettrace JSON file", _is_json)
+CSV = OutputKind("timing CSV file", _is_csv)
+REPORT_HTML = OutputKind("resettrace HTML report", _is_report)
+WORKER_LOG = OutputKind("worker log", _is_worker_log)
+#: the output kind of each span file exporter (``KIND:PATH`` of ``RESETTRACE_EXPORTER``)
+SPAN_KINDS = {"file": SPANS_JSONL, "perfetto": PERFETTO, "otlp-json": OTLP_JSON,
+              "jaeger-json": JAEGER_JSON}
+
+
+# -- the rules --------------------------------------------------------------------------------
+
+def _refuse_type(path: Path, mode: int) -> None:
+    """Raise :class:`OutputRefused` unless ``mode`` is a regular file's."""
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISLNK(mode):
+        what = "a symbolic link (resettrace never writes through one)"
+    elif stat.S_ISDIR(mode):
+        what = "a directory"
+    elif stat.S_ISFIFO(mode):
+        what = "a FIFO, not a regular file"
+    elif stat.S_ISSOCK(mode):
+        what = "a socket, not a regular file"
+    else:
+        what = "a device, not a regular file"
+    raise OutputRefused(f"cannot write {path}: it is {what}; choose another path")
+
+
+def _lstat_mode(path: Path) -> int | None:
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+
+
+def _open_checked(path: Path, flags: int) -> int:
+    """``path`` opened with ``O_NOFOLLOW`` (and ``flags``), a regular file, or raise."""
+    mode = _lstat_mode(path)
+    if mode is not None:  # the usual case is said before anything is opened
+        _refuse_type(path, mode)
+    try:
+        # O_NONBLOCK: a FIFO swapped in after the lstat must not block the open
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EMLINK):
+            mode = _lstat_mode(path)
+            if mode is not None:
+                _refuse_type(path, mode)
+        raise
+    try:
+        _refuse_type(path, os.fstat(fd).st_mode)  # what was opened, not what the name says now
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _own(fd: int, kind: OutputKind) -> bool:
+    """The open regular file is empty or resettrace's own of ``kind``."""
+    if os.fstat(fd).st_size == 0:
+        return True
+    return kind.recognise(os.pread(fd, HEAD_BYTES, 0))
+
+
+def _names(path: Path) -> Iterator[Path]:
+    """``path``, then ``NAME.1.SUFFIX``, ``NAME.2.SUFFIX``, ... beside it."""
+    yield path
+    for n in range(1, MAX_BESIDE + 1):
+        yield path.with_name(f"{path.stem}.{n}{path.suffix}")
+
+
+def _beside(path: Path, chosen: Path, kind: OutputKind) -> None:
+    if chosen != path:
+        log.warning("resettrace: %s is not a %s: left as it is; writing %s beside it", path,
+                    kind.name, chosen)
+
+
+def _no_name(path: Path, kind: OutputKind) -> OutputRefused:
+    return OutputRefused(f"cannot write {path}: it is not a {kind.name}, nor are "
+                         f"{MAX_BESIDE} names beside it; remove them or choose another path")
+
+
+def output_path(path: str | os.PathLike[str], kind: OutputKind) -> Path:
+    """The file a write of ``kind`` to ``path`` goes to now, by the rules of the module
+    docstring, without writing anything (:class:`OutputRefused` when it would be refused)."""
+    path = Path(path)
+    for name in _names(path):
+        if _lstat_mode(name) is None:
+            return name
+        fd = _open_checked(name, os.O_RDONLY)
+        try:
+            if _own(fd, kind):
+                return name
+        finally:
+            os.close(fd)
+    raise _no_name(path, kind)
+
+
+def open_output(path: str | os.PathLike[str], kind: OutputKind, *, lock: bool = False,
+                pid: int | None = None) -> tuple[Path, IO[bytes]]:
+    """Open the output file for ``path`` empty, for writing (and reading back), by the
+    rules of the module docstring: the path opened (``path`` or one beside it) and the
+    unbuffered file, the caller's to close.
+
+    ``lock``: hold the file alone (an exclusive ``flock``, until it is closed); when another
+    process holds it, ``NAME.pPID.SUFFIX`` is opened instead. ``pid``: the process the file
+    is for (the training process, for the export child); default this one.
+    """
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for name in _names(path):
+        # opened without truncating (it may be another process's, or not resettrace's)
+        # and without O_APPEND (the span exporters rewrite their tail in place)
+        fd = _open_checked(name, os.O_RDWR | os.O_CREAT)
+        f = open(fd, "r+b", buffering=0)  # noqa: SIM115 - returned to the caller
+        try:
+            if lock:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    mine = name.with_name(f"{name.stem}.p{os.getpid() if pid is None else pid}"
+                                          f"{name.suffix}")
+                    if mine == name:
+                        raise
+                    f.close()
+                    log.warning("resettrace: %s is being written by another process; this "
+                                "one writes %s instead", name, mine)
+                    return open_output(mine, kind, lock=lock, pid=pid)
+            if _own(fd, kind):
+                f.truncate(0)
+                _beside(path, name, kind)
+                return name, f
+        except BaseException:
+            f.close()
+            raise
+        f.close()  # not resettrace's: left as it is, the next name is tried
+    raise _no_name(path, kind)
+
+
+def write_output(path: str | os.PathLike[str], kind: OutputKind, data: bytes) -> Path:
+    """Write ``data`` as the whole output file for ``path``, atomically (a temporary file
+    beside it, then ``os.replace``), by the rules of the module docstring: the path
+    written (``path`` or one beside it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, fd = _temporary(path)
+    try:
+        with open(fd, "wb") as f:
+            f.write(data)
+        target = output_path(path, kind)  # checked last, just before the replace
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # created by this call (O_EXCL): never someone else's
+        raise
+    _beside(path, target, kind)
+    return target
+
+
+def _temporary(path: Path) -> tuple[Path, int]:
+    """A new temporary file beside ``path``: ``NAME.tmp``, or ``NAME.RANDOM.tmp`` when that
+    name is taken (by a planted link, say: O_EXCL never follows nor replaces it)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    name = path.with_name(path.name + ".tmp")
+    for _ in range(100):
+        try:
+            return name, os.open(name, flags, 0o666)
+        except FileExistsError:
+            name = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))
