@@ -41,3 +41,18 @@ class FakeClock:
 
     def __call__(self) -> int:
         return self.now
+
+
+def record_traces(session, n: int, *, count: int = 3, plan: bool = True) -> None:
+    """``n`` traces on a new recorder of ``session``: ``dr_reset`` (``count`` envs) holding
+    ``dr_reset.plan`` (unless ``plan`` is False) and ``set_state``: 3 (or 2) spans each."""
+    from resettrace import catalog as C
+
+    rec = session.recorder(backend="test")
+    for _ in range(n):
+        with rec.scope(C.DR_RESET, count):
+            if plan:
+                with rec.scope(C.DR_RESET_PLAN):
+                    pass
+            with rec.scope(C.SET_STATE):
+                pass

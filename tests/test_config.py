@@ -222,7 +222,7 @@ def test_two_file_kinds_on_one_path_are_an_error() -> None:
 
 def test_otlp_named_twice_delivers_each_span_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """"delivered 240 of 120 sent", a negative loss warning and 120 duplicates before."""
-    from resettrace import catalog as C
+    from helpers import record_traces
     from resettrace.testing.receivers import GrpcReceiver
     from resettrace.tracing.session import Tracing
 
@@ -230,11 +230,7 @@ def test_otlp_named_twice_delivers_each_span_once(monkeypatch: pytest.MonkeyPatc
         session = Tracing(Config.from_env(
             {"RESETTRACE": "trace", "RESETTRACE_EXPORTER": "otlp,otlp",
              "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint}))
-        rec = session.recorder()
-        for _ in range(60):
-            with rec.scope(C.DR_RESET, 1):
-                with rec.scope(C.SET_STATE):
-                    pass
+        record_traces(session, 60, count=1, plan=False)
         session.shutdown()
         assert len(rx.spans()) == len(rx.span_keys()) == 120
     report = session.export_report()

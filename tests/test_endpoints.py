@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from resettrace import catalog as C
+from helpers import record_traces
 from resettrace.config import Config
 from resettrace.testing.receivers import (
     BlackholeListener,
@@ -23,14 +23,6 @@ from resettrace.testing.receivers import (
 from resettrace.tracing.session import Tracing
 
 TOKEN = "Bearer s3cret-token"
-
-
-def _traces(session: Tracing, n: int) -> None:
-    rec = session.recorder(backend="test")
-    for _ in range(n):
-        with rec.scope(C.DR_RESET, 2):
-            with rec.scope(C.SET_STATE):
-                pass
 
 
 @contextlib.contextmanager
@@ -72,7 +64,7 @@ def test_a_scheme_less_grpc_endpoint_means_tls_and_reaches_the_tls_collector(
         env.setenv("RESETTRACE", "trace")
         env.setenv("RESETTRACE_EXPORTER", "otlp")
         session = Tracing(Config.from_env())
-        _traces(session, 50)
+        record_traces(session, 50, count=2, plan=False)
         session.shutdown()
         assert len(rx.span_keys()) == 100
         assert rx.headers and all(h.get("authorization") == TOKEN for h in rx.headers)
@@ -94,7 +86,7 @@ def test_tls_with_a_self_signed_certificate_and_headers_on_both_transports(
         clean_otlp_env.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"authorization={TOKEN}")
         session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_protocol=protocol,
                                  otlp_endpoint=rx.endpoint, otlp_compression="gzip"))
-        _traces(session, 20)
+        record_traces(session, 20, count=2, plan=False)
         session.shutdown()
         assert len(rx.span_keys()) == 40
         assert all(h.get("authorization") == TOKEN for h in rx.headers)
@@ -123,7 +115,7 @@ def test_an_unusable_endpoint_sends_nothing_anywhere_and_says_why(
         env.setenv("RESETTRACE_EXPORTER", "otlp")
         with caplog.at_level(logging.ERROR, logger="resettrace"):
             session = Tracing(Config.from_env())
-        _traces(session, 10)
+        record_traces(session, 10, count=2, plan=False)
         session.shutdown()
         assert fallback.connections == 0 and rx.requests == 0 and not rx.headers
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" in caplog.text

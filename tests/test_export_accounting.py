@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from resettrace import catalog as C
+from helpers import record_traces
 from resettrace.config import Config
 from resettrace.testing.receivers import (
     BlackholeListener,
@@ -28,16 +28,6 @@ from resettrace.testing.receivers import (
 from resettrace.tracing.session import Tracing
 
 PROTOCOLS = {"grpc": GrpcReceiver, "http/protobuf": HttpReceiver}
-
-
-def _traces(session: Tracing, n: int) -> None:
-    rec = session.recorder(backend="test")
-    for _ in range(n):
-        with rec.scope(C.DR_RESET, 3):
-            with rec.scope(C.DR_RESET_PLAN):
-                pass
-            with rec.scope(C.SET_STATE):
-                pass
 
 
 def _session(endpoint: str, protocol: str, **kw: Any) -> Tracing:
@@ -66,7 +56,7 @@ def test_a_slow_collector_cut_short_by_the_deadline_is_counted_exactly(protocol:
     nothing, or as delivered when they were not, before)."""
     with PROTOCOLS[protocol](delay_s=1.0) as rx:
         session = _session(rx.endpoint, protocol)
-        _traces(session, 400)  # 1,200 spans: 20 batches of 60
+        record_traces(session, 400)  # 1,200 spans: 20 batches of 60
         session.shutdown()
         held = len(rx.span_keys())
     otlp = _closed_accounts(session.export_report())
@@ -80,7 +70,7 @@ def test_answers_slower_than_the_timeout_are_timed_out_not_lost(protocol: str) -
     holds spans that were never acknowledged; they are all among ``timed_out``."""
     with PROTOCOLS[protocol](delay_s=0.5) as rx:
         session = _session(rx.endpoint, protocol, otlp_timeout_s=0.2, shutdown_timeout_s=3.0)
-        _traces(session, 100)
+        record_traces(session, 100)
         session.shutdown()
         held = len(rx.span_keys())
     otlp = _closed_accounts(session.export_report())
@@ -96,7 +86,7 @@ def test_refused_requests_are_failed(protocol: str, refuse: Any) -> None:
     cut off."""
     with PROTOCOLS[protocol](refuse=refuse) as rx:
         session = _session(rx.endpoint, protocol)
-        _traces(session, 200)
+        record_traces(session, 200)
         session.shutdown()
         refused = {(s.trace_id, s.span_id) for s in rx.refused}
     otlp = _closed_accounts(session.export_report())
@@ -114,7 +104,7 @@ def test_an_endpoint_that_is_down_accounts_for_every_span(protocol: str, down: s
     with BlackholeListener() as hole:
         endpoint = refused_endpoint(path) if down == "refused" else hole.endpoint + path
         session = _session(endpoint, protocol, otlp_timeout_s=0.3, shutdown_timeout_s=1.0)
-        _traces(session, 300)
+        record_traces(session, 300)
         session.shutdown()
     otlp = _closed_accounts(session.export_report())
     assert otlp["delivered"] == 0 and otlp["undelivered"] == 900
@@ -123,7 +113,7 @@ def test_an_endpoint_that_is_down_accounts_for_every_span(protocol: str, down: s
 def test_a_healthy_receiver_gets_everything_and_the_accounts_close() -> None:
     with GrpcReceiver() as rx:
         session = _session(rx.endpoint, "grpc")
-        _traces(session, 300)
+        record_traces(session, 300)
         session.shutdown()
         held = len(rx.span_keys())
     otlp = _closed_accounts(session.export_report())
@@ -143,7 +133,7 @@ def test_an_export_process_killed_mid_call_reports_the_call_as_timed_out() -> No
         session = _session(rx.endpoint, "grpc", otlp_timeout_s=5.0, shutdown_timeout_s=0.5)
         proc = session.process
         assert proc is not None and proc._proc is not None
-        _traces(session, 100)
+        record_traces(session, 100)
         proc.flush(0.01)  # hand everything over: the first batch goes out
         rx.wait_for(60, timeout=10)  # ... and is at the receiver, unanswered
         os.kill(proc._proc.pid, signal.SIGSTOP)

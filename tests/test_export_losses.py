@@ -11,31 +11,22 @@ from typing import Any
 
 import pytest
 
+from helpers import record_traces
 from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.tracing.session import Tracing
-
-
-def _traces(session: Tracing, n: int) -> None:
-    rec = session.recorder(backend="test")
-    for _ in range(n):
-        with rec.scope(C.DR_RESET, 3):
-            with rec.scope(C.DR_RESET_PLAN):
-                pass
-            with rec.scope(C.SET_STATE):
-                pass
 
 
 def test_report_after_a_timed_out_shutdown_writes_to_no_reused_fd(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 'spans.jsonl'}",),
                              queue_size=100_000))
-    _traces(session, 1)
+    record_traces(session, 1)
     proc = session.process
     assert proc is not None and proc._proc is not None
     os.kill(proc._proc.pid, signal.SIGSTOP)  # a child that reads nothing more
     try:
-        _traces(session, 20_000)  # more than the pipe holds: frames wait in this process
+        record_traces(session, 20_000)  # more than the pipe holds: frames wait in this process
         assert proc.pending_spans > 0
         old_fd = proc._in
         session.shutdown(timeout_s=0.2)
@@ -68,7 +59,7 @@ def test_a_shut_down_session_keeps_no_traces_and_the_exporter_no_recorders(
 
     session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 'spans.jsonl'}",)))
     for _ in range(300):  # recorders come and go (one per env, per test, ...)
-        _traces(session, 1)
+        record_traces(session, 1)
     gc.collect()
     proc = session.process
     assert proc is not None and len(proc._rids) <= 1 and len(proc._sent_attrs) <= 1
@@ -151,7 +142,7 @@ def test_two_sessions_given_one_span_file_never_corrupt_it(
     a = Tracing(Config(mode="trace", exporters=(f"file:{path}",)))
     b = Tracing(Config(mode="trace", exporters=(f"file:{path}",)))
     for i in range(400):  # interleaved, as two workers would
-        _traces(a if i % 2 else b, 1)
+        record_traces(a if i % 2 else b, 1)
     a.force_flush()
     b.force_flush()
     for s in (a, b):
@@ -171,7 +162,7 @@ def test_two_sessions_given_one_span_file_never_corrupt_it(
 def test_span_file_paths_take_pid_and_rank(tmp_path: Path) -> None:
     session = Tracing(Config(mode="trace", worker_rank=5,
                              exporters=(f"file:{tmp_path / 'spans-{pid}-{rank}.jsonl'}",)))
-    _traces(session, 3)
+    record_traces(session, 3)
     session.shutdown()
     assert (tmp_path / f"spans-{os.getpid()}-5.jsonl").read_text().count("\n") == 9
 
@@ -226,7 +217,7 @@ def test_jaeger_json_holds_whole_traces_in_jaeger_ui_form(tmp_path: Path,
     t0 = time.time_ns() // 1000
     session = Tracing(Config(mode="trace", exporters=(f"jaeger-json:{path}",),
                              service_name="mylab", export_batch_size=7))
-    _traces(session, 50)
+    record_traces(session, 50)
     session.shutdown()
     doc = json.loads(path.read_text())
     assert len(doc["data"]) == 50
@@ -258,14 +249,14 @@ def test_a_backlog_after_a_paused_child_is_sent_in_capped_batches_and_counted_ri
     with GrpcReceiver() as rx:
         session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
                                  queue_size=100_000, shutdown_timeout_s=30))
-        _traces(session, 1)
+        record_traces(session, 1)
         proc = session.process
         assert proc is not None and proc._proc is not None
         session.force_flush(10)
         os.kill(proc._proc.pid, signal.SIGSTOP)
         try:
             for _ in range(30):  # a backlog builds up in the pipe and in this process
-                _traces(session, 500)
+                record_traces(session, 500)
                 time.sleep(0.01)
         finally:
             os.kill(proc._proc.pid, signal.SIGCONT)
@@ -298,7 +289,7 @@ def test_spans_whose_answer_timed_out_are_counted_as_timed_out(protocol: str) ->
         session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
                                  otlp_protocol=protocol, otlp_timeout_s=0.3,
                                  shutdown_timeout_s=10))
-        _traces(session, 4)
+        record_traces(session, 4)
         assert session.force_flush(10)
         session.shutdown()
         received = len(rx.wait_for(12, timeout=5))
@@ -319,7 +310,7 @@ def _fill_the_status_pipe(session: Tracing, monkeypatch: pytest.MonkeyPatch) -> 
     assert proc is not None
     monkeypatch.setattr(proc, "_read_status", lambda: None)
     for _ in range(700):
-        _traces(session, 1)
+        record_traces(session, 1)
         time.sleep(0.002)
     return proc
 
@@ -337,7 +328,7 @@ def test_a_long_run_never_stalls_on_the_status_pipe(monkeypatch: pytest.MonkeyPa
                                  shutdown_timeout_s=30,
                                  export_delay_s=0.0))  # ... and an export call per wake-up
         _fill_the_status_pipe(session, monkeypatch)
-        _traces(session, 16_000)  # more than the trace pipe and the queue hold together
+        record_traces(session, 16_000)  # more than the trace pipe and the queue hold together
         monkeypatch.undo()
         assert session.force_flush(30)
         session.shutdown()
@@ -379,7 +370,7 @@ def test_a_flush_returns_once_acknowledged(tmp_path: Path,
     import select
 
     session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 's.jsonl'}",)))
-    _traces(session, 3)
+    record_traces(session, 3)
     proc = session.process
     assert proc is not None
     real = select.select
@@ -393,7 +384,7 @@ def test_a_flush_returns_once_acknowledged(tmp_path: Path,
     monkeypatch.setattr(select, "select", watched)
     for _ in range(3):
         assert session.force_flush(10)
-        _traces(session, 1)
+        record_traces(session, 1)
     monkeypatch.undo()
     session.shutdown()
     assert proc._flush_seq == 3 and late == []
@@ -417,7 +408,7 @@ def test_export_calls_carry_full_batches_until_the_delay_or_a_flush(
                                  export_batch_size=10,  # 3 whole traces of 3
                                  export_delay_s=60.0))
         for _ in range(10):
-            _traces(session, 1)
+            record_traces(session, 1)
             time.sleep(0.02)  # the export process reads each write on its own
         rx.wait_for(27, timeout=10)  # three full calls, then 3 spans wait ...
         assert session.force_flush(10)  # ... until the flush
@@ -435,7 +426,7 @@ def test_held_traces_are_pending_until_packed_and_a_flush_delivers_them(
     monkeypatch.setattr(X, "_WRITE_DELAY_S", 1e9)  # only the trace count packs
     out = tmp_path / "spans.jsonl"
     session = Tracing(Config(mode="trace", exporters=(f"file:{out}",)))
-    _traces(session, X._HOLD_TRACES - 1)
+    record_traces(session, X._HOLD_TRACES - 1)
     proc = session.process
     assert proc is not None
     assert proc._held_spans == proc.pending_spans == 3 * (X._HOLD_TRACES - 1)
@@ -443,7 +434,7 @@ def test_held_traces_are_pending_until_packed_and_a_flush_delivers_them(
     assert proc._held_spans == 0
     assert report["spans_sent"] == 3 * (X._HOLD_TRACES - 1)
     rec = session.recorder(backend="other")  # another recorder: the held go out first
-    _traces(session, 2)
+    record_traces(session, 2)
     with rec.scope(C.ENV_STEP):
         pass
     assert proc._held_spans == 1  # the other recorder's trace only
@@ -462,14 +453,14 @@ def test_a_killed_export_child_counts_every_held_and_queued_span(tmp_path: Path)
 
     out = tmp_path / "spans.jsonl"
     session = Tracing(Config(mode="trace", exporters=(f"file:{out}",), shutdown_timeout_s=5))
-    _traces(session, 100)
+    record_traces(session, 100)
     proc = session.process
     assert proc is not None and proc._proc is not None
     assert session.force_flush(10)
     os.kill(proc._proc.pid, signal.SIGKILL)
     proc._proc.wait(5)
     for _ in range(20):  # some go to the dead pipe, some are held when it is found dead
-        _traces(session, 50)
+        record_traces(session, 50)
         time.sleep(0.02)
     session.shutdown()
     report = session.export_report()

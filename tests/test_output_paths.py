@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from helpers import record_traces
 from resettrace import __version__
-from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.tables import write_json
 from resettrace.tracing.session import Tracing
@@ -32,18 +32,10 @@ FOREIGN = b"".join(b"line %d of unrelated data\n" % i for i in range(1000))
 RESETTRACE = str(Path(sys.executable).parent / "resettrace")
 
 
-def _traces(session: Tracing, n: int) -> None:
-    rec = session.recorder(backend="test")
-    for _ in range(n):
-        with rec.scope(C.DR_RESET, 3):
-            with rec.scope(C.SET_STATE):
-                pass
-
-
 def _export(specs: list[str], traces: int) -> dict[str, Any]:
     """A trace session through the export process; its export report after shutdown."""
     session = Tracing(Config(mode="trace", exporters=tuple(specs)))
-    _traces(session, traces)
+    record_traces(session, traces, plan=False)
     session.shutdown()
     return session.export_report()
 

@@ -341,12 +341,21 @@ class ProcessExporter:
         except (BlockingIOError, OSError):
             pass
         *lines, self._out = self._out.split(b"\n")
-        for line in reversed(lines):  # each status holds every count: the last one says all
+        # each status holds every count: the last one says all; a call announced after it
+        # (a line of its own, before the call) is under way
+        in_flight = None
+        for line in reversed(lines):
             try:
-                self._status = json.loads(line)
-                break
+                status = json.loads(line)
             except ValueError:
                 continue
+            if "received" not in status:
+                in_flight = status["in_flight"] if in_flight is None else in_flight
+                continue
+            self._status = status
+            break
+        if in_flight is not None:
+            self._status = dict(self._status, in_flight=in_flight)
 
     @property
     def pending_spans(self) -> int:
@@ -743,8 +752,7 @@ class _Child:
                     self.cut_off[spec] += count
                     continue
                 _limit_call(exporter, left)
-                self.in_flight[spec] = count
-                self.status()
+                self.announce(spec, count)
                 try:
                     ok = getattr(exporter, send)(batch) == SpanExportResult.SUCCESS
                 except Exception as e:
@@ -758,6 +766,14 @@ class _Child:
                     if getattr(exporter, "timed_out", False):
                         self.timed_out[spec] += count
                 self.status()
+
+    def announce(self, spec: str, count: int) -> None:
+        """Say that a call of ``count`` spans to ``spec`` is under way (a short line after
+        the last status: if this process is killed during the call, its spans were sent
+        and not acknowledged)."""
+        self.in_flight[spec] = count
+        self.unsent += json.dumps({"in_flight": self.in_flight}).encode() + b"\n"
+        self.write_status()
 
     def status(self, final: bool = False) -> None:
         # the file each file exporter writes ({pid}/{rank} filled in, or the name beside
