@@ -211,3 +211,49 @@ def test_resettrace_run_writes_its_summary_and_stats_on_sigterm(tmp_path: Path) 
     assert "dr_reset_total_ms" in stderr  # the summary table
     data = json.loads(stats.read_text())
     assert data["stats"]["dr_reset_total_ms"]["count"] == 7
+
+
+def test_held_signals_wait_for_the_block_and_go_to_the_users_handler_after() -> None:
+    from resettrace.tracing.session import holding_signals
+
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with holding_signals(redeliver=True) as held:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # Python runs handlers between bytecodes: give it a chance
+            assert held.received == [signal.SIGTERM] and seen == []  # held, not delivered
+        assert seen == [signal.SIGTERM]  # delivered to the user's handler once it was over
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_ignored_signal_stays_ignored_while_held() -> None:
+    from resettrace.tracing.session import holding_signals
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with holding_signals() as held:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+        assert held.received == [] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_second_signal_while_held_ends_the_process_at_once() -> None:
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        from resettrace.tracing.session import holding_signals
+        with holding_signals() as held:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            print("held", held.received == [signal.SIGTERM], flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        print("not reached", flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60, env=_clean_env())
+    assert r.stdout.split() == ["held", "True"], r.stderr
+    assert r.returncode == -signal.SIGTERM

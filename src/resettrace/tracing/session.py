@@ -372,7 +372,8 @@ def holding_signals(signums: tuple[int, ...] = STOP_SIGNALS, *, redeliver: bool 
 
     try:
         for signum in signums:
-            previous[signum] = signal.signal(signum, note)
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored stays ignored
+                previous[signum] = signal.signal(signum, note)
         yield held
     finally:
         for signum, handler in previous.items():
