@@ -285,11 +285,16 @@ def _run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     if not env.get(ENV_MODE, "").strip():
         env[ENV_MODE] = "timing"  # running under resettrace means: record
+    quiet = logging.getLogger("resettrace.config")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # the command's processes say each bad value once
     try:
         run_cfg = Config.from_env(env)
     except ValueError as e:  # contradictory settings
         print(f"resettrace run: {e}", file=sys.stderr)
         return 2
+    finally:
+        quiet.setLevel(level)
     if _refused_endpoint(run_cfg):
         print(f"resettrace run: {run_cfg.otlp_refused}", file=sys.stderr)
         return 2

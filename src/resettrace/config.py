@@ -564,9 +564,8 @@ def _otlp_endpoint(env: Mapping[str, str], protocol: str, signal: str = "traces"
         return None, None
     problem = endpoint_problem(raw, protocol)
     if problem:
-        reason = f"{name}={raw!r} {problem} ({protocol}): nothing is sent to any endpoint"
-        log.error("resettrace: %s", reason)
-        return None, reason
+        # said by the sink that would have used it (the CLI stops before with this line)
+        return None, f"{name}={raw!r} {problem} ({protocol}): nothing is sent to any endpoint"
     if protocol == "http/protobuf" and name == "OTEL_EXPORTER_OTLP_ENDPOINT":
         # the generic variable is a base URL: the signal's path is appended
         return raw.rstrip("/") + f"/v1/{signal}", None

@@ -129,6 +129,8 @@ class Tracing:
         specs = cfg.exporters or (() if tracer_provider is not None else DEFAULT_EXPORTERS)
         local = [s for s in specs if s in IN_PROCESS_EXPORTERS]
         remote = [s for s in specs if s not in IN_PROCESS_EXPORTERS]
+        if cfg.otlp_refused and "otlp" in remote:
+            log.error("resettrace: the otlp exporter sends nothing: %s", cfg.otlp_refused)
         if tracer_provider is None and local:
             tracer_provider = self._make_provider(local)
             self._owns_provider = True
