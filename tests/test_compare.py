@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from resettrace.compare import (
+from resettrace.analysis.compare import (
     Run,
     aa_false_positive_rate,
     compare_key,

@@ -150,6 +150,6 @@ def test_fit_and_compare_cli_on_real_runs(tmp_path: Path) -> None:
     cmp_ = _cli("compare", str(tmp_path / "n16"), str(tmp_path / "n64"))
     assert "cost model per call" in cmp_.stdout and "set_state_forward_kinematic_ms" in cmp_.stdout
     for bad, said in (([str(tmp_path / "none")], "no such run"),
-                      ([str(tmp_path / "fit.json")], "no cost model")):
+                      ([str(tmp_path / "fit.json")], "not a resettrace run record")):
         r = _cli("fit", *bad)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr

@@ -817,10 +817,12 @@ def test_run_an_unmodified_script(tmp_path: Path) -> None:
     assert counts["set_state_mask_ms"] == 4  # the built-in set_state keys are zero-filled
     assert data["stats"]["set_state_mask_ms"]["total_ms"] == 0.0
     assert "Traceback" not in r.stderr
-    assert f"resettrace stats (pid {data['pid']}, mode timing; ms)" in r.stderr
+    assert data["kind"] == "job" and len(data["members"]) == 1  # the job: one process
+    assert "1 process (" in r.stderr and "the job, per key" in r.stderr
     for key in ("env_step_total_ms", "set_state_ti_run_mask_ms", "reset_done_count"):
         assert re.search(rf"^{key}\s+4\s", r.stderr, re.M), key
-    assert "keys at 0.0 not shown" in r.stderr
+    assert not re.search(r"^set_state_mask_ms\s", r.stderr, re.M)  # never took time
+    assert "keys that never took time not shown" in r.stderr
 
 
 def test_run_spec_from_the_variable_with_the_console_script(tmp_path: Path) -> None:
@@ -857,7 +859,9 @@ def test_run_target_whose_module_is_never_imported(tmp_path: Path) -> None:
     assert counts["env_step_total_ms"] == 4  # the unused target's calls would add to it
 
 
-def test_run_spawned_workers_leave_the_main_process_stats_alone(tmp_path: Path) -> None:
+def test_run_merges_the_records_of_every_process_of_the_command(tmp_path: Path) -> None:
+    """The main process and a spawned worker each write their record (beside the job's);
+    the job's record holds both, each with its own rank."""
     _write(tmp_path, {"ti_run_work.py": "def work(n):\n    return n\n",
                       "spec.toml": '[instrument]\n"ti_run_work:work" = "env_step"\n',
                       "main.py": """
@@ -884,18 +888,24 @@ def test_run_spawned_workers_leave_the_main_process_stats_alone(tmp_path: Path) 
                          sys.executable, "main.py"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "child exit 0"
-    assert _json_counts(out)["env_step_total_ms"] == 2  # the main process's, not a worker's
-    assert r.stderr.count("resettrace stats (pid") == 1
+    job = json.loads(out.read_text())
+    assert job["stats"]["env_step_total_ms"]["count"] == 7  # 2 + 5
+    assert sorted((m["rank"], m["stats"]["env_step_total_ms"]["count"])
+                  for m in job["members"]) == [(0, 2), (1, 5)]
+    per_process = sorted(_json_counts(p)["env_step_total_ms"]
+                         for p in tmp_path.glob("stats.*.json"))
+    assert per_process == [2, 5]
+    assert "2 processes (" in r.stderr
     assert "no instrumented call ran" not in r.stderr
     assert "never imported" not in r.stderr
-    # with {pid} in the path every process writes its own
+    # with {pid} in the path every process writes its own, and no job file
     r = _resettrace_run(["--instrument", "spec.toml", "--stats-json",
-                         str(tmp_path / "stats-{pid}.json"), "--no-summary", "--",
+                         str(tmp_path / "own-{pid}.json"), "--no-summary", "--",
                          sys.executable, "main.py"], tmp_path)
     assert r.returncode == 0, r.stderr
-    written = [_json_counts(p).get("env_step_total_ms", 0)
-               for p in tmp_path.glob("stats-*.json")]
-    assert {2, 5} <= set(written)
+    written = sorted(_json_counts(p).get("env_step_total_ms", 0)
+                     for p in tmp_path.glob("own-*.json"))
+    assert written == [2, 5]
 
 
 @pytest.mark.parametrize(("files", "args", "expected"), [
@@ -1035,8 +1045,7 @@ def test_run_with_tracing_off(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "trained 4"  # the wrapped code still runs
     assert "resettrace run: tracing is off (RESETTRACE=off): nothing recorded" in r.stderr
-    data = json.loads(out.read_text())
-    assert data["mode"] == "off" and data["stats"] == {}
+    assert not out.exists()  # no process recorded anything: no record
 
 
 def test_resettrace_instrument_variable_without_run(tmp_path: Path) -> None:

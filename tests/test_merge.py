@@ -69,11 +69,12 @@ def test_workers_run_and_merge_and_mixed_runs_are_refused(tmp_path: Path) -> Non
     r = _cli("bench", "collector", "--workers", "2", "--num-envs", "16", "--steps", "60",
              "--warmup", "3", "--action-noise", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
-    assert "2 workers" in r.stdout and "merged" in r.stdout
+    assert "2 processes" in r.stdout and "the job, per key" in r.stdout
     ranks = [json.loads((out / f"rank{i}" / "timing.json").read_text()) for i in range(2)]
     assert [d["rank"] for d in ranks] == [0, 1]
     assert ranks[0]["config"]["seed"] != ranks[1]["config"]["seed"]  # each its own env
-    merged = json.loads((out / "merged.json").read_text())["merged"]
+    merged = json.loads((out / "merged.json").read_text())  # the job's run record
+    assert merged["kind"] == "job" and [m["rank"] for m in merged["members"]] == [0, 1]
     for key, s in merged["stats"].items():
         assert s["count"] == sum(d["stats"][key]["count"] for d in ranks), key
         assert s["total_ms"] == pytest.approx(sum(d["stats"][key]["total_ms"] for d in ranks))
@@ -116,6 +117,6 @@ def test_sigterm_to_a_workers_job_stops_every_worker_and_merges_what_they_did(
     assert p.returncode == 143, stderr
     assert "Traceback" not in stderr and "merged the 2 of 2" in stderr
     merged = json.loads((out / "merged.json").read_text())
-    assert [r["interrupted"]["signal"] for r in merged["ranks"]] == ["SIGTERM", "SIGTERM"]
-    steps = sum(r["interrupted"]["steps_done"] for r in merged["ranks"])
-    assert merged["merged"]["stats"][C.ENV_STEP.key]["count"] >= steps > 0
+    assert [r["interrupted"]["signal"] for r in merged["members"]] == ["SIGTERM", "SIGTERM"]
+    steps = sum(r["interrupted"]["steps_done"] for r in merged["members"])
+    assert merged["stats"][C.ENV_STEP.key]["count"] == steps > 0

@@ -295,12 +295,14 @@ def test_run_stats_json_refuses_a_symlink_before_the_command_runs(tmp_path: Path
 
 def test_run_stats_json_beside_a_foreign_file(tmp_path: Path) -> None:
     path, _, _ = _plant(tmp_path, "stats.json", "foreign")
+    script = ("import resettrace\nwith resettrace.current_recorder().scope('dr_reset', 1):\n"
+              "    open('ran', 'w').close()\n")
     r = _cli("run", "--no-summary", "--stats-json", str(path), "--", sys.executable, "-c",
-             "open('ran', 'w').close()", cwd=tmp_path)
+             script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "ran").exists() and path.read_bytes() == FOREIGN
-    stats = json.loads((tmp_path / "stats.1.json").read_text())
-    assert stats["mode"] == "timing" and stats["pid"] > 0
+    stats = json.loads((tmp_path / "stats.1.json").read_text())  # the job's record
+    assert stats["mode"] == "timing" and stats["members"][0]["pid"] > 0
     warned = r.stderr.strip().splitlines()
     assert len(warned) == 1 and str(tmp_path / "stats.1.json") in warned[0]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from resettrace.report import CHART_IDS
+from resettrace.analysis.report import CHART_IDS
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -113,7 +113,7 @@ def test_the_report_renders_every_chart_offline(tmp_path: Path, browser: Any) ->
 def test_report_cli_bad_input_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     for args, said in ((["report", str(tmp_path / "none")], "no such run"),
-                       (["report", str(tmp_path / "bad.json")], "no env step statistics"),
+                       (["report", str(tmp_path / "bad.json")], "not a resettrace run record"),
                        (["bench", "collector", "--report", "--steps", "1"], "give --out")):
         r = _cli(*args)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -6,6 +6,8 @@ Public API (simulators and the OpenTelemetry SDK load only when first needed):
 - :func:`configure`: switch tracing (``off`` / ``timing`` / ``trace``) in code, overriding
   the ``RESETTRACE`` environment variable;
 - :func:`get_tracing` and :func:`stats`: the current session and its aggregated timings;
+  :func:`write_run` writes them as a run record (:mod:`resettrace.record`), which
+  :func:`read_record` reads and ``resettrace compare / report / merge / fit`` analyse;
 - tracing your own code: :func:`register_phase` (phases of your own), :func:`recorder`,
   :func:`bind` / :func:`current_recorder` (one trace across objects), :func:`traced`
   (a decorator), :func:`instrument` (wrap existing methods from a spec, as
@@ -19,7 +21,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from resettrace.catalog import CATALOG, Catalog, Phase, register_phase
-from resettrace.config import Config
+from resettrace.config import ENV_INSTRUMENT, ENV_RUN_JSON, Config
+from resettrace.record import RunRecord, read_record, write_run
 from resettrace.tracing.api import (
     bind,
     configure,
@@ -42,7 +45,8 @@ if TYPE_CHECKING:
 __all__ = ["CATALOG", "Catalog", "Config", "NOOP_RECORDER", "NoopRecorder", "Phase", "Recorder",
            "Scope", "TimingSpanProcessor", "bind", "configure", "current_recorder",
            "get_tracing", "instrument", "make_backend", "make_env", "recorder",
-           "register_phase", "stats", "traced", "use_tracing", "__version__"]
+           "register_phase", "stats", "traced", "use_tracing", "write_run", "read_record",
+           "RunRecord", "__version__"]
 __version__ = "0.1.0"
 
 
@@ -103,7 +107,13 @@ def make_env(task: str, *, backend: str = "mujoco", num_envs: int, model: Any = 
     return env
 
 
-if os.environ.get("RESETTRACE_INSTRUMENT", "").strip():
+if os.environ.get(ENV_RUN_JSON, "").strip():
+    # asked for: this process writes its run record at exit
+    from resettrace.record import arrange_exit_record
+
+    arrange_exit_record()
+
+if os.environ.get(ENV_INSTRUMENT, "").strip():
     # asked for by the user (``resettrace run`` or the variable): wrap the spec's targets
     from resettrace.instrumentation import instrument_from_env
 

@@ -436,6 +436,7 @@ ATTR_BACKEND = "resettrace.backend.name"
 ATTR_TASK = "resettrace.task.name"
 ATTR_EXPORT_DROPPED = "resettrace.export.dropped"
 ATTR_WORKER_RANK = "resettrace.worker.rank"  # resource attribute of a worker process
+ATTR_PARENT_PID = "resettrace.parent.pid"  # resource attribute: the process that started it
 ATTR_PHASE = "resettrace.phase"  # metric attribute: the phase's span name
 
 #: metrics (``RESETTRACE_METRICS``): phase durations, and counts of resets and env steps

@@ -19,6 +19,7 @@ down with a bounded timeout before it exits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -126,7 +127,7 @@ def _finish_collector(args: argparse.Namespace, cfg: Any, tracing: Any,
         print(f"resettrace: {_write_error(f'the outputs to {args.out}', e)}", file=sys.stderr)
         return 2
     if args.report:
-        from resettrace.report import write_report
+        from resettrace.analysis.report import write_report
 
         try:  # from the timing.json just written (paths[0]: beside a foreign file, maybe)
             paths.append(write_report(paths[0], Path(args.out) / "report.html"))
@@ -263,17 +264,18 @@ def _set_state_ab(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Exec COMMAND with resettrace's ``sitecustomize`` first on ``PYTHONPATH``."""
+    """Run COMMAND with resettrace's ``sitecustomize`` first on ``PYTHONPATH``; then merge
+    the run records its processes wrote into the job's record, and print it."""
     from resettrace import _run as run_dir
-    from resettrace.config import ENV_MODE
-    from resettrace.instrumentation import (
+    from resettrace.config import (
         ENV_INSTRUMENT,
+        ENV_MODE,
+        ENV_RUN_ID,
         ENV_RUN_JSON,
         ENV_RUN_OWNER,
         ENV_RUN_SUMMARY,
-        InstrumentError,
-        check_spec,
     )
+    from resettrace.instrumentation import InstrumentError, check_spec
 
     command = list(args.cmd)
     if command and command[0] == "--":
@@ -312,25 +314,118 @@ def _run(args: argparse.Namespace) -> int:
                                                   if p])
     env[ENV_RUN_SUMMARY] = "0" if args.no_summary else "1"
     env.pop(ENV_RUN_OWNER, None)  # a run inside a run: its command is a main process again
+    env.pop("RESETTRACE_PARENT_RANK", None)
+    import secrets
+    import tempfile
+
+    run_id = secrets.token_hex(8)
+    env[ENV_RUN_ID] = run_id
+    job_path: Path | None = None
+    scratch: str | None = None
     if args.stats_json:
         from resettrace import outputs
 
-        if "{pid}" not in args.stats_json and _refused([(args.stats_json, outputs.JSON)]):
+        stats_json = Path(args.stats_json)
+        own = "{pid}" in args.stats_json or "{rank}" in args.stats_json
+        if not own and _refused([(stats_json, outputs.JSON)]):
             return 2  # said before the command runs, not at its exit
         # absolute (the command may change folder); the last component is never resolved:
-        # a link there is refused above, or when written ({pid})
-        stats_json = Path(args.stats_json)
-        env[ENV_RUN_JSON] = str(stats_json.parent.resolve() / stats_json.name)
+        # a link there is refused above, or when written
+        folder = stats_json.parent.resolve()
+        if own:  # every process its own file, as named; no job file
+            template = folder / stats_json.name
+        else:  # the job's record at PATH, each process's beside it
+            job_path = folder / stats_json.name
+            template = folder / f"{stats_json.stem}.{{pid}}{stats_json.suffix or '.json'}"
     else:
-        env.pop(ENV_RUN_JSON, None)
+        scratch = tempfile.mkdtemp(prefix="resettrace-run-")
+        template = Path(scratch) / "{pid}.json"
+    env[ENV_RUN_JSON] = str(template)
     sys.stdout.flush()
     sys.stderr.flush()
+    code = _supervise(command, env)
     try:
-        os.execvpe(command[0], command, env)
+        return _finish_run(args, command, code, run_id, template, job_path)
+    finally:
+        if scratch is not None:
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _supervise(command: list[str], env: dict[str, str]) -> int:
+    """Run ``command`` and wait for it: SIGTERM (and SIGHUP) sent to this process go on to
+    it, SIGINT is left to the terminal (which sends it to the whole foreground group).
+    Its exit code (128 + N when signal N ended it; 127 when it cannot start)."""
+    import subprocess
+
+    try:
+        proc = subprocess.Popen(command, env=env)
     except OSError as e:
         print(f"resettrace run: cannot run {command[0]!r}: {e.strerror or e}", file=sys.stderr)
         return 127
-    return 0  # pragma: no cover - exec does not return
+
+    def forward(signum: int, frame: Any) -> None:
+        with contextlib.suppress(OSError):
+            proc.send_signal(signum)
+
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, forward),
+                signal.SIGHUP: signal.signal(signal.SIGHUP, forward),
+                signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    try:
+        code = proc.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
+
+
+def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id: str,
+                template: Path, job_path: Path | None) -> int:
+    """Merge the records this run's processes wrote, write the job's, print the summary."""
+    import glob
+
+    from resettrace.record import RecordError, merge_records, read_record
+
+    pattern = glob.escape(str(template)).replace(glob.escape("{pid}"), "*").replace(
+        glob.escape("{rank}"), "*")
+    records = []
+    for f in sorted(glob.glob(pattern)):
+        if job_path is not None and Path(f) == job_path:
+            continue
+        try:
+            rec = read_record(f)
+        except RecordError:
+            continue  # not a record of this run
+        if rec.run_id == run_id:
+            records.append(rec)
+    records.sort(key=lambda r: (r.rank if r.rank is not None else -1, r.pid or 0))
+    summary = not args.no_summary
+    if not records:
+        if summary and code == 0:  # (a command that failed said why itself)
+            mode = os.environ.get("RESETTRACE", "").strip().lower() or "timing"
+            print("resettrace run: tracing is off (RESETTRACE=off): nothing recorded"
+                  if mode in ("off", "0", "false", "no") else
+                  "resettrace run: no instrumented call ran", file=sys.stderr)
+        return code
+    job = merge_records(records, allow_mixed=True, command=command)
+    written: Path | None = None
+    if job_path is not None:
+        from resettrace.tables import write_json
+
+        try:
+            written = write_json(job_path, job.to_json())
+        except OSError as e:
+            print(f"resettrace run: {_write_error(job_path, e)}", file=sys.stderr)
+            code = code or 2
+    if summary:
+        from resettrace.analysis.tables import render_job
+
+        print("\n" + render_job(job), file=sys.stderr)
+        if written is not None:
+            print(f"resettrace run: the job's record: {written} (each process's: "
+                  f"{template.name.replace('{pid}', 'PID')} beside it)", file=sys.stderr)
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -479,16 +574,18 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run an unmodified command with tracing installed",
         description="Run COMMAND with resettrace installed in each of its Python processes "
                     "(a sitecustomize on PYTHONPATH): the spec's functions are recorded, "
-                    "RESETTRACE defaults to 'timing', and the main process prints its "
-                    "stats to stderr at exit. RESETTRACE_EXPORTER and the other variables "
-                    "work as usual.")
+                    "RESETTRACE defaults to 'timing', every process that recorded something "
+                    "writes its run record at exit, and at the end the records of the whole "
+                    "process tree are merged into the job's, printed to stderr with a line "
+                    "per rank. RESETTRACE_EXPORTER and the other variables work as usual.")
     r.add_argument("--instrument", metavar="SPEC", default=None,
                    help="TOML spec of attributes, phases and functions to record "
                         "(default: $RESETTRACE_INSTRUMENT)")
     r.add_argument("--no-summary", action="store_true", help="print no stats at exit")
     r.add_argument("--stats-json", metavar="PATH", default=None,
-                   help="write the main process's stats to PATH at exit ({pid} in PATH: "
-                        "every process writes its own)")
+                   help="write the job's run record to PATH, and each process's beside it "
+                        "(STEM.PID.json); with {pid} or {rank} in PATH, only each "
+                        "process's, as named")
     r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     r.set_defaults(func=_run)
     return p
@@ -505,7 +602,7 @@ def _compare_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _compare(args: argparse.Namespace) -> int:
     from resettrace import outputs
-    from resettrace.compare import compare_runs, load_runs, regressions, render_compare
+    from resettrace.analysis.compare import compare_runs, load_runs, regressions, render_compare
 
     if args.json and _refused([(args.json, outputs.JSON)]):
         return 2
@@ -532,16 +629,16 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from resettrace.costmodel import load_fit_inputs, render_fit
+    from resettrace.analysis.fit import load_fit_inputs, render_fit
 
     return _command(args.json, lambda: load_fit_inputs(args.runs), render_fit)
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from resettrace.merge import load_timing_files, merge_runs, render_merge
+    from resettrace.analysis.merge import load_runs, merge_runs, render_merge
 
-    return _command(args.output, lambda: merge_runs(load_timing_files(args.runs),
-                                                    allow_mixed=args.allow_mixed),
+    return _command(args.output, lambda: merge_runs(load_runs(args.runs),
+                                                    allow_mixed=args.allow_mixed).to_json(),
                     render_merge)
 
 
@@ -549,7 +646,7 @@ def _collector_workers(args: argparse.Namespace) -> int:
     """``bench collector --workers W``: W spawned CLI processes, one rank each, then merged."""
     import subprocess
 
-    from resettrace.merge import load_timing_files, merge_runs, render_merge
+    from resettrace.analysis.merge import load_runs, merge_runs, render_merge
 
     if not args.out:
         print("resettrace: --workers writes OUT/rank<r>/ and OUT/merged.json: give --out",
@@ -627,7 +724,7 @@ def _collector_workers(args: argparse.Namespace) -> int:
         print(f"resettrace: worker(s) {failed} failed: see {out}/rank<r>/log.txt",
               file=sys.stderr)
         return 2
-    code = _command(str(out / "merged.json"), lambda: merge_runs(load_timing_files(done)),
+    code = _command(str(out / "merged.json"), lambda: merge_runs(load_runs(done)).to_json(),
                     render_merge) if done else 2
     if stopped:
         name = "SIGINT" if stopped[0] == signal.SIGINT else "SIGTERM"
@@ -639,7 +736,7 @@ def _collector_workers(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from resettrace import outputs
-    from resettrace.report import write_report
+    from resettrace.analysis.report import write_report
 
     if _refused([(args.output, outputs.REPORT_HTML)]):
         return 2
@@ -654,7 +751,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare_aa(args: argparse.Namespace) -> int:
     from resettrace import outputs
-    from resettrace.compare import aa_false_positive_rate, load_runs
+    from resettrace.analysis.compare import aa_false_positive_rate, load_runs
 
     if args.json and _refused([(args.json, outputs.JSON)]):
         return 2

@@ -109,6 +109,16 @@ ENV_OTLP_INSECURE = ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_I
 ENV_OTLP_COMPRESSION = ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
                         "OTEL_EXPORTER_OTLP_COMPRESSION")
 ENV_RANK = (ENV_WORKER_RANK, "RANK")
+#: a run record path for every process (``{pid}``, ``{rank}``), written at exit
+ENV_RUN_JSON = "RESETTRACE_RUN_JSON"
+#: the id of one ``resettrace run``: its processes' records carry it
+ENV_RUN_ID = "RESETTRACE_RUN_ID"
+#: ``resettrace run``'s summary: ``1`` print it, ``0`` not
+ENV_RUN_SUMMARY = "RESETTRACE_RUN_SUMMARY"
+#: pid of the command's main process of a ``resettrace run`` (set by the first process)
+ENV_RUN_OWNER = "RESETTRACE_RUN_OWNER"
+#: a TOML spec of functions to record, installed by ``import resettrace``
+ENV_INSTRUMENT = "RESETTRACE_INSTRUMENT"
 
 #: exporter kinds; those in PATH_KINDS take ``kind:PATH``
 EXPORTER_KINDS = ("otlp", "file", "perfetto", "otlp-json", "jaeger-json", "memory")
@@ -300,7 +310,7 @@ class Config:
             "exporters": _exporters(env, d.exporters),
             "service_name": env.get(ENV_SERVICE_NAME, "").strip() or d.service_name,
             "sample_slowest_window": _slowest(env),
-            "worker_rank": _rank(env),
+            "worker_rank": process_rank(environ),
             "handle_sigterm": _flag(env, (ENV_HANDLE_SIGTERM,), d.handle_sigterm),
             "otlp_protocol": _choice(env, ENV_OTLP_PROTOCOL, OTLP_PROTOCOLS, d.otlp_protocol,
                                      lower=False),
@@ -521,9 +531,106 @@ def _slowest(env: Mapping[str, str]) -> int | None:
     return window
 
 
-def _rank(env: Mapping[str, str]) -> int:
-    rank = env_worker_rank(env)
-    return 0 if rank is None else rank
+#: what a process publishes of its rank for the multiprocessing workers it starts:
+#: ``RANK:IDENTITY:GIVEN`` (its rank, its multiprocessing identity as dotted numbers, and
+#: the rank text it was given, if any)
+ENV_PARENT_RANK = "RESETTRACE_PARENT_RANK"
+#: a multiprocessing worker's rank: parent rank x this + its worker number
+WORKER_RANK_BASE = 1000
+
+
+def _given_text(env: Mapping[str, str]) -> str:
+    for name in ENV_RANK:
+        raw = env.get(name, "").strip()
+        if raw:
+            return f"{name}={raw}"
+    return ""
+
+
+def _identity() -> tuple[int, ...]:
+    """This process's multiprocessing identity: () for a main process, (n,) for the n-th
+    worker its parent started, (n, m) for a worker of that worker, ..."""
+    import sys
+
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return ()
+    return tuple(getattr(mp.current_process(), "_identity", ()) or ())
+
+
+def _start_text() -> str:
+    """The rank text this process started with (what its parent handed down): the
+    environment at the fork (when resettrace was loaded before it), else the one the
+    process was started with (``/proc/self/environ``), else the current one."""
+    if _AT_FORK[0] == os.getpid():
+        return _AT_FORK[1]
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return _given_text(os.environ)
+    start = {}
+    for item in items:
+        name, sep, value = item.partition(b"=")
+        if sep:
+            start[name.decode(errors="replace")] = value.decode(errors="replace")
+    return _given_text(start)
+
+
+_AT_FORK: list[Any] = [None, ""]  # (pid, rank text) of a forked process, at the fork
+
+
+def _remember_at_fork() -> None:
+    _AT_FORK[:] = [os.getpid(), _given_text(os.environ)]
+
+
+os.register_at_fork(after_in_child=_remember_at_fork)
+
+
+def process_rank(env: Mapping[str, str] | None = None, *, publish: bool | None = None) -> int:
+    """This process's rank, by one rule:
+
+    1. a rank given to it (``RESETTRACE_WORKER_RANK``, else ``RANK``): a main process's, or
+       a multiprocessing worker's when it is not the one the worker started with (a worker
+       inherits its parent's environment: setting the variable in the worker gives it);
+    2. a multiprocessing worker (fork, forkserver, spawn; ``concurrent.futures``, a
+       Gymnasium ``AsyncVectorEnv``) with no rank of its own: parent rank x 1000 + its
+       worker number (1, 2, 3, ... in the order the parent started workers; a worker of a
+       worker: (parent rank x 1000 + n) x 1000 + m). The parent's rank is the one it
+       published in ``RESETTRACE_PARENT_RANK`` when it resolved its own, else the rank it
+       was given, else 0;
+    3. else 0.
+
+    ``publish`` (default: when ``env`` is this process's environment) puts the result in
+    ``RESETTRACE_PARENT_RANK`` for the workers this process starts.
+    """
+    own = env is None
+    env = os.environ if env is None else env
+    given = env_worker_rank(env)
+    text = _given_text(env)
+    identity = _identity() if own else ()
+    rank = 0 if given is None else given
+    if identity and (given is None or text == _start_text()):  # nothing of its own
+        base = 0 if given is None else given
+        ancestry: tuple[int, ...] = ()
+        try:
+            p_rank, p_id, _ = env.get(ENV_PARENT_RANK, "").split(":", 2)
+            published = (int(p_rank), tuple(int(x) for x in p_id.split(".") if x))
+        except ValueError:
+            published = None
+        if published is not None and identity[:len(published[1])] == published[1] \
+                and len(identity) > len(published[1]):
+            base, ancestry = published
+        rank = base
+        for n in identity[len(ancestry):]:
+            rank = rank * WORKER_RANK_BASE + n
+        if NUMBERS["worker_rank"].problem(rank):
+            log.warning("the worker rank rule gives %d (workers nested %d deep): out of "
+                        "range; using 0", rank, len(identity))
+            rank = 0
+    if own if publish is None else publish:
+        os.environ[ENV_PARENT_RANK] = f"{rank}:{'.'.join(map(str, identity))}:{text}"
+    return rank
 
 
 def env_worker_rank(env: Mapping[str, str] | None = None) -> int | None:

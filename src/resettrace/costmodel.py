@@ -14,6 +14,8 @@ interval holds 0, or b times the mean k is under :data:`FIXED_SHARE` of the mean
 Across runs at several env counts N (collector runs, or a ``bench set-state-ab`` JSON),
 :func:`fit_with_n` fits ``ms = a + b * k + c * N`` jointly (exact, from the same sums:
 N is constant within a run), so that work that grows with N rather than k shows as c.
+This module holds what a run keeps (the sums, the fits); ``resettrace fit`` over run
+records is :mod:`resettrace.analysis.fit`.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FitSums", "Fit", "NFit", "FIXED_SHARE", "fit_with_n", "fit_cells", "model_section",
-           "fit_runs", "fit_set_state_ab", "render_fit", "load_fit_inputs"]
+__all__ = ["FitSums", "Fit", "NFit", "FIXED_SHARE", "fit_with_n", "fit_cells", "model_section"]
 
 #: a phase whose k-dependent part (b times the mean k) is below this share of its mean cost
 #: is reported as fixed cost
@@ -227,137 +228,3 @@ def model_section(sums: Mapping[str, FitSums]) -> dict[str, Any]:
             "fixed_share": FIXED_SHARE,
             "keys": {k: {"fit": s.fit().as_dict(), "sums": s.as_dict()}
                      for k, s in sums.items() if s.n}}
-
-
-# -- ``resettrace fit RUN...`` ---------------------------------------------------------------
-def _reset_path_keys() -> list[str]:
-    from resettrace import catalog as C
-
-    # reset_done and everything below it (the env step's other keys are not reset work)
-    return [k for k in C.CATALOG.all_keys() if k.endswith("_ms")
-            and (k not in C.ENV_STEP_KEYS or k == C.RESET_DONE.key)]
-
-
-def fit_runs(runs: Sequence[tuple[str, int, Mapping[str, FitSums]]]) -> dict[str, Any]:
-    """Per key: each run's fit and, with two or more env counts, the joint fit on N.
-
-    ``runs``: ``(source, num_envs, sums per key)``, e.g. collector ``timing.json`` files at
-    several ``--num-envs`` (runs at one env count are merged)."""
-    by_n: dict[int, dict[str, FitSums]] = {}
-    for _, num_envs, sums in runs:
-        merged = by_n.setdefault(int(num_envs), {})
-        for k, s in sums.items():
-            merged.setdefault(k, FitSums()).merge(s)
-    keys = [k for k in _reset_path_keys() if any(k in m for m in by_n.values())]
-    out: dict[str, Any] = {}
-    for k in keys:
-        per_n = {n: m[k].fit() for n, m in sorted(by_n.items()) if k in m and m[k].n}
-        if not per_n or all(not f.mean_ms for f in per_n.values()):
-            continue
-        joint = fit_with_n([(n, m[k]) for n, m in by_n.items() if k in m])
-        out[k] = {"per_env_count": {str(n): f.as_dict() for n, f in per_n.items()},
-                  "with_n": None if joint is None else joint.as_dict()}
-    return {"sources": [s for s, _, _ in runs], "env_counts": sorted(by_n), "keys": out}
-
-
-def fit_set_state_ab(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The joint fit ``a + b*k + c*N`` of the shipped set_state's p50 per cell of a
-    ``bench set-state-ab`` JSON, per backend and key (and the set_state span itself)."""
-    cells = data.get("cells") or []
-    out: dict[str, Any] = {}
-    for backend in sorted({c["backend"] for c in cells}):
-        mine = [c for c in cells if c["backend"] == backend]
-        keys: dict[str, Any] = {}
-        series = {"set_state_ms": [(c["num_envs"], c["k"], c["optimized_ms"]) for c in mine]}
-        for c in mine:
-            for key, v in (c.get("keys") or {}).items():
-                if v.get("optimized_ms") is not None:
-                    series.setdefault(key, []).append((c["num_envs"], c["k"], v["optimized_ms"]))
-        for key, points in series.items():
-            if not any(ms for _, _, ms in points):
-                continue
-            joint = fit_cells(points)
-            keys[key] = None if joint is None else joint.as_dict()
-        fixed = [f for f in data.get("fixed_k") or [] if f.get("backend") == backend]
-        out[backend] = {"cells": len(mine), "keys": keys, "fixed_k": fixed}
-    return {"source": "bench set-state-ab", "backends": out}
-
-
-def _pm(value: float | None, ci: Sequence[float] | None, scale: float = 1.0,
-        digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    text = f"{scale * value:.{digits}f}"
-    return text + (f" +-{scale * (ci[1] - value):.{digits}f}" if ci else "")
-
-
-def render_fit(result: Mapping[str, Any]) -> str:
-    from resettrace.tables import format_table
-
-    if "backends" in result:  # a set-state-ab JSON
-        parts = []
-        for backend, r in result["backends"].items():
-            rows = [[k, "-" if f is None else f"{f['a_ms']:.4f}",
-                     "-" if f is None else f"{1e3 * f['b_ms']:.2f}",
-                     "-" if f is None else _pm(f["c_ms_per_1k_envs"], f["c_ci"], 1e3, 2),
-                     "-" if f is None else ("yes" if f["grows_with_n"] else "no")]
-                    for k, f in r["keys"].items()]
-            parts.append(format_table(
-                f"{backend}: set_state p50 per cell ({r['cells']} cells) fitted as ms = a + "
-                "b*k + c*N (b in us per env reset, c in us per 1,000 envs, 95% interval)",
-                ["key", "a ms", "b us/env", "c us/1k envs", "grows with N"], rows))
-            for f in r["fixed_k"]:
-                parts.append(f"{backend}: k = {f['k']} on N = {f['num_envs']}: set_state p50 "
-                             + " -> ".join(f"{ms:.4f}" for ms in f["optimized_ms"])
-                             + f" ms (ratio {f['ratio']:.3f})")
-        return "\n\n".join(parts)
-    counts = result["env_counts"]
-    rows = []
-    for k, r in result["keys"].items():
-        for n, f in r["per_env_count"].items():
-            b = "k constant" if f["b_ms"] is None else (
-                _pm(f["b_ms"], f["b_ci"], 1e3, 2) + (" (fixed)" if f["fixed"] else ""))
-            joint = r["with_n"]
-            rows.append([k, n, f["n"], f"{f['k_min']:.0f}-{f['k_max']:.0f}",
-                         _pm(f["a_ms"], f["a_ci"]), b,
-                         "-" if f["r2"] is None else f"{f['r2']:.3f}",
-                         "-" if joint is None or n != str(counts[-1])
-                         else _pm(joint["c_ms_per_1k_envs"], joint["c_ci"], 1e3, 2)
-                         + (" grows" if joint["grows_with_n"] else "")])
-    return format_table(
-        "cost model per call: ms = a + b*k (a in ms, b in us per env reset; 95% intervals; "
-        "fixed: the per-env part is not significant or under 5%)"
-        + ("; c: a + b*k + c*N fitted over the env counts, us per 1,000 envs"
-           if len(counts) > 1 else ""),
-        ["key", "envs", "calls", "k", "a ms", "b us/env", "R2", "c us/1k envs"], rows)
-
-
-def load_fit_inputs(paths: Sequence[str]) -> dict[str, Any]:
-    """``resettrace fit``'s result for ``paths``: collector runs (``timing.json`` files or
-    folders of them) or one ``bench set-state-ab`` JSON."""
-    import json
-
-    from resettrace.tables import timing_files
-
-    files = timing_files(paths)
-    runs: list[tuple[str, int, dict[str, FitSums]]] = []
-    for f in files:
-        try:
-            data = json.loads(f.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{f}: not readable JSON ({e})") from None
-        if isinstance(data, dict) and "cells" in data:
-            if len(files) > 1:
-                raise ValueError(f"{f}: a set-state-ab JSON is fitted on its own")
-            return fit_set_state_ab(data)
-        model = data.get("model") if isinstance(data, dict) else None
-        if not isinstance(model, dict) or not isinstance(model.get("keys"), dict):
-            raise ValueError(f"{f}: no cost model (a timing.json from resettrace bench "
-                             "collector has a 'model' section)")
-        try:
-            sums = {k: FitSums.from_dict(v["sums"]) for k, v in model["keys"].items()}
-            num_envs = int(data["config"]["num_envs"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{f}: malformed cost model ({e})") from None
-        runs.append((str(f), num_envs, sums))
-    return fit_runs(runs)

@@ -52,15 +52,15 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK, CATALOG, Phase
+from resettrace.config import ENV_INSTRUMENT, ENV_RUN_OWNER, ENV_RUN_SUMMARY
 from resettrace.tracing.api import traced
 from resettrace.tracing.session import attribute_problem, default_attributes
 
 log = logging.getLogger(__name__)
 
 __all__ = ["instrument", "instrument_from_env", "check_spec", "InstrumentError", "load_spec",
-           "Target", "ENV_INSTRUMENT", "arrange_run_summary"]
+           "Target", "ENV_INSTRUMENT", "arrange_run"]
 
-ENV_INSTRUMENT = "RESETTRACE_INSTRUMENT"
 #: short attribute names of the spec's ``[attributes]`` table
 ATTRIBUTE_ALIASES = {"backend": ATTR_BACKEND, "task": ATTR_TASK, "env_count": ATTR_ENV_COUNT}
 _SECTIONS = ("attributes", "phases", "instrument")
@@ -549,14 +549,7 @@ _FROM_ENV: Callable[[], None] | None = None
 _FROM_ENV_PATH = ""
 
 
-# -- ``resettrace run``'s exit summary -------------------------------------------------------
-ENV_RUN_SUMMARY = "RESETTRACE_RUN_SUMMARY"
-ENV_RUN_JSON = "RESETTRACE_RUN_JSON"
-#: pid of the command's main process: the first process of a ``resettrace run`` that
-#: arranges the summary sets it, and every process it starts inherits it
-ENV_RUN_OWNER = "RESETTRACE_RUN_OWNER"
-
-
+# -- the processes of a ``resettrace run`` ----------------------------------------------------
 def _run_worker() -> bool:
     """Whether this process was started by the main process of a ``resettrace run``
     (a multiprocessing worker, its resource tracker, a subprocess, a fork)."""
@@ -564,68 +557,19 @@ def _run_worker() -> bool:
     return bool(owner) and owner != str(os.getpid())
 
 
-def arrange_run_summary(environ: Mapping[str, str] | None = None) -> None:
-    """At exit, print the default session's stats to stderr (``RESETTRACE_RUN_SUMMARY=1``)
-    and write them as JSON (``RESETTRACE_RUN_JSON=PATH``; ``{pid}`` in PATH is replaced by
-    the process id). Only the command's main process does this unless PATH has ``{pid}``:
-    the first process to arrange it sets ``RESETTRACE_RUN_OWNER`` to its pid, so every
-    process it starts, whichever way, knows it is not the main one."""
-    import atexit
+def arrange_run(environ: Mapping[str, str] | None = None) -> None:
+    """In a process of a ``resettrace run``: the first one marks itself the command's main
+    process (``RESETTRACE_RUN_OWNER``: every process it starts, whichever way, knows it
+    is not), its rank is resolved now (before the command's code changes the
+    environment), and its run record is written at exit (:func:`resettrace.record.
+    arrange_exit_record`)."""
+    from resettrace.config import process_rank
+    from resettrace.record import arrange_exit_record
 
-    env = os.environ if environ is None else environ
-    summary = env.get(ENV_RUN_SUMMARY, "") == "1"
-    json_path = env.get(ENV_RUN_JSON, "").strip()
     if not os.environ.get(ENV_RUN_OWNER, "").strip():
         os.environ[ENV_RUN_OWNER] = str(os.getpid())
-    if summary or json_path:
-        from resettrace.tracing.session import install_sigterm_exit
-
-        atexit.register(_run_summary, summary, json_path)
-        if not _run_worker() or "{pid}" in json_path:
-            # a scheduler's SIGTERM ends the command through its exit hooks, as Ctrl-C
-            # does, so its summary and stats file are written (SIGTERM's default action
-            # ends a process at once)
-            install_sigterm_exit()
-
-
-def _run_summary(summary: bool, json_path: str) -> None:
-    # asked at exit, not at start-up: a forked child inherits the atexit handlers too
-    if _run_worker() and "{pid}" not in json_path:
-        return
-    from resettrace.tracing.session import holding_signals
-
-    with holding_signals(redeliver=True):  # a signal now would cut the file short
-        _write_run_summary(summary, json_path)
-
-
-def _write_run_summary(summary: bool, json_path: str) -> None:
-    from resettrace.outputs import OutputRefused
-    from resettrace.tables import render_stats, write_json
-    from resettrace.tracing.api import get_tracing
-
-    session = get_tracing()
-    stats = session.stats()
-    if json_path:
-        path = Path(json_path.replace("{pid}", str(os.getpid())))
-        try:
-            write_json(path, {"pid": os.getpid(), "mode": session.mode,
-                              "stats": {k: s.as_dict() for k, s in stats.items()}})
-        except OutputRefused as e:  # a link, or not a regular file: one line
-            print(f"resettrace run: {e}", file=sys.stderr)
-        except (OSError, ValueError) as e:
-            print(f"resettrace run: cannot write {str(path)!r}: {e}", file=sys.stderr)
-    if summary:
-        shown = {k: v for k, v in stats.items() if v.total_ms != 0.0}
-        if shown:
-            idle = len(stats) - len(shown)
-            print("\n" + render_stats(shown, f"resettrace stats (pid {os.getpid()}, "
-                                             f"mode {session.mode}; ms)")
-                  + (f"\n({idle} keys at 0.0 not shown)" if idle else ""), file=sys.stderr)
-        elif session.mode == "off":
-            print("resettrace run: tracing is off (RESETTRACE=off): nothing recorded",
-                  file=sys.stderr)
-        else:
-            print("resettrace run: no instrumented call ran", file=sys.stderr)
+    process_rank()  # published for the workers it starts
+    arrange_exit_record(environ)
 
 
 def check_spec(spec: Mapping[str, Any] | str | os.PathLike[str]) -> int:

@@ -15,10 +15,11 @@ Fixture ``resettrace``
     down.
 
 Option ``--resettrace-json PATH``
-    The stats of every test that used the fixture, keyed by node id, are written at the
-    end of the session to ``PATH`` as ``{"resettrace": VERSION, "tests": {nodeid: {"stats":
-    {key: {...}}, "dist": {...}, "worker": ...}}, "merged": {"stats": ..., "dist": ...},
-    "workers": [...]}``, each key's dict having the fields of ``timing.json``'s stats.
+    The run record (:mod:`resettrace.record`) of every test that used the fixture, keyed
+    by node id, is written at the end of the session to ``PATH`` as ``{"resettrace":
+    VERSION, "tests": {nodeid: RECORD (with "worker")}, "merged": RECORD, "workers":
+    [...]}``; ``resettrace compare``, ``report``, ``merge`` and ``fit`` read the file as its
+    ``merged`` record.
     Under pytest-xdist each worker hands its tests' results to the controller
     (``workeroutput``), which writes the one file: ``merged`` is every test's calls
     together, its percentiles read from the summed exponential buckets
@@ -127,10 +128,11 @@ def resettrace(request: pytest.FixtureRequest) -> Iterator[ResettraceCapture]:
         if results is not None:
             import os
 
-            results[request.node.nodeid] = {
-                "stats": capture.stats(),
-                "dist": {k: d.as_dict() for k, d in session.distributions().items()},
-                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+            from resettrace.record import record_of_session
+
+            record = record_of_session(session, command=[request.node.nodeid],
+                                       worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
+            results[request.node.nodeid] = record.to_json()
     finally:
         session.shutdown()
         if session.processor is not None:
@@ -150,14 +152,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if workeroutput is not None:  # an xdist worker: the controller writes the file
         workeroutput["resettrace"] = json.dumps(results)
         return
-    from resettrace.merge import merge_runs
+    from resettrace.record import RunRecord, merge_records
     from resettrace.tables import write_json
 
     merged: dict[str, Any] = {}
     if results:
-        m = merge_runs([(nodeid, {"stats": r["stats"], "dist": r["dist"]})
-                        for nodeid, r in results.items()])["merged"]
-        merged = {"stats": m["stats"], "dist": m["dist"]}
+        merged = merge_records([RunRecord.from_json(r, nodeid) for nodeid, r in results.items()],
+                               allow_mixed=True, command=["pytest"]).to_json()
     try:
         written: Path | str = write_json(path, {
             "tests": results, "merged": merged,

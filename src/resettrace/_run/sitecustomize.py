@@ -1,8 +1,9 @@
 """Loaded by Python at start-up in the processes of ``resettrace run -- COMMAND``.
 
 It imports resettrace, which installs the spec named by ``RESETTRACE_INSTRUMENT``
-before the command's own code runs, arranges the exit summary that ``resettrace
-run`` asked for, and then runs the ``sitecustomize`` this one hides, if any. A spec
+before the command's own code runs, arranges the run record each process writes at
+exit (``RESETTRACE_RUN_JSON``), and then runs the ``sitecustomize`` this one hides,
+if any. A spec
 that cannot be installed ends the process with one line on stderr and exit code 2.
 """
 
@@ -14,7 +15,7 @@ import sys
 def _boot() -> None:
     try:
         import resettrace  # noqa: F401  (installs RESETTRACE_INSTRUMENT)
-        from resettrace.instrumentation import InstrumentError, arrange_run_summary
+        from resettrace.instrumentation import InstrumentError, arrange_run
     except ModuleNotFoundError as e:
         if e.name != "resettrace":
             raise
@@ -29,7 +30,7 @@ def _boot() -> None:
               file=sys.stderr, flush=True)
         os._exit(2)
     del InstrumentError
-    arrange_run_summary()
+    arrange_run()
 
 
 def _chain() -> None:

@@ -31,9 +31,9 @@ from typing import Any, TextIO
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.config import env_worker_rank
 from resettrace.contract import MAX_ENVS
-from resettrace.tables import STAT_FIELDS, exporter_outcome, format_table, write_csv, write_json
+from resettrace.record import record_of_session
+from resettrace.tables import exporter_outcome, format_table, write_csv, write_json
 
 log = logging.getLogger(__name__)
 
@@ -168,23 +168,13 @@ def run_collector(cfg: CollectorConfig, tracing: Any,
         wall = time.perf_counter() - t0
         env.close()
     # statistics are complete now; span export finishes when the session shuts down
-    tracing.processor.force_flush()
-    stats = {k: s.as_dict() for k, s in tracing.stats().items()}
     steps = max(done_steps, 1)
-    result = {
-        "config": {**asdict(cfg), "mode": tracing.mode},
-        "sim": sim,
-        "rank": env_worker_rank() or 0,
-        "env_per_s": cfg.num_envs * done_steps / wall if done_steps else 0.0,
-        "wall_s": wall,
-        "reset_fraction": resets / (steps * cfg.num_envs),
-        "stats": {k: {f: s[f] for f in STAT_FIELDS} | {"share_of_parent": s["share_of_parent"]}
-                  for k, s in stats.items()},
-        "samples": tracing.samples(),
-        "dist": {k: d.as_dict() for k, d in tracing.distributions().items()},
-        "model": tracing.cost_model(),
-        "export": tracing.export_report(),
-    }
+    result = record_of_session(
+        tracing, kind="collector", config={**asdict(cfg), "mode": tracing.mode},
+        wall_s=wall, env_per_s=cfg.num_envs * done_steps / wall if done_steps else 0.0,
+        reset_fraction=resets / (steps * cfg.num_envs),
+        export=tracing.export_report()).to_json()
+    result["sim"] = sim
     if stop is not None and stop.signal and interrupted is None:
         interrupted = {"signal": stop.signal, "steps_done": done_steps}
     if interrupted is not None:
@@ -280,30 +270,21 @@ def run_numba_ab(cfg: CollectorConfig, tracing: Any,
     for key in ("env_step_ms", "update_state_ms"):
         for stat in ("p50", "mean"):
             speedup[f"{key.removesuffix('_ms')}_{stat}"] = _ratio(a[key][stat], b[key][stat])
-    stats = {k: s.as_dict() for k, s in tracing.stats().items()}
-    return {
-        "config": {**asdict(cfg), "mode": tracing.mode},
-        "sim": sim,
-        "rank": env_worker_rank() or 0,
-        "env_per_s": a["env_per_s"],
-        "wall_s": total_wall,
-        "reset_fraction": a["reset_fraction"],
-        "stats": {k: {f: s[f] for f in STAT_FIELDS} | {"share_of_parent": s["share_of_parent"]}
-                  for k, s in stats.items()},
-        "samples": tracing.samples(),
-        "dist": {k: d.as_dict() for k, d in tracing.distributions().items()},
-        "model": tracing.cost_model(),
-        "export": tracing.export_report(),
-        "numba_ab": {
-            "num_envs": cfg.num_envs,
-            "steps": cfg.steps,
-            "order": "same actions; one step per variant in turn, order swapped every step",
-            **per_variant,
-            "speedup": speedup,
-            "done_mismatch_steps": done_mismatch_steps,
-            "obs_max_abs_diff": obs_max_abs_diff,
-        },
+    result = record_of_session(
+        tracing, kind="collector", config={**asdict(cfg), "mode": tracing.mode},
+        wall_s=total_wall, env_per_s=a["env_per_s"], reset_fraction=a["reset_fraction"],
+        export=tracing.export_report()).to_json()
+    result["sim"] = sim
+    result["numba_ab"] = {
+        "num_envs": cfg.num_envs,
+        "steps": cfg.steps,
+        "order": "same actions; one step per variant in turn, order swapped every step",
+        **per_variant,
+        "speedup": speedup,
+        "done_mismatch_steps": done_mismatch_steps,
+        "obs_max_abs_diff": obs_max_abs_diff,
     }
+    return result
 
 
 def _p50_mean(stats: Any) -> dict[str, float]:

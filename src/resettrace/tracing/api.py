@@ -82,6 +82,11 @@ def get_tracing() -> Tracing:
         return _default
 
 
+def default_session() -> Tracing | None:
+    """The default session if one was made (none is made here)."""
+    return _default
+
+
 @contextlib.contextmanager
 def use_tracing(session: Tracing) -> Iterator[Tracing]:
     """Make ``session`` the default for the ``with`` block, then restore the previous one.

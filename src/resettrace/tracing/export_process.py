@@ -48,7 +48,13 @@ from typing import Any
 
 import numpy as np
 
-from resettrace.catalog import ATTR_EXPORT_DROPPED, ATTR_WORKER_RANK, CATALOG, Catalog
+from resettrace.catalog import (
+    ATTR_EXPORT_DROPPED,
+    ATTR_PARENT_PID,
+    ATTR_WORKER_RANK,
+    CATALOG,
+    Catalog,
+)
 from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, error_name
 
 log = logging.getLogger(__name__)
@@ -152,13 +158,13 @@ class ProcessExporter:
 
     # -- child process ----------------------------------------------------------------------
     def _start(self) -> None:
-        if self._forked:  # a forked worker: its rank is read now, when it first exports
-            from resettrace.config import env_worker_rank
+        if self._forked:  # a forked worker: its rank is found now, when it first exports
+            from resettrace.config import process_rank
+            from resettrace.tracing.session import parent_pid
 
-            rank = env_worker_rank()
-            if rank is not None:
-                self._settings["resource"] = dict(self._settings["resource"],
-                                                  **{ATTR_WORKER_RANK: rank})
+            self._settings["resource"] = dict(
+                self._settings["resource"],
+                **{ATTR_WORKER_RANK: process_rank(), ATTR_PARENT_PID: parent_pid()})
         env = helper_environment()
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("RUST_LOG", "error")

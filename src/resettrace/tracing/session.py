@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from resettrace.catalog import (
     ATTR_BACKEND,
     ATTR_ENV_COUNT,
+    ATTR_PARENT_PID,
     ATTR_TASK,
     ATTR_WORKER_RANK,
     CATALOG,
@@ -106,6 +107,13 @@ class Tracing:
         self._owns_provider = False
         self._closed = False
         self.metrics: Any = None
+        #: the process the session was made in (a forked worker resolves its own rank)
+        self._pid = os.getpid()
+        self._rank = self.config.worker_rank
+        #: when it started (Unix s, and monotonic s) and the env counts its recorders had
+        self.started_at = time.time()
+        self.started_monotonic = time.monotonic()
+        self.env_counts: set[int] = set()
         if not self.config.enabled:
             return
         from resettrace.tracing.processor import TimingSpanProcessor
@@ -153,11 +161,24 @@ class Tracing:
                                     slowest_window=cfg.sample_slowest_window)
         _register_exit_hooks(self)
 
+    @property
+    def worker_rank(self) -> int:
+        """This process's rank: the config's, or in a worker that inherited the session
+        over a fork, the worker's own (:func:`resettrace.config.process_rank`)."""
+        if self._pid != os.getpid():
+            from resettrace.config import process_rank
+
+            self._pid, self._rank = os.getpid(), process_rank()
+            self.started_at, self.started_monotonic = time.time(), time.monotonic()
+        return self._rank
+
     def resource_attributes(self) -> dict[str, Any]:
-        """``service.name``, host, process id, worker rank and the config's extras."""
+        """``service.name``, host, process id, parent process id, worker rank and the
+        config's extras."""
         attrs: dict[str, Any] = {"service.name": self.config.service_name,
                                  "host.name": socket.gethostname(), "process.pid": os.getpid(),
-                                 ATTR_WORKER_RANK: self.config.worker_rank}
+                                 ATTR_PARENT_PID: parent_pid(),
+                                 ATTR_WORKER_RANK: self.worker_rank}
         attrs.update(self.config.resource_attributes)
         return attrs
 
@@ -202,6 +223,8 @@ class Tracing:
             return NOOP_RECORDER
         attrs: dict[str, Any] = dict(_DEFAULT_ATTRIBUTES)
         attrs.update(attributes or {})
+        if env_count is not None:
+            self.env_counts.add(int(env_count))
         if backend is not None:
             attrs[ATTR_BACKEND] = backend
         if task is not None:
@@ -317,6 +340,17 @@ class Tracing:
                     f"{name}: {exporter_outcome(e, report['spans_dropped'])}"
                     for name, e in report.get("exporters", {}).items())
                     or f"{report['spans_dropped']} dropped")
+
+
+def parent_pid() -> int:
+    """The pid of the process that started this one: a multiprocessing worker's parent
+    (a forkserver's worker too, whose operating-system parent is the fork server), else
+    the operating system's parent."""
+    import sys
+
+    mp = sys.modules.get("multiprocessing")
+    parent = mp.parent_process() if mp is not None else None
+    return int(parent.pid) if parent is not None and parent.pid else os.getppid()
 
 
 def _jsonable(config: Config) -> dict[str, Any]:

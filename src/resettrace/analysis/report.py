@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from resettrace import catalog as C
+from resettrace.record import RecordError, RunRecord, read_record
 
 __all__ = ["build_report", "write_report", "CHART_IDS"]
 
@@ -43,17 +44,17 @@ _VERDICT_COLOURS = {"slower": "#d62728", "faster": "#2ca02c", "within noise": "#
                     "new": "#ff7f0e", "gone": "#1f77b4"}
 
 
-def _icicle(stats: Mapping[str, Mapping[str, Any]]) -> Any:
+def _icicle(stats: Mapping[str, Mapping[str, Any]], cat: Any) -> Any:
     import plotly.graph_objects as go
 
     steps = stats.get(C.ENV_STEP.key, {}).get("count") or 1
     value = {k: s["total_ms"] / steps for k, s in stats.items()
              if k.endswith("_ms") and s.get("total_ms") is not None}
     ids, parents, values = [], [], []
-    for key in C.CATALOG.all_keys():
+    for key in cat.all_keys():
         if key not in value or value[key] <= 0:
             continue
-        parent = C.CATALOG.parent_key(key)
+        parent = cat.parent_key(key)
         if key != C.ENV_STEP.key and (parent is None or parent not in ids):
             continue  # outside the env step tree
         ids.append(key)
@@ -67,7 +68,7 @@ def _icicle(stats: Mapping[str, Mapping[str, Any]]) -> Any:
             for j in kids:
                 values[j] *= values[i] / total
     return go.Figure(go.Icicle(
-        ids=ids, labels=[C.CATALOG.label(k) for k in ids], parents=parents, values=values,
+        ids=ids, labels=[cat.label(k) for k in ids], parents=parents, values=values,
         branchvalues="total", tiling={"orientation": "v"}, sort=False,
         hovertemplate="%{label}<br>%{value:.4f} ms per env step<br>"
                       "%{percentParent:.1%} of its parent<extra></extra>",
@@ -77,27 +78,27 @@ def _icicle(stats: Mapping[str, Mapping[str, Any]]) -> Any:
                 "margin": {"t": 50, "l": 10, "r": 10, "b": 10}})
 
 
-def _top_keys(stats: Mapping[str, Mapping[str, Any]], samples: Mapping[str, Sequence[float]]
-              ) -> list[str]:
+def _top_keys(stats: Mapping[str, Mapping[str, Any]], samples: Mapping[str, Sequence[float]],
+              cat: Any) -> list[str]:
     skip = {C.ENV_STEP.key, C.PHYSICS.key}
-    keys = [k for k in C.CATALOG.all_keys() if k in samples and k.endswith("_ms")
+    keys = [k for k in cat.all_keys() if k in samples and k.endswith("_ms")
             and k not in skip and stats.get(k, {}).get("total_ms")]
     return sorted(keys, key=lambda k: -stats[k]["total_ms"])[:_TOP]
 
 
 def _histograms(stats: Mapping[str, Mapping[str, Any]], samples: Mapping[str, Sequence[float]],
-                keys: Sequence[str]) -> Any:
+                keys: Sequence[str], cat: Any) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     cols = 3
     rows = max(1, math.ceil(len(keys) / cols))
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[C.CATALOG.label(k) for k in keys])
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[cat.label(k) for k in keys])
     for i, key in enumerate(keys):
         r, c = i // cols + 1, i % cols + 1
         v = np.asarray(samples[key], dtype=np.float64)
         hi = float(np.percentile(v, 99.5)) if v.size else 1.0
-        fig.add_trace(go.Histogram(x=v[v <= hi], nbinsx=60, name=C.CATALOG.label(key),
+        fig.add_trace(go.Histogram(x=v[v <= hi], nbinsx=60, name=cat.label(key),
                                    showlegend=False, marker_color="#4c78a8"), row=r, col=c)
         for q, dash in (("p50_ms", "solid"), ("p90_ms", "dash"), ("p99_ms", "dot")):
             x = stats[key].get(q)
@@ -109,12 +110,12 @@ def _histograms(stats: Mapping[str, Mapping[str, Any]], samples: Mapping[str, Se
     return fig
 
 
-def _percentiles(stats: Mapping[str, Mapping[str, Any]]) -> Any:
+def _percentiles(stats: Mapping[str, Mapping[str, Any]], cat: Any) -> Any:
     import plotly.graph_objects as go
 
-    keys = [k for k in C.CATALOG.all_keys() if k in stats and k.endswith("_ms")]
+    keys = [k for k in cat.all_keys() if k in stats and k.endswith("_ms")]
     cols = ["count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms"]
-    cells = [[C.CATALOG.label(k) for k in keys]] + [
+    cells = [[cat.label(k) for k in keys]] + [
         [("-" if stats[k].get(c) is None else
           f"{stats[k][c]:,}" if c == "count" else f"{stats[k][c]:.4f}") for k in keys]
         for c in cols]
@@ -124,7 +125,7 @@ def _percentiles(stats: Mapping[str, Mapping[str, Any]]) -> Any:
                              "height": 28 * len(keys) + 120, "margin": {"t": 50, "b": 10}})
 
 
-def _over_run(samples: Mapping[str, Sequence[float]], keys: Sequence[str]) -> Any:
+def _over_run(samples: Mapping[str, Sequence[float]], keys: Sequence[str], cat: Any) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -136,7 +137,7 @@ def _over_run(samples: Mapping[str, Sequence[float]], keys: Sequence[str]) -> An
         m = v.size // block
         med = np.median(v[:m * block].reshape(m, block), axis=1)
         fig.add_trace(go.Scatter(x=np.arange(m) * block, y=med, mode="lines",
-                                 name=C.CATALOG.label(key),
+                                 name=cat.label(key),
                                  yaxis="y2" if key == C.PHYSICS.key else "y"))
     fig.update_layout(title="phase time over the run (median of each block of consecutive "
                             "calls; physics on the right axis)",
@@ -146,7 +147,8 @@ def _over_run(samples: Mapping[str, Sequence[float]], keys: Sequence[str]) -> An
     return fig
 
 
-def _cost_model(samples: Mapping[str, Sequence[float]], model: Mapping[str, Any]) -> Any:
+def _cost_model(samples: Mapping[str, Sequence[float]], model: Mapping[str, Any], cat: Any
+                ) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -159,14 +161,14 @@ def _cost_model(samples: Mapping[str, Sequence[float]], model: Mapping[str, Any]
         y = np.asarray(samples.get(key, []), dtype=np.float64)
         if k.size and y.size == k.size:  # one sample of each per reset_done call, in order
             fig.add_trace(go.Scatter(x=k[pick], y=y[pick], mode="markers",
-                                     name=f"{C.CATALOG.label(key)} calls"
+                                     name=f"{cat.label(key)} calls"
                                      + (f" ({pick.size} of {k.size})" if pick.size < k.size
                                         else ""),
                                      marker={"size": 4, "opacity": 0.35, "color": colour}))
         fit = (model.get("keys") or {}).get(key, {}).get("fit")
         if fit and fit.get("b_ms") is not None and fit.get("k_max") is not None:
             xs = np.array([fit["k_min"], fit["k_max"]])
-            label = (f"{C.CATALOG.label(key)}: {fit['a_ms']:.4f} ms + "
+            label = (f"{cat.label(key)}: {fit['a_ms']:.4f} ms + "
                      f"{1e3 * fit['b_ms']:.2f} us x k"
                      + (f" (R2 {fit['r2']:.2f})" if fit.get("r2") is not None else ""))
             fig.add_trace(go.Scatter(x=xs, y=fit["a_ms"] + fit["b_ms"] * xs, mode="lines",
@@ -177,7 +179,7 @@ def _cost_model(samples: Mapping[str, Sequence[float]], model: Mapping[str, Any]
     return fig
 
 
-def _compare_figures(result: Mapping[str, Any]) -> tuple[Any, Any]:
+def _compare_figures(result: Mapping[str, Any], cat: Any) -> tuple[Any, Any]:
     import plotly.graph_objects as go
 
     keys = [k for k in result["keys"] if k["verdict"] not in ("new", "gone")
@@ -206,7 +208,7 @@ def _compare_figures(result: Mapping[str, Any]) -> tuple[Any, Any]:
                             if result["not_comparable"] else ""),
                 "height": 26 * len(rows[0]) + 130, "margin": {"t": 60, "b": 10}})
     deltas = go.Figure(go.Bar(
-        y=[C.CATALOG.label(k["key"]) for k in keys], x=[k["delta_pct"] or 0.0 for k in keys],
+        y=[cat.label(k["key"]) for k in keys], x=[k["delta_pct"] or 0.0 for k in keys],
         orientation="h",
         error_x={"type": "data", "symmetric": False,
                  "array": [(k["ci_high_pct"] or 0) - (k["delta_pct"] or 0) for k in keys],
@@ -221,29 +223,31 @@ def _compare_figures(result: Mapping[str, Any]) -> tuple[Any, Any]:
     return table, deltas
 
 
-def build_report(run: Mapping[str, Any], *, source: str = "",
+def build_report(run: RunRecord | Mapping[str, Any], *, source: str = "",
                  compare: Mapping[str, Any] | None = None) -> str:
-    """The report of one collector ``timing.json`` (a dict) as an HTML string."""
+    """The report of one run record (or its JSON) as an HTML string."""
     import plotly.offline
 
-    stats = run.get("stats") or {}
-    samples = run.get("samples") or {}
-    if C.ENV_STEP.key not in stats:
-        raise ValueError(f"{source or 'run'}: no env step statistics (not a collector "
-                         "timing.json?)")
-    top = _top_keys(stats, samples)
-    figures = {"icicle": _icicle(stats), "histograms": _histograms(stats, samples, top),
-               "percentiles": _percentiles(stats), "over-run": _over_run(samples, top),
-               "cost-model": _cost_model(samples, run.get("model") or {})}
+    rec = run if isinstance(run, RunRecord) else RunRecord.from_json(run, source)
+    source = source or rec.source
+    cat = rec.catalog()
+    stats = rec.stats
+    samples = rec.samples
+    if not any(k.endswith("_ms") and s.get("count") for k, s in stats.items()):
+        raise RecordError(f"{source or 'run'}: no timed phase in this run record")
+    top = _top_keys(stats, samples, cat)
+    figures = {"icicle": _icicle(stats, cat), "histograms": _histograms(stats, samples, top, cat),
+               "percentiles": _percentiles(stats, cat), "over-run": _over_run(samples, top, cat),
+               "cost-model": _cost_model(samples, rec.model or {}, cat)}
     if compare is not None:
-        figures["compare-table"], figures["compare-deltas"] = _compare_figures(compare)
-    cfg = run.get("config") or {}
-    sim = run.get("sim") or {}
-    title = (f"resettrace report: {cfg.get('task', '?')} on {cfg.get('backend', '?')}, "
-             f"{cfg.get('num_envs', '?')} envs, {cfg.get('steps', '?')} steps")
-    facts = [f"env/s {run.get('env_per_s', 0):,.0f}",
-             f"{100 * float(run.get('reset_fraction') or 0):.2f}% of envs reset per step",
-             f"mode {cfg.get('mode', '?')}"]
+        figures["compare-table"], figures["compare-deltas"] = _compare_figures(compare, cat)
+    title = f"resettrace report: {rec.title}"
+    facts = [f"mode {rec.mode}"]
+    if rec.env_per_s:
+        facts.insert(0, f"env/s {rec.env_per_s:,.0f}")
+    if rec.reset_fraction is not None:
+        facts.insert(1, f"{100 * float(rec.reset_fraction):.2f}% of envs reset per step")
+    sim = rec.sim or {}
     if sim.get("sim_s_per_step"):
         facts.append(f"{sim['sim_s_per_step']:g} s simulated per env step "
                      f"({sim.get('substeps')} substeps)")
@@ -265,25 +269,21 @@ def build_report(run: Mapping[str, Any], *, source: str = "",
 
 def write_report(run_path: str | Path, out: str | Path, *,
                  compare_base: str | Path | None = None) -> Path:
-    """Write the report of the run at ``run_path`` (``timing.json`` or its folder); the path
-    written (``out``, or a name beside it: see the module docstring)."""
-    from resettrace.compare import compare_runs, load_runs
+    """Write the report of the run at ``run_path`` (a run record, or the folder of its
+    ``timing.json``); the path written (``out``, or a name beside it: see the module
+    docstring)."""
+    from resettrace.analysis.compare import Run, compare_runs, load_runs
 
     path = Path(run_path)
     if path.is_dir():
         path = path / "timing.json"
     if not path.is_file():
         raise FileNotFoundError(f"no such run: {path}")
-    try:
-        run = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable timing.json ({e})") from None
-    if not isinstance(run, dict):
-        raise ValueError(f"{path}: not a collector timing.json")
+    rec = read_record(path)
     compared = None
     if compare_base is not None:
-        compared = compare_runs(load_runs(compare_base), load_runs(path))
-    text = build_report(run, source=str(path), compare=compared)
+        compared = compare_runs(load_runs(compare_base), [Run.of(rec)])
+    text = build_report(rec, source=str(path), compare=compared)
     from resettrace import outputs
 
     target = Path(out)

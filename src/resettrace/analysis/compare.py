@@ -1,8 +1,10 @@
 """``resettrace compare BASE NEW``: two sets of collector runs side by side, per timing key,
 with a verdict per key that tells a real change from machine noise.
 
-A run is a ``timing.json`` (``resettrace bench collector --out``); a folder stands for every
-``timing.json`` under it (several runs of one configuration).
+A run is a run record (:mod:`resettrace.record`: ``resettrace bench collector``'s
+``timing.json``, a ``resettrace run`` job or process record, ...); a folder stands for every
+``timing.json`` under it (several runs of one configuration). Keys are ordered, and
+registered phases known, by the records' own phase catalogs.
 
 The statistics, per key:
 
@@ -41,64 +43,63 @@ import numpy as np
 
 from resettrace import catalog as C
 from resettrace.costmodel import FitSums
+from resettrace.record import CONFIG_FIELDS as _CONFIG_FIELDS
+from resettrace.record import RecordError, RunRecord, read_records
 from resettrace.tables import format_table
 
 __all__ = ["Run", "load_runs", "compare_runs", "render_compare", "KeyVerdict",
            "CONFIG_FIELDS", "split_run", "aa_false_positive_rate"]
 
-#: configuration that must agree for two runs to be comparable
-CONFIG_FIELDS = ("task", "backend", "num_envs", "model", "randomize", "control_dt", "mode")
+CONFIG_FIELDS = _CONFIG_FIELDS
+
 #: reset fractions further apart than this (relative) make runs not comparable
 RESET_FRACTION_TOLERANCE = 0.2
 
 
 @dataclass(frozen=True)
 class Run:
-    """One collector run: its configuration, env/s, reset fraction and per-key samples."""
+    """One run: its configuration, env/s, reset fraction, per-key samples, cost model
+    sums and phase catalog (the record's own: registered phases included)."""
 
     source: str
     config: dict[str, Any]
     env_per_s: float
     reset_fraction: float
     samples: dict[str, list[float]]
-    #: per key, the sums of its cost model a + b*k (``timing.json``'s ``model``; empty for
+    #: per key, the sums of its cost model a + b*k (the record's ``model``; empty for
     #: runs written before it existed)
     model: dict[str, FitSums] = field(default_factory=dict)
+    catalog: Any = None
+
+    @classmethod
+    def of(cls, rec: RunRecord) -> Run:
+        if not rec.samples:
+            raise RecordError(f"{rec.source or 'run'}: no per-key samples to compare")
+        return cls(source=rec.source, config=dict(rec.config or {}, mode=rec.mode),
+                   env_per_s=float(rec.env_per_s or 0.0),
+                   reset_fraction=float(rec.reset_fraction or 0.0),
+                   samples={k: [float(x) for x in v] for k, v in rec.samples.items()},
+                   model=_model_sums(rec.model), catalog=rec.catalog())
 
 
-def _model_sums(data: Mapping[str, Any]) -> dict[str, FitSums]:
-    keys = (data.get("model") or {}).get("keys") or {}
+def _model_sums(model: Mapping[str, Any] | None) -> dict[str, FitSums]:
+    keys = (model or {}).get("keys") or {}
     try:
         return {k: FitSums.from_dict(v["sums"]) for k, v in keys.items()}
     except (KeyError, TypeError, ValueError):
         return {}
 
 
-def _load_one(path: Path) -> Run:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable timing.json ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("samples"), dict):
-        raise ValueError(f"{path}: not a collector timing.json (no per-key samples)")
-    return Run(source=str(path), config=dict(data.get("config") or {}),
-               env_per_s=float(data.get("env_per_s") or 0.0),
-               reset_fraction=float(data.get("reset_fraction") or 0.0),
-               samples={k: [float(x) for x in v] for k, v in data["samples"].items()},
-               model=_model_sums(data))
-
-
 def load_runs(path: str | Path) -> list[Run]:
-    """The runs at ``path``: a ``timing.json`` file, or every one under a folder."""
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(p.rglob("timing.json"))
-        if not files:
-            raise ValueError(f"{p}: no timing.json in this folder")
-        return [_load_one(f) for f in files]
-    if not p.is_file():
-        raise FileNotFoundError(f"no such run: {p}")
-    return [_load_one(p)]
+    """The runs at ``path``: a run record file (collector ``timing.json``, a ``resettrace
+    run`` job or process record, ...), or every ``timing.json`` under a folder."""
+    return [Run.of(r) for r in read_records([path])]
+
+
+def _catalog(runs: Sequence[Run]) -> Any:
+    from resettrace.analysis.fit import _union
+
+    return _union([r.catalog for r in runs if r.catalog is not None] or [C.CATALOG])
 
 
 def _units(samples: Sequence[float], blocks: int) -> np.ndarray:
@@ -208,7 +209,8 @@ def compare_runs(base: Sequence[Run], new: Sequence[Run], *, blocks: int = 10,
     the noise floor is the larger of ``noise_pct`` and the reference's own shift (the far
     end of its interval), so that a machine that ran faster or slower for one side moves
     no verdict. ``None``: the fixed floor only."""
-    keys = [k for k in C.CATALOG.all_keys()
+    cat = _catalog([*base, *new])
+    keys = [k for k in cat.all_keys()
             if k.endswith("_ms") and any(k in r.samples for r in (*base, *new))]
     keys += sorted({k for r in (*base, *new) for k in r.samples if k.endswith("_ms")}
                    - set(keys))  # times only (reset counts say the workload: see above)
@@ -238,7 +240,7 @@ def compare_runs(base: Sequence[Run], new: Sequence[Run], *, blocks: int = 10,
         # JSON has no inf or nan: a delta with no base (a phase that appears) is null
         "keys": [{k: None if isinstance(x, float) and not math.isfinite(x) else x
                   for k, x in asdict(v).items()} for v in verdicts],
-        "model": compare_models(base, new),
+        "model": compare_models(base, new, cat),
     }
 
 
@@ -250,10 +252,12 @@ def _side_fit(runs: Sequence[Run], key: str) -> dict[str, Any] | None:
     return sums.fit().as_dict() if sums.n else None
 
 
-def compare_models(base: Sequence[Run], new: Sequence[Run]) -> list[dict[str, Any]]:
+def compare_models(base: Sequence[Run], new: Sequence[Run], catalog: Any = None
+                   ) -> list[dict[str, Any]]:
     """Per key that took time, the cost model ``a + b * k`` of each side (its runs' sums
     merged): where a change moved fixed cost (a) or per-row cost (b)."""
-    keys = [k for k in C.CATALOG.all_keys() if any(k in r.model for r in (*base, *new))]
+    cat = _catalog([*base, *new]) if catalog is None else catalog
+    keys = [k for k in cat.all_keys() if any(k in r.model for r in (*base, *new))]
     out = []
     for k in keys:
         b, n = _side_fit(base, k), _side_fit(new, k)
@@ -332,7 +336,7 @@ def split_run(run: Run, parts: int) -> list[Run]:
               for k, v in run.samples.items()}
     return [Run(source=f"{run.source}#{i + 1}/{parts}", config=run.config,
                 env_per_s=run.env_per_s, reset_fraction=run.reset_fraction,
-                samples={k: p[i].tolist() for k, p in pieces.items()})
+                samples={k: p[i].tolist() for k, p in pieces.items()}, catalog=run.catalog)
             for i in range(parts)]
 
 

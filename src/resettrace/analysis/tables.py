@@ -1,0 +1,78 @@
+"""Text tables the analysis commands share: a job's line per rank, and per-key statistics
+without the phases that never ran."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from resettrace import catalog as C
+from resettrace.record import RunRecord
+from resettrace.tables import format_table
+
+__all__ = ["render_job", "render_keys", "ran"]
+
+#: the phases a job's per-rank line shows (those the job has)
+_PER_RANK = (C.ENV_STEP.key, C.PHYSICS.key, C.RESET_DONE.key, C.SET_STATE.key)
+
+
+def ran(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The keys that took time or counted something (a phase that never ran, or a
+    canonical key at 0.0 in every call, is left out)."""
+    return {k: s for k, s in stats.items()
+            if s.get("count") and float(s.get("total_ms") or 0.0) != 0.0}
+
+
+def render_keys(rec: RunRecord, title: str) -> str:
+    """Per key that ran: count, mean, p50 / p90 / p99, max, total and share of parent
+    (ms; reset counts in envs), in the record's phase order, then how many were idle."""
+    stats = rec.stats
+    shown = ran(stats)
+    rows = []
+    for key, s in shown.items():
+        share = s.get("share_of_parent")
+        rows.append([key, s["count"], s.get("mean_ms"), s.get("p50_ms"), s.get("p90_ms"),
+                     s.get("p99_ms"), s.get("max_ms"), s["total_ms"],
+                     float("nan") if share is None else 100.0 * share])
+    table = format_table(title, ["key", "count", "mean", "p50", "p90", "p99", "max", "total",
+                                 "% of parent"], rows)
+    idle = len(stats) - len(shown)
+    return table + (f"\n({idle} keys that never took time not shown)" if idle else "")
+
+
+def _p(stats: Mapping[str, Any], key: str, field: str = "p50_ms") -> float:
+    v = (stats.get(key) or {}).get(field)
+    return float("nan") if v is None else float(v)
+
+
+def render_job(job: RunRecord) -> str:
+    """A job (a merged record): one line per process (rank, pid, env steps, env/s, reset
+    share and the p50 of its main phases), the merged line, then the merged keys."""
+    parts = []
+    mixed = job.extra.get("mixed")
+    if mixed:
+        parts.append("MIXED configurations: " + "; ".join(mixed))
+    members: Sequence[Mapping[str, Any]] = job.members
+    cols = [k for k in _PER_RANK if k in ran(job.stats)]
+    rows = []
+    for m in members:
+        s = m.get("stats") or {}
+        rows.append([m.get("rank"), m.get("pid"), m.get("env_steps"), m.get("env_per_s"),
+                     None if m.get("reset_fraction") is None
+                     else 100 * float(m["reset_fraction"]),
+                     *[_p(s, k) for k in cols], _p(s, C.SET_STATE.key, "p99_ms")])
+    ms = job.stats
+    rows.append(["job", len(members), job.env_steps, job.env_per_s,
+                 None if job.reset_fraction is None else 100 * float(job.reset_fraction),
+                 *[_p(ms, k) for k in cols], _p(ms, C.SET_STATE.key, "p99_ms")])
+    err = job.extra.get("relative_error")
+    note = f"; the job's percentiles from the summed buckets, within {100 * err:.2f}%" \
+        if err else ""
+    parts.append(format_table(
+        f"{len(members)} process{'' if len(members) == 1 else 'es'} (p50/p99 in ms{note}; "
+        "the job's env steps and env/s: the sums)",
+        ["rank", "pid", "env steps", "env/s", "reset %",
+         *[f"{C.CATALOG.label(k) if k in C.CATALOG.by_key else k} p50" for k in cols],
+         "set_state p99"], rows))
+    parts.append(render_keys(job, f"the job, per key ({job.title}; ms)"))
+    return "\n\n".join(parts)

@@ -1,0 +1,532 @@
+"""The run record: what one run (or one job of many processes) measured, in one file.
+
+Every tool that writes a run writes a :class:`RunRecord` (``bench collector``'s
+``timing.json``, the pytest plugin's ``--resettrace-json``, ``resettrace run
+--stats-json``, :func:`write_run`, and every process that has ``RESETTRACE_RUN_JSON`` set,
+at exit), and every tool that reads runs reads it (``compare``, ``report``, ``merge``,
+``fit``: :mod:`resettrace.analysis`). A record holds:
+
+- what ran: ``kind`` (``collector``, ``process``, ``job``), the command line, the
+  collector's ``config`` (task, backend, model, ...; a process's only holds ``num_envs``
+  when its recorders said it), host, pid, parent pid, rank, start (Unix seconds), wall
+  time and the resettrace version;
+- ``mode`` and the ``phases`` its keys belong to (span, parent, key, gap key: built-in and
+  registered ones), so a reader rebuilds the phase tree without importing the user's code;
+- per key: ``stats`` (count, mean, p50/p90/p99, max, total, share of parent), ``dist``
+  (mergeable exponential buckets: :mod:`resettrace.distribution`), ``samples`` (at most
+  :data:`MAX_RECORD_SAMPLES` per key, evenly thinned in call order) and the cost model's
+  sums (``model``);
+- throughput where known: ``env_steps`` (calls of ``env_step``), ``env_per_s`` (envs x env
+  steps per second of ``env_step`` time; the collector's is over its timed loop) and
+  ``reset_fraction``;
+- the export report (``export``), and a job's ``members`` (one line per process).
+
+The JSON has a ``format`` version (:data:`FORMAT`). A collector ``timing.json`` written
+before it existed (``format`` 1, implied) is still read. Anything else is refused with a
+:class:`RecordError` (a ``ValueError``) naming the file and what it lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from resettrace.config import ENV_RUN_ID, ENV_RUN_JSON
+
+__all__ = ["RunRecord", "RecordError", "FORMAT", "MAX_RECORD_SAMPLES", "read_record",
+           "read_records", "record_files", "merge_records", "record_of_session", "write_run",
+           "arrange_exit_record"]
+
+#: the record's format version: 2 (1: a collector timing.json from before records)
+FORMAT = 2
+#: samples kept per key in a record (thinned evenly, in call order)
+MAX_RECORD_SAMPLES = 20_000
+#: record kinds
+KINDS = ("collector", "process", "job")
+#: the file a folder of runs holds: every one under it is read
+RECORD_NAME = "timing.json"
+
+
+class RecordError(ValueError):
+    """A file that is not a run record resettrace can read (the message names it)."""
+
+
+def _thin(values: Sequence[float], limit: int = MAX_RECORD_SAMPLES) -> list[float]:
+    """At most ``limit`` of ``values``, evenly spread, in their order."""
+    n = len(values)
+    if n <= limit:
+        return [float(v) for v in values]
+    step = n / limit
+    return [float(values[int(i * step)]) for i in range(limit)]
+
+
+@dataclass(kw_only=True)
+class RunRecord:
+    """One run's record (see the module docstring); :meth:`to_json` / :meth:`from_json`."""
+
+    kind: str = "process"
+    mode: str = "timing"
+    #: the command line (``sys.argv`` of a process; the job's command for a job)
+    command: list[str] | None = None
+    #: what ran: the collector's configuration, else ``num_envs`` when known
+    config: dict[str, Any] = field(default_factory=dict)
+    host: str = ""
+    pid: int | None = None
+    parent_pid: int | None = None
+    rank: int | None = None
+    #: Unix time (s) the session started
+    start: float | None = None
+    wall_s: float | None = None
+    version: str = ""
+    #: a ``resettrace run``'s id: the processes of one run share it
+    run_id: str | None = None
+    #: every phase a key belongs to: ``{"span", "parent", "key", "gap_key"}``
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dist: dict[str, Any] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    env_steps: int = 0
+    env_per_s: float | None = None
+    reset_fraction: float | None = None
+    export: dict[str, Any] | None = None
+    #: the collector's simulated time facts
+    sim: dict[str, Any] | None = None
+    interrupted: dict[str, Any] | None = None
+    #: a job's processes: one summary each (source, pid, rank, throughput, stats)
+    members: list[dict[str, Any]] = field(default_factory=list)
+    #: other sections, kept as they are (``numba_ab``, ``mixed``, ...)
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: where it was read from (not written)
+    source: str = ""
+    #: the format it was read in (written: always :data:`FORMAT`)
+    format: int = FORMAT
+
+    # -- JSON ---------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON-able dict (its keys: those a collector ``timing.json``
+        always had, and the record's own)."""
+        out: dict[str, Any] = {"format": FORMAT}
+        for f in fields(self):
+            if f.name in ("source", "format", "extra"):
+                continue
+            out[f.name] = getattr(self, f.name)
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "") -> RunRecord:
+        """A record from its JSON (or a collector ``timing.json`` of format 1); a
+        :class:`RecordError` naming ``source`` and what is missing otherwise."""
+        where = source or "run record"
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: not a resettrace run record (a JSON "
+                              f"{type(data).__name__}, not an object)")
+        if "tests" in data and isinstance(data.get("merged"), dict):
+            return cls.from_json(data["merged"], source)  # the pytest plugin's file
+        version = data.get("format", 1)
+        if not isinstance(version, int) or version < 1:
+            raise RecordError(f"{where}: not a resettrace run record (format {version!r})")
+        if version > FORMAT:
+            raise RecordError(f"{where}: a run record of format {version}, written by a newer "
+                              f"resettrace (this one reads up to {FORMAT})")
+        if "stats" not in data:
+            raise RecordError(f"{where}: not a resettrace run record (no 'stats' section)")
+        if version == 1 and set(data) <= {"resettrace", "pid", "mode", "stats"}:
+            raise RecordError(f"{where}: the stats file of an older resettrace run: it has no "
+                              "distributions or samples to analyse; run it again")
+        missing = [k for k in ("stats", "dist", "samples") if not isinstance(data.get(k), dict)]
+        if missing:
+            raise RecordError(f"{where}: not a resettrace run record (no "
+                              + ", ".join(repr(m) for m in missing) + " section)")
+        for key, s in data["stats"].items():
+            if not isinstance(s, dict) or "count" not in s or "total_ms" not in s:
+                raise RecordError(f"{where}: stats of {key!r} lack count or total_ms")
+        known = {f.name for f in fields(cls)} - {"source", "format", "extra"}
+        values = {k: data[k] for k in known if k in data and data[k] is not None}
+        extra = {k: v for k, v in data.items()
+                 if k not in known and k not in ("format", "resettrace")}
+        rec = cls(**values, extra=extra, source=source, format=version)
+        if version == 1:  # a collector timing.json from before records: what it implied
+            rec.kind = "collector"
+            rec.mode = str((rec.config or {}).get("mode", rec.mode))
+            rec.env_steps = int((rec.stats.get("env_step_total_ms") or {}).get("count", 0))
+        if not rec.phases:
+            rec.phases = phases_of(rec.stats)
+        return rec
+
+    # -- what readers need --------------------------------------------------------------------
+    def catalog(self) -> Any:
+        """The phase catalog of this record: the built-in phases and the ones it names
+        (registered in the run that wrote it), in a catalog of its own."""
+        from resettrace.catalog import Catalog
+
+        cat = Catalog()
+        pending = [p for p in self.phases if cat.get(p["span"]) is None]
+        while pending:  # parents first, whatever order the record lists them in
+            left = []
+            for p in pending:
+                if p.get("parent") is None or cat.get(p["parent"]) is not None:
+                    try:
+                        cat.register(p["span"], parent=p.get("parent"), key=p.get("key"),
+                                     gap_key=p.get("gap_key"))
+                    except ValueError as e:
+                        raise RecordError(f"{self.source or 'run record'}: phase "
+                                          f"{p['span']!r}: {e}") from None
+                else:
+                    left.append(p)
+            if len(left) == len(pending):
+                names = ", ".join(repr(p["span"]) for p in left)
+                raise RecordError(f"{self.source or 'run record'}: phases whose parents are "
+                                  f"missing: {names}")
+            pending = left
+        return cat
+
+    @property
+    def num_envs(self) -> int | None:
+        n = (self.config or {}).get("num_envs")
+        return int(n) if isinstance(n, (int, float)) and n else None
+
+    @property
+    def title(self) -> str:
+        """A short line naming what ran."""
+        cfg = self.config or {}
+        if self.kind == "collector" or cfg.get("task"):
+            return (f"{cfg.get('task', '?')} on {cfg.get('backend', '?')}, "
+                    f"{cfg.get('num_envs', '?')} envs, {self.env_steps} env steps")
+        what = " ".join(self.command or []) or self.kind
+        if len(what) > 80:
+            what = what[:77] + "..."
+        envs = f", {self.num_envs} envs" if self.num_envs else ""
+        steps = f", {self.env_steps} env steps" if self.env_steps else ""
+        procs = f", {len(self.members)} processes" if self.members else ""
+        return f"{what}{envs}{steps}{procs}"
+
+
+def phases_of(stats: Mapping[str, Any], catalog: Any = None) -> list[dict[str, Any]]:
+    """The phases (and their ancestors) that the keys of ``stats`` belong to, from
+    ``catalog`` (default: this process's), parents first."""
+    from resettrace.catalog import CATALOG
+
+    cat = CATALOG if catalog is None else catalog
+    wanted: set[str] = set()
+    for p in cat:
+        if p.key in stats or (p.gap_key is not None and p.gap_key in stats):
+            span: str | None = p.span
+            while span is not None and span not in wanted:
+                wanted.add(span)
+                parent = cat.get(span)
+                span = None if parent is None else parent.parent
+    return [{"span": p.span, "parent": p.parent, "key": p.key, "gap_key": p.gap_key}
+            for p in cat if p.span in wanted]
+
+
+# -- from a session -----------------------------------------------------------------------------
+def record_of_session(session: Any, *, kind: str = "process",
+                      command: Sequence[str] | None = None,
+                      config: Mapping[str, Any] | None = None, wall_s: float | None = None,
+                      env_per_s: float | None = None, reset_fraction: float | None = None,
+                      export: Mapping[str, Any] | None = None,
+                      **extra: Any) -> RunRecord:
+    """The record of ``session``'s statistics now (its queued spans aggregated first)."""
+    import resettrace
+    from resettrace import catalog as C
+
+    proc = session.processor
+    if proc is not None:
+        proc.force_flush()
+    stats = {k: s.as_dict() for k, s in session.stats().items()}
+    cfg = dict(config or {})
+    if "num_envs" not in cfg and getattr(session, "env_counts", None):
+        counts = sorted(session.env_counts)
+        cfg["num_envs"] = counts[-1] if len(counts) == 1 else counts[-1]
+        if len(counts) > 1:
+            cfg["env_counts"] = counts
+    steps = int((stats.get(C.ENV_STEP.key) or {}).get("count", 0))
+    envs = cfg.get("num_envs")
+    step_ms = float((stats.get(C.ENV_STEP.key) or {}).get("total_ms", 0.0))
+    if env_per_s is None and steps and envs and step_ms > 0:
+        env_per_s = int(envs) * steps / (step_ms / 1e3)
+    if reset_fraction is None and steps and envs:
+        resets = float((stats.get(C.RESET_DONE_COUNT) or {}).get("total_ms", 0.0))
+        reset_fraction = resets / (steps * int(envs))
+    started = getattr(session, "started_at", None)
+    if wall_s is None and getattr(session, "started_monotonic", None) is not None:
+        wall_s = time.monotonic() - session.started_monotonic
+    attrs = session.resource_attributes() if hasattr(session, "resource_attributes") else {}
+    return RunRecord(
+        kind=kind, mode=session.mode,
+        command=list(sys.argv if command is None else command),
+        config=cfg, host=socket.gethostname(), pid=os.getpid(),
+        parent_pid=attrs.get("resettrace.parent.pid"),
+        rank=session.worker_rank,
+        start=started, wall_s=wall_s, version=resettrace.__version__,
+        run_id=os.environ.get(ENV_RUN_ID) or None,
+        phases=phases_of(stats, session.catalog), stats=stats,
+        dist={k: d.as_dict() for k, d in session.distributions().items()},
+        samples={k: _thin(v) for k, v in session.samples().items()},
+        model=session.cost_model(), env_steps=steps, env_per_s=env_per_s,
+        reset_fraction=reset_fraction,
+        export=dict(export) if export is not None else (
+            session.export_report() if session.config.exports_spans else None),
+        extra=dict(extra))
+
+
+def write_run(path: str | os.PathLike[str], session: Any = None, **what: Any) -> Path:
+    """Write the record of ``session`` (default: the default session) to ``path``
+    (``{pid}`` and ``{rank}`` expand); the path written (:mod:`resettrace.outputs`: a
+    name beside ``path`` when a file there is not resettrace's)."""
+    from resettrace.tables import write_json
+    from resettrace.tracing.api import get_tracing
+
+    session = get_tracing() if session is None else session
+    target = expand(str(path), pid=os.getpid(), rank=session.worker_rank)
+    return write_json(Path(target), record_of_session(session, **what).to_json())
+
+
+def expand(path: str, *, pid: int, rank: int) -> str:
+    """``path`` with ``{pid}`` and ``{rank}`` filled in."""
+    return path.replace("{pid}", str(pid)).replace("{rank}", str(rank))
+
+
+# -- reading ------------------------------------------------------------------------------------
+def record_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The record files named by ``paths``: each file as given, each folder as every
+    ``timing.json`` under it (a folder with none, or a path that does not exist, is a
+    one-line error)."""
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(p.rglob(RECORD_NAME))
+            if not found:
+                raise RecordError(f"{p}: no {RECORD_NAME} in this folder")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"no such run: {p}")
+    return files
+
+
+def read_record(path: str | os.PathLike[str]) -> RunRecord:
+    """The record in ``path`` (a :class:`RecordError` naming it when it is not one)."""
+    p = Path(path)
+    try:
+        text = p.read_bytes().decode("utf-8")
+        data = json.loads(text)
+    except OSError as e:
+        raise RecordError(f"{p}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise RecordError(f"{p}: not a resettrace run record (not UTF-8 text)") from None
+    except ValueError as e:
+        raise RecordError(f"{p}: not a resettrace run record (not JSON: {e})") from None
+    return RunRecord.from_json(data, str(p))
+
+
+def read_records(paths: Iterable[str | os.PathLike[str]]) -> list[RunRecord]:
+    """Every record named by ``paths`` (files, or folders of ``timing.json``)."""
+    return [read_record(f) for f in record_files(paths)]
+
+
+# -- merging ------------------------------------------------------------------------------------
+#: configuration that must agree for runs to be one job (or comparable)
+CONFIG_FIELDS = ("task", "backend", "num_envs", "model", "randomize", "control_dt", "mode")
+
+
+def config_differences(records: Sequence[RunRecord]) -> list[str]:
+    """The configuration fields on which ``records`` differ, with their values."""
+    configs = [dict(r.config or {}, mode=r.mode) for r in records]
+    out = []
+    for k in CONFIG_FIELDS:
+        values = {json.dumps(c.get(k)) for c in configs}
+        if len(values) > 1:
+            out.append(f"{k}: " + ", ".join(sorted(values)))
+    return out
+
+
+def member_summary(r: RunRecord) -> dict[str, Any]:
+    """One process's line in a job: who it was and what it did."""
+    return {"source": r.source, "pid": r.pid, "parent_pid": r.parent_pid, "rank": r.rank,
+            "kind": r.kind, "command": r.command, "env_steps": r.env_steps,
+            "env_per_s": r.env_per_s, "reset_fraction": r.reset_fraction,
+            "steps": (r.config or {}).get("steps"), "interrupted": r.interrupted,
+            "num_envs": r.num_envs, "stats": r.stats}
+
+
+def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
+                  command: Sequence[str] | None = None) -> RunRecord:
+    """The job record of ``records`` (workers of one job): per key, counts and totals
+    add, the max is the largest, the buckets and the cost model's sums add, percentiles
+    come from the summed buckets; env/s and env steps add (the workers ran at once);
+    samples are pooled (thinned to :data:`MAX_RECORD_SAMPLES`). Runs of different
+    configurations are refused unless ``allow_mixed``."""
+    from resettrace.catalog import Catalog
+    from resettrace.costmodel import FitSums, model_section
+    from resettrace.distribution import RELATIVE_ERROR, Distribution
+
+    if not records:
+        raise RecordError("no runs to merge")
+    differ = config_differences(records)
+    if differ and not allow_mixed:
+        raise RecordError("the runs have different configurations (" + "; ".join(differ)
+                          + "): --allow-mixed merges them anyway")
+    stats: dict[str, dict[str, Any]] = {}
+    dists: dict[str, Distribution] = {}
+    sums: dict[str, FitSums] = {}
+    samples: dict[str, list[float]] = {}
+    phases: dict[str, dict[str, Any]] = {}
+    for r in records:
+        for p in r.phases:
+            known = phases.setdefault(p["span"], p)
+            if (known.get("parent"), known.get("key")) != (p.get("parent"), p.get("key")):
+                raise RecordError(f"{r.source or 'a run'}: phase {p['span']!r} has another "
+                                  f"parent or key than in the other runs")
+        for key, s in r.stats.items():
+            m = stats.setdefault(key, {"count": 0, "total_ms": 0.0, "max_ms": -math.inf})
+            m["count"] += int(s["count"])
+            m["total_ms"] += float(s["total_ms"])
+            m["max_ms"] = max(m["max_ms"], float(s.get("max_ms", -math.inf)))
+        for key, raw in r.dist.items():
+            dists.setdefault(key, Distribution()).merge(Distribution.from_dict(raw))
+        for key, v in ((r.model or {}).get("keys") or {}).items():
+            sums.setdefault(key, FitSums()).merge(FitSums.from_dict(v["sums"]))
+        for key, v in r.samples.items():
+            samples.setdefault(key, []).extend(v)
+    for key, m in stats.items():
+        dist = dists.get(key)
+        if dist is not None and dist.count != m["count"]:
+            raise RecordError(f"{key}: the distributions hold {dist.count} calls, the counts "
+                              f"{m['count']}: a run is inconsistent")
+        m["mean_ms"] = m["total_ms"] / m["count"] if m["count"] else float("nan")
+        for q in (50, 90, 99):
+            m[f"p{q}_ms"] = dist.quantile(q / 100) if dist is not None and dist.count else None
+        if m["max_ms"] == -math.inf:
+            m["max_ms"] = float("nan")
+    cat = RunRecord(phases=list(phases.values())).catalog() if phases else Catalog()
+    order = {k: i for i, k in enumerate(cat.all_keys())}
+    ordered = sorted(stats, key=lambda k: (order.get(k, len(order)), k))
+    _share_of_parent(stats, cat)
+    steps = sum(r.env_steps for r in records)
+    envs = {r.num_envs for r in records if r.num_envs}
+    first = records[0]
+    config = dict(first.config) if not differ else {
+        k: v for k, v in first.config.items() if all(r.config.get(k) == v for r in records)}
+    if len(envs) > 1:
+        config["num_envs"] = sum(envs)  # different workers, different batches: all of them
+    reset = [(r.reset_fraction, r.env_steps * (r.num_envs or 0)) for r in records
+             if r.reset_fraction is not None]
+    weight = sum(w for _, w in reset)
+    return RunRecord(
+        kind="job", mode=first.mode,
+        command=list(command) if command is not None else first.command,
+        config=config, host=first.host, pid=None, rank=None,
+        start=min((r.start for r in records if r.start is not None), default=None),
+        wall_s=max((r.wall_s for r in records if r.wall_s is not None), default=None),
+        version=first.version, run_id=first.run_id,
+        phases=[phases[p.span] for p in cat if p.span in phases],
+        stats={k: stats[k] for k in ordered},
+        dist={k: dists[k].as_dict() for k in ordered if k in dists},
+        samples={k: _thin(v) for k, v in samples.items()},
+        model=model_section({k: sums[k] for k in ordered if k in sums}),
+        env_steps=steps,
+        env_per_s=sum(float(r.env_per_s or 0.0) for r in records) or None,
+        reset_fraction=(sum(f * w for f, w in reset) / weight) if weight else None,
+        sim=first.sim, members=[member_summary(r) for r in records],
+        extra={"mixed": differ, "relative_error": RELATIVE_ERROR})
+
+
+def _share_of_parent(stats: dict[str, dict[str, Any]], cat: Any) -> None:
+    for key, s in stats.items():
+        parent = cat.parent_key(key) if key.endswith("_ms") else None
+        ps = stats.get(parent) if parent else None
+        s["share_of_parent"] = (s["total_ms"] / ps["total_ms"]
+                                if ps and ps.get("total_ms") else None)
+
+
+# -- at exit: RESETTRACE_RUN_JSON ----------------------------------------------------------------
+_EXIT: dict[str, Any] = {"pid": None, "written": None}
+
+
+def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
+    """Arrange that this process writes its record at exit to ``RESETTRACE_RUN_JSON``
+    (``{pid}`` and ``{rank}`` expand; without either, only the first process of the job
+    writes it): at normal exit, when a multiprocessing worker leaves (fork, forkserver,
+    spawn; also ended by its parent's ``terminate()``: SIGTERM then ends it through its
+    exit hooks), and never when it recorded nothing. True when arranged."""
+    env = os.environ if environ is None else environ
+    template = env.get(ENV_RUN_JSON, "").strip()
+    if not template:
+        return False
+    if _EXIT["pid"] == os.getpid():
+        return True
+    import atexit
+    from multiprocessing import util
+
+    from resettrace.tracing.session import install_sigterm_exit
+
+    _EXIT["pid"] = os.getpid()
+    atexit.register(_write_exit_record)
+    util.register_after_fork(_EXIT_TOKEN, _arm_worker)  # a worker forked later (or spawned)
+    _arm_worker(_EXIT_TOKEN)
+    install_sigterm_exit()
+    return True
+
+
+class _Token:
+    """An object multiprocessing's after-fork registry can hold weakly."""
+
+
+_EXIT_TOKEN = _Token()
+
+
+def _arm_worker(_token: Any) -> None:
+    """In a multiprocessing worker (it leaves through ``os._exit``, where atexit never
+    runs): write the record from multiprocessing's own exit path, after the span flush."""
+    import multiprocessing
+    from multiprocessing import util
+
+    from resettrace.tracing.session import install_sigterm_exit
+
+    if multiprocessing.parent_process() is None:
+        return
+    _EXIT["pid"] = os.getpid()
+    util.Finalize(None, _write_exit_record, exitpriority=50)
+    install_sigterm_exit()
+
+
+def _write_exit_record() -> None:
+    """Write this process's record (once), if its default session recorded anything."""
+    from resettrace.tracing.api import default_session
+    from resettrace.tracing.session import holding_signals
+
+    if _EXIT["written"] == os.getpid():
+        return
+    _EXIT["written"] = os.getpid()
+    template = os.environ.get(ENV_RUN_JSON, "").strip()
+    session = default_session()
+    if not template or session is None or not session.stats():
+        return  # nothing recorded here: nothing to say
+    if "{pid}" not in template and "{rank}" not in template and _job_worker():
+        return  # one path for the job: the first process writes it
+    with holding_signals(redeliver=True):  # a signal now would cut the file short
+        try:
+            write_run(template, session)
+        except (OSError, ValueError) as e:
+            print(f"resettrace: the run record was not written: {e}", file=sys.stderr)
+
+
+def _job_worker() -> bool:
+    """Whether this process was started by another process of the same job."""
+    from resettrace.config import ENV_RUN_OWNER
+
+    owner = os.environ.get(ENV_RUN_OWNER, "").strip()
+    return bool(owner) and owner != str(os.getpid())
