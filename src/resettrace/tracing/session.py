@@ -114,6 +114,7 @@ class Tracing:
         self.started_at = time.time()
         self.started_monotonic = time.monotonic()
         self.env_counts: set[int] = set()
+        self._recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
         if not self.config.enabled:
             return
         from resettrace.tracing.processor import TimingSpanProcessor
@@ -234,7 +235,19 @@ class Tracing:
         sinks: list[Any] = [self.processor]
         if self.sampler is not None:
             sinks.append(self.sampler)
-        return Recorder(sinks, attributes=attrs, catalog=self.catalog)
+        rec = Recorder(sinks, attributes=attrs, catalog=self.catalog)
+        # the env count may be set later (traced(env_count=...)): read when asked, or
+        # from the attributes the recorder leaves when it is collected
+        self._recorders.add(rec)
+        weakref.finalize(rec, _note_env_count, self.env_counts, rec.attributes)
+        return rec
+
+    def seen_env_counts(self) -> set[int]:
+        """The env counts its recorders were given (at creation or later)."""
+        counts = set(self.env_counts)
+        for rec in list(self._recorders):
+            _note_env_count(counts, rec.attributes)
+        return counts
 
     def thread_recorder(self) -> Recorder | NoopRecorder:
         """This thread's default recorder (``current_recorder()`` when none is bound)."""
@@ -340,6 +353,12 @@ class Tracing:
                     f"{name}: {exporter_outcome(e, report['spans_dropped'])}"
                     for name, e in report.get("exporters", {}).items())
                     or f"{report['spans_dropped']} dropped")
+
+
+def _note_env_count(counts: set[int], attributes: Mapping[str, Any]) -> None:
+    n = attributes.get(ATTR_ENV_COUNT)
+    if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+        counts.add(n)
 
 
 def parent_pid() -> int:
