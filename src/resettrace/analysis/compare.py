@@ -290,11 +290,12 @@ def render_compare(result: Mapping[str, Any]) -> str:
     def num(x: Any) -> float:
         return float("nan") if x is None else float(x)
 
+    idle = [k for k in result["keys"] if not k["base_mean"] and not k["new_mean"]]
     rows = [[k["key"], num(k["base_p50"]), num(k["new_p50"]), num(k["base_mean"]),
              num(k["new_mean"]), num(k["delta_ms"]), num(k["delta_pct"]),
              "-" if k["ci_low_pct"] is None or k["ci_high_pct"] is None
              else f"[{k['ci_low_pct']:+.1f}, {k['ci_high_pct']:+.1f}]", k["verdict"]]
-            for k in result["keys"]]
+            for k in result["keys"] if k not in idle]
     parts.append(format_table(
         f"per key (ms; delta = NEW/BASE - 1 of block medians, {100 * s['confidence']:.0f}% "
         f"bootstrap interval; slower/faster only beyond the +-{s['noise_floor_pct']:.1f}% "
@@ -302,7 +303,9 @@ def render_compare(result: Mapping[str, Any]) -> str:
                          if s.get("reference_shift_pct") is not None
                          and s["noise_floor_pct"] > s["noise_pct"] else "") + ")",
         ["key", "base p50", "new p50", "base mean", "new mean", "delta ms", "delta %",
-         "interval %", "verdict"], rows))
+         "interval %", "verdict"], rows)
+        + (f"\n({len(idle)} keys that took no time on either side not shown)" if idle
+           else ""))
     if result.get("model"):
         parts.append(render_model_rows(result["model"]))
     return "\n\n".join(parts)
