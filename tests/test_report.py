@@ -4,9 +4,11 @@ driven by selenium through Debian's chromedriver; ``make test`` installs both)."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,17 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _env() -> dict[str, str]:
+    """The test's environment without any resettrace or OpenTelemetry setting."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RESETTRACE", "OTEL_")) and k != "PYTHONPATH"}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "resettrace.cli", *args], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, cwd=cwd, env=_env())
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +54,23 @@ def browser() -> Iterator[Any]:
     driver.quit()
 
 
+@pytest.fixture(scope="module")
+def collector_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two demo-like collector runs: ``base`` (no randomization) and ``new`` (randomized,
+    with ``--report``): both leave most set_state phases at 0.0 ms in every call."""
+    runs = {}
+    for name, extra in (("base", []), ("new", ["--randomize", "--report"])):
+        out = tmp_path_factory.mktemp("runs") / name
+        r = _cli("bench", "collector", "--num-envs", "32", "--steps", "120", "--warmup", "5",
+                 "--nthread", "1", "--action-noise", "2", "--out", str(out), *extra)
+        assert r.returncode == 0, r.stderr
+        runs[name] = out
+    # bench collector --report wrote it next to timing.json and said so
+    assert (runs["new"] / "report.html").is_file()
+    assert str(runs["new"] / "report.html") in r.stdout
+    return runs
+
+
 _DOM = """
 const out = {};
 for (const div of document.querySelectorAll('div.chart')) {
@@ -55,6 +82,31 @@ out.top_box = top ? top.textContent : null;
 out.table_rows = document.querySelectorAll('#percentiles .cell-text').length;
 out.cost_lines = document.querySelectorAll('#cost-model .scatterlayer .trace').length;
 return JSON.stringify(out);
+"""
+
+#: the phase tree as the page holds it: every view's root and ids, which one is shown, the
+#: box drawn on top, the buttons, and what the tables and charts list
+_TREE = """
+const icicle = document.getElementById('icicle');
+const shown = icicle.data.filter(t => t.visible !== false);
+const top = document.querySelector('#icicle g.slice');
+const pct = document.getElementById('percentiles');
+const hist = document.getElementById('histograms');
+const over = document.getElementById('over-run');
+return JSON.stringify({
+  views: icicle.data.map(t => ({root: (t.ids || [])[0], ids: t.ids, labels: t.labels,
+                                visible: t.visible !== false})),
+  shown_root: shown.length === 1 ? ((shown[0].ids || [])[0] ?? null) : null,
+  top_box: top ? top.textContent : null,
+  buttons: Array.from(document.querySelectorAll('#icicle .updatemenu-button'))
+                .map(b => b.textContent),
+  table: pct.data[0].cells.values[0],
+  table_title: pct.layout.title.text,
+  histograms: (hist.layout.annotations || []).map(a => a.text),
+  over_run: over.data.map(t => t.name),
+  title: document.title, h1: document.querySelector('h1').textContent,
+  facts: (document.querySelector('p.facts') || {}).textContent || null,
+});
 """
 
 
@@ -78,36 +130,177 @@ def _open(browser: Any, path: Path) -> dict[str, Any]:
     return json.loads(browser.execute_script(_DOM))
 
 
-def test_the_report_renders_every_chart_offline(tmp_path: Path, browser: Any) -> None:
-    runs = {}
-    for name, extra in (("base", []), ("new", ["--randomize", "--report"])):
-        out = tmp_path / name
-        r = _cli("bench", "collector", "--num-envs", "32", "--steps", "120", "--warmup", "5",
-                 "--nthread", "1", "--action-noise", "2", "--out", str(out), *extra)
-        assert r.returncode == 0, r.stderr
-        runs[name] = out
-    # bench collector --report wrote it next to timing.json and said so
-    assert (runs["new"] / "report.html").is_file()
-    assert str(runs["new"] / "report.html") in r.stdout
+def _severe(browser: Any) -> list[Any]:
+    return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _tree(browser: Any) -> dict[str, Any]:
+    return json.loads(browser.execute_script(_TREE))
+
+
+def _click_view(browser: Any, name: str) -> dict[str, Any]:
+    """Click the tree's view button called ``name`` (a real click in the browser)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    button = next(b for b in browser.find_elements(By.CSS_SELECTOR,
+                                                   "#icicle .updatemenu-button")
+                  if b.text.strip() == name)
+    button.click()
+    WebDriverWait(browser, 10).until(lambda d: _tree(d)["top_box"] is not None
+                                     and _tree(d)["shown_root"] is not None)
+    return _tree(browser)
+
+
+def test_the_report_renders_every_chart_offline(tmp_path: Path, browser: Any,
+                                                collector_runs: dict[str, Path]) -> None:
     report = tmp_path / "cmp" / "report.html"
-    r = _cli("report", str(runs["new"]), "--compare", str(runs["base"]), "-o", str(report))
+    r = _cli("report", str(collector_runs["new"]), "--compare", str(collector_runs["base"]),
+             "-o", str(report))
     assert r.returncode == 0 and str(report) in r.stdout, r.stderr
     assert _external_sources(report.read_text()) == []  # plotly.js is inlined: no network
 
     browser.get(report.resolve().as_uri())
     dom = json.loads(browser.execute_script(_DOM))
-    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    errors = _severe(browser)
     assert not errors, errors
     for chart in (*CHART_IDS, "compare-table", "compare-deltas"):
         assert dom[chart]["drawn"] and dom[chart]["svg"] > 0 and dom[chart]["traces"] > 0, chart
-    assert dom["top_box"].startswith("env_step"), dom["top_box"]
-    assert dom["table_rows"] > 30  # every phase's p50/p90/p99
+    assert dom["top_box"].startswith("reset_done"), dom["top_box"]
+    assert dom["table_rows"] > 30  # the p50/p90/p99 of every phase that ran
     assert dom["cost_lines"] == 4  # reset_done and set_state: the calls and the fitted line
+    # the compare table leaves out keys that took no time on either side
+    keys = browser.execute_script(
+        "return document.getElementById('compare-table').data[0].cells.values[0]")
+    assert "dr_reset_set_state_ms" in keys and "set_state_mask_ms" not in keys, keys
+    assert "never took time" in browser.execute_script(
+        "return document.getElementById('compare-table').layout.title.text")
     browser.save_screenshot(str(tmp_path / "report.png"))  # for a person to look at
 
-    alone = _open(browser, runs["new"] / "report.html")  # no --compare: no compare charts
+    alone = _open(browser, collector_runs["new"] / "report.html")  # no --compare
     assert set(alone) >= set(CHART_IDS) and "compare-table" not in alone
-    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not _severe(browser)
+
+
+def test_the_report_opens_on_the_reset_path(browser: Any,
+                                            collector_runs: dict[str, Path]) -> None:
+    run = collector_runs["new"]
+    stats = json.loads((run / "timing.json").read_text())["stats"]
+    idle = {k for k, s in stats.items() if k.endswith("_ms") and s["total_ms"] == 0.0}
+    assert "set_state_mask_ms" in idle  # the demo's run: phases that never took time
+
+    browser.get((run / "report.html").resolve().as_uri())
+    tree = _tree(browser)
+    assert not _severe(browser)
+    # the default view: the reset path, rooted at reset_done, with its gaps as boxes
+    assert tree["views"][0]["visible"] and tree["shown_root"] == "reset_done_ms", tree
+    assert tree["top_box"].startswith("reset_done"), tree["top_box"]
+    reset_ids = tree["views"][0]["ids"]
+    assert "dr_reset_set_state_ms" in reset_ids and "set_state_internal_gap_ms" in reset_ids
+    assert "physics_ms" not in reset_ids and not idle & set(reset_ids)
+    assert tree["buttons"] == ["reset path", "env step"], tree["buttons"]
+    # one click away: the whole env step
+    tree = _click_view(browser, "env step")
+    assert tree["shown_root"] == "env_step_total_ms" and tree["top_box"].startswith("env_step")
+    assert {"physics_ms", "reset_done_ms", "env_step_other_ms"} <= set(tree["views"][1]["ids"])
+    tree = _click_view(browser, "reset path")
+    assert tree["shown_root"] == "reset_done_ms"
+    # the tables and charts list only keys that ran, and say how many they left out
+    shown = set(tree["table"])
+    assert "set_state.mask" not in shown and "set_state.reset_rand" in shown, shown
+    assert f"{len(idle)} keys that never took time left out" in tree["table_title"]
+    assert not {"set_state.mask", "set_state.data_slice"} & set(tree["histograms"])
+    assert not {"set_state.mask", "set_state.data_slice"} & set(tree["over_run"])
+    assert "?" not in tree["title"] and "g1_walk_flat on mujoco" in tree["h1"]
+    assert not _severe(browser)
+
+
+#: a user's own stack, none of resettrace's classes: a reset with a plan that samples terrain,
+#: and an observation outside any env step
+USER_MODULE = """
+    import time
+
+
+    def terrain(ids):
+        time.sleep(0.0004)
+
+
+    def plan(ids):
+        terrain(ids)
+        time.sleep(0.0002)
+
+
+    def reset(ids):
+        plan(ids)
+        time.sleep(0.0001)
+
+
+    def observe():
+        time.sleep(0.0001)
+
+
+    def main():
+        for i in range(30):
+            observe()
+            if i % 2 == 0:
+                reset(list(range(i % 5 + 1)))
+"""
+
+USER_SPEC = """
+    [attributes]
+    task = "my-terrain-walk"
+
+    [[phases]]
+    span = "dr_reset.plan.terrain"
+    parent = "dr_reset.plan"
+
+    [[phases]]
+    span = "env_step.observe"
+    parent = "env_step"
+
+    [instrument]
+    "rt_user_stack:reset" = { phase = "dr_reset", count = "ids" }
+    "rt_user_stack:plan" = "dr_reset.plan"
+    "rt_user_stack:terrain" = "dr_reset.plan.terrain"
+    "rt_user_stack:observe" = "env_step.observe"
+"""
+
+
+def test_the_report_of_a_zero_code_job(tmp_path: Path, browser: Any) -> None:
+    """A ``resettrace run --stats-json`` job of a user's own stack (no collector config, no
+    env_step, registered phases): the report reads as well as a collector run's."""
+    (tmp_path / "rt_user_stack.py").write_text(textwrap.dedent(USER_MODULE))
+    (tmp_path / "train.py").write_text("import rt_user_stack\n\nrt_user_stack.main()\n")
+    (tmp_path / "spec.toml").write_text(textwrap.dedent(USER_SPEC))
+    r = _cli("run", "--no-summary", "--instrument", "spec.toml", "--stats-json", "job.json",
+             "--", sys.executable, "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["kind"] == "job" and "env_step_total_ms" not in job["stats"]
+    assert job["stats"]["dr_reset_plan_terrain_ms"]["count"] == 15
+    r = _cli("report", "job.json", "-o", "report.html", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+    dom = _open(browser, tmp_path / "report.html")
+    errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+    assert not errors, errors
+    for chart in ("icicle", "histograms", "percentiles", "over-run"):
+        assert dom[chart]["drawn"] and dom[chart]["svg"] > 0 and dom[chart]["traces"] > 0, chart
+    tree = _tree(browser)
+    # the reset path: the user's dr_reset, with the registered phase under its plan
+    assert tree["shown_root"] == "dr_reset_total_ms" and tree["top_box"].startswith("dr_reset")
+    reset = tree["views"][0]
+    assert {"dr_reset_plan_ms", "dr_reset_plan_terrain_ms"} <= set(reset["ids"])
+    assert "dr_reset.plan.terrain" in reset["labels"]
+    # no env step here: the other view is every phase recorded
+    assert tree["buttons"] == ["reset path", "all phases"], tree["buttons"]
+    tree = _click_view(browser, "all phases")
+    assert {"dr_reset_total_ms", "env_step_observe_ms"} <= set(tree["views"][1]["ids"])
+    assert {"dr_reset.plan.terrain", "env_step.observe"} <= set(tree["table"])
+    for text in (tree["title"], tree["h1"], tree["facts"]):
+        assert "?" not in text, text
+    assert "1 process" in tree["facts"] and "train.py" in tree["h1"], tree
+    assert not _severe(browser)
 
 
 def test_report_cli_bad_input_is_one_line(tmp_path: Path) -> None:

@@ -556,8 +556,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="merge runs of different configurations anyway")
     mg.set_defaults(func=_merge)
 
-    rep = sub.add_parser("report", help="one self-contained HTML report of a collector run")
-    rep.add_argument("run", metavar="RUN", help="timing.json, or its folder")
+    rep = sub.add_parser("report", help="one self-contained HTML report of a run record")
+    rep.add_argument("run", metavar="RUN",
+                     help="a run record (timing.json, a resettrace run --stats-json file), "
+                          "or the folder of a timing.json")
     rep.add_argument("--compare", default=None, metavar="BASE",
                      help="also compare against BASE (timing.json or a folder of runs)")
     rep.add_argument("-o", "--output", default="report.html", help="the HTML file (report.html)")

@@ -197,19 +197,27 @@ class RunRecord:
 
     @property
     def title(self) -> str:
-        """A short line naming what ran."""
+        """A short line naming what ran, from what the record knows (nothing it lacks is
+        shown): the task and backend (else the command, its program without its folder),
+        the envs, the env steps and a job's processes."""
         cfg = self.config or {}
-        if self.kind == "collector" or cfg.get("task"):
-            return (f"{cfg.get('task', '?')} on {cfg.get('backend', '?')}, "
-                    f"{cfg.get('num_envs', '?')} envs, {self.env_steps} env steps")
-        what = " ".join(self.command or []) or self.kind
-        if len(what) > 80:
-            what = what[:77] + "..."
-        envs = f", {self.num_envs} envs" if self.num_envs else ""
-        steps = f", {self.env_steps} env steps" if self.env_steps else ""
-        n = len(self.members)
-        procs = f", {n} process{'' if n == 1 else 'es'}" if n else ""
-        return f"{what}{envs}{steps}{procs}"
+        what = " on ".join(str(cfg[k]) for k in ("task", "backend") if cfg.get(k))
+        if not what:
+            command = [str(c) for c in self.command or []]
+            if command:
+                command[0] = os.path.basename(command[0]) or command[0]
+            what = " ".join(command) or f"a {self.kind} run"
+            if len(what) > 80:
+                what = what[:77] + "..."
+        parts = [what]
+        if self.num_envs:
+            parts.append(f"{self.num_envs} envs")
+        if self.env_steps:
+            parts.append(f"{self.env_steps} env steps")
+        if self.members:
+            n = len(self.members)
+            parts.append(f"{n} process{'' if n == 1 else 'es'}")
+        return ", ".join(parts)
 
 
 def phases_of(stats: Mapping[str, Any], catalog: Any = None) -> list[dict[str, Any]]:

@@ -54,6 +54,7 @@ def render_job(job: RunRecord) -> str:
         parts.append("MIXED configurations: " + "; ".join(mixed))
     members: Sequence[Mapping[str, Any]] = job.members
     cols = [k for k in _PER_RANK if k in ran(job.stats)]
+    cat = job.catalog()
     rows = []
     for m in members:
         s = m.get("stats") or {}
@@ -72,7 +73,7 @@ def render_job(job: RunRecord) -> str:
         f"{len(members)} process{'' if len(members) == 1 else 'es'} (p50/p99 in ms{note}; "
         "the job's env steps and env/s: the sums)",
         ["rank", "pid", "env steps", "env/s", "reset %",
-         *[f"{C.CATALOG.label(k) if k in C.CATALOG.by_key else k} p50" for k in cols],
+         *[f"{cat.label(k)} p50" for k in cols],
          "set_state p99"], rows))
     parts.append(render_keys(job, f"the job, per key ({job.title}; ms)"))
     return "\n\n".join(parts)
