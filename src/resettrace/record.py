@@ -207,7 +207,8 @@ class RunRecord:
             what = what[:77] + "..."
         envs = f", {self.num_envs} envs" if self.num_envs else ""
         steps = f", {self.env_steps} env steps" if self.env_steps else ""
-        procs = f", {len(self.members)} processes" if self.members else ""
+        n = len(self.members)
+        procs = f", {n} process{'' if n == 1 else 'es'}" if n else ""
         return f"{what}{envs}{steps}{procs}"
 
 
