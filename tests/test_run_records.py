@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 # -- helpers -----------------------------------------------------------------------------------
 
@@ -67,3 +70,196 @@ def test_a_jobs_title_counts_its_processes() -> None:
     two = RunRecord(kind="job", command=["python", "train.py"], members=[{}, {}])
     assert one.title == "python train.py, 1 process"
     assert two.title == "python train.py, 2 processes"
+
+
+# -- a stack of the test's own ----------------------------------------------------------------
+#: a batched numpy "env" with a DR-like reset (plan -> terrain), no resettrace in it
+STACK = """
+    import numpy as np
+
+
+    class TerrainDR:
+        def __init__(self, num_envs, seed):
+            self.rng = np.random.default_rng(seed)
+            self.qpos = np.zeros((num_envs, 7))
+
+        def reset(self, env_ids):
+            self.qpos[env_ids] = self.plan(env_ids)
+
+        def plan(self, env_ids):
+            out = self.rng.normal(size=(len(env_ids), 7))
+            out[:, 2] += self.terrain(env_ids)
+            return out
+
+        def terrain(self, env_ids):
+            return self.rng.uniform(0.0, 0.1, size=len(env_ids))
+
+
+    class BatchEnv:
+        def __init__(self, num_envs, seed):
+            self.num_envs = num_envs
+            self.rng = np.random.default_rng(seed)
+            self.dr = TerrainDR(num_envs, seed)
+            self.age = np.zeros(num_envs)
+            self.resets = 0
+
+        def step(self, action):
+            self.age += 1 + self.rng.integers(0, 3, size=self.num_envs) + 0 * action
+            done = self.age > 12
+            if done.any():
+                self.reset_done(done)
+            return self.age.copy()
+
+        def reset_done(self, done):
+            self.resets += 1
+            self.reinit(np.flatnonzero(done))
+
+        def reinit(self, ids):
+            self.age[ids] = 0
+            self.dr.reset(ids)
+"""
+
+TRAIN = """
+    import sys
+
+    import numpy as np
+
+    from rr_stack import BatchEnv
+
+    env = BatchEnv(16, seed=int(sys.argv[1]))
+    for _ in range(150):
+        env.step(np.zeros(16))
+    print(f"resets {env.resets}")
+"""
+
+#: the env count in [attributes]; ``SPEC_ENV_COUNT_ARG`` reads it from the env instead
+SPEC = """
+    [attributes]
+    backend = "rr-numpy"
+    env_count = 16
+
+    [[phases]]
+    span = "dr_reset.plan.terrain"
+    parent = "dr_reset.plan"
+
+    [instrument]
+    "rr_stack:BatchEnv.step" = "env_step"
+    "rr_stack:BatchEnv.reset_done" = { phase = "reset_done", count = "done" }
+    "rr_stack:BatchEnv.reinit" = { phase = "reset_done.reset_call", count = "ids" }
+    "rr_stack:TerrainDR.reset" = { phase = "dr_reset", count = "env_ids" }
+    "rr_stack:TerrainDR.plan" = "dr_reset.plan"
+    "rr_stack:TerrainDR.terrain" = "dr_reset.plan.terrain"
+"""
+
+SPEC_ENV_COUNT_ARG = SPEC.replace("    env_count = 16\n", "").replace(
+    '"rr_stack:BatchEnv.step" = "env_step"',
+    '"rr_stack:BatchEnv.step" = { phase = "env_step", env_count = "self.num_envs" }')
+
+TERRAIN_KEY = "dr_reset_plan_terrain_ms"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two ``resettrace run``s of the stack (seeds 0 and 1; the env count from the spec's
+    ``[attributes]``, then from a target's ``env_count``): their job records and output."""
+    folder = tmp_path_factory.mktemp("stack")
+    _write(folder, {"rr_stack.py": STACK, "train.py": TRAIN, "spec.toml": SPEC,
+                    "spec_arg.toml": SPEC_ENV_COUNT_ARG})
+    runs = {}
+    for name, spec, seed in (("job", "spec.toml", "0"), ("job2", "spec_arg.toml", "1")):
+        r = _cli(["run", "--instrument", spec, "--stats-json", f"out/{name}.json", "--",
+                  sys.executable, "train.py", seed], folder)
+        assert r.returncode == 0, r.stderr
+        m = re.fullmatch(r"resets (\d+)\n", r.stdout)
+        assert m, r.stdout
+        runs[name] = {"result": r, "resets": int(m.group(1)),
+                      "path": folder / "out" / f"{name}.json"}
+    return {"folder": folder, **runs}
+
+
+@pytest.mark.parametrize("name", ["job", "job2"])
+def test_zero_code_run_of_an_own_stack_writes_the_job_record(stack: dict[str, Any],
+                                                             name: str) -> None:
+    run = stack[name]
+    r, resets = run["result"], run["resets"]
+    assert "Traceback" not in r.stderr and "not under its registered parent" not in r.stderr
+    job = json.loads(run["path"].read_text())
+    assert job["kind"] == "job" and job["format"] == 2
+    # one process, one record beside the job's, and the job holds exactly it
+    per = _records(run["path"].parent, name)
+    assert len(per) == 1 and len(job["members"]) == 1
+    (pid, own), = per.items()
+    assert job["members"][0]["pid"] == pid and own["rank"] == 0
+    # counts: the steps and the resets that happened (the script printed them)
+    counts = {k: s["count"] for k, s in job["stats"].items()}
+    assert counts["env_step_total_ms"] == 150
+    for key in ("reset_done_ms", "reset_done_reset_call_ms", "dr_reset_total_ms",
+                "dr_reset_plan_ms", TERRAIN_KEY, "reset_done_count"):
+        assert counts[key] == resets, key
+    assert counts == {k: s["count"] for k, s in own["stats"].items()}
+    # the registered phase, with its parent: a reader rebuilds the tree without the stack
+    phases = {p["span"]: p for p in job["phases"]}
+    assert phases["dr_reset.plan.terrain"]["parent"] == "dr_reset.plan"
+    assert phases["dr_reset.plan.terrain"]["key"] == TERRAIN_KEY
+    assert job["stats"][TERRAIN_KEY]["share_of_parent"] > 0
+    # throughput is known: the env count came from the spec
+    assert job["config"]["num_envs"] == 16 and own["config"]["num_envs"] == 16
+    assert job["env_steps"] == 150
+    step_s = job["stats"]["env_step_total_ms"]["total_ms"] / 1e3
+    assert job["env_per_s"] == pytest.approx(16 * 150 / step_s, rel=1e-6)
+    envs_reset = job["stats"]["reset_done_count"]["total_ms"]
+    assert job["reset_fraction"] == pytest.approx(envs_reset / (150 * 16))
+    # the summary: a line per rank, then the job's line
+    assert re.search(rf"^0\s+{pid}\s+150\s+\d", r.stderr, re.M), r.stderr
+    assert re.search(r"^job\s+1\s+150\s+\d", r.stderr, re.M), r.stderr
+    assert re.search(rf"^{TERRAIN_KEY}\s+{resets}\s", r.stderr, re.M)
+    assert "1 process (" in r.stderr and ", 1 process;" in r.stderr
+
+
+def test_compare_of_two_stack_runs(stack: dict[str, Any]) -> None:
+    folder = stack["folder"]
+    r = _cli(["compare", "out/job.json", "out/job2.json", "--json", "cmp.json"], folder)
+    assert r.returncode == 0, r.stderr
+    result = json.loads((folder / "cmp.json").read_text())
+    assert result["not_comparable"] == []  # same env count and mode, similar reset ratio
+    verdicts = {k["key"]: k["verdict"] for k in result["keys"]}
+    for key in ("env_step_total_ms", "reset_done_ms", "dr_reset_plan_ms", TERRAIN_KEY):
+        assert verdicts[key] in ("slower", "faster", "within noise"), key
+    assert re.search(rf"^{TERRAIN_KEY}\s.*(slower|faster|within noise)$", r.stdout, re.M)
+    assert result["env_per_s"]["base"] > 0 and result["env_per_s"]["new"] > 0
+    assert re.search(r"^env/s: [\d,]+ -> [\d,]+ \([+-]\d", r.stdout, re.M), r.stdout
+    assert TERRAIN_KEY in {m["key"] for m in result["model"]}
+
+
+def test_merge_of_two_stack_jobs(stack: dict[str, Any]) -> None:
+    folder = stack["folder"]
+    r = _cli(["merge", "out/job.json", "out/job2.json", "-o", "merged.json"], folder)
+    assert r.returncode == 0, r.stderr
+    merged = json.loads((folder / "merged.json").read_text())
+    assert merged["kind"] == "job" and len(merged["members"]) == 2
+    resets = stack["job"]["resets"] + stack["job2"]["resets"]
+    assert merged["stats"][TERRAIN_KEY]["count"] == resets
+    assert merged["stats"]["env_step_total_ms"]["count"] == 300
+    assert merged["env_steps"] == 300
+    assert "dr_reset.plan.terrain" in {p["span"] for p in merged["phases"]}
+    assert re.search(rf"^{TERRAIN_KEY}\s+{resets}\s", r.stdout, re.M)
+
+
+def test_fit_of_a_stack_job(stack: dict[str, Any]) -> None:
+    folder = stack["folder"]
+    r = _cli(["fit", "out/job.json", "--json", "fit.json"], folder)
+    assert r.returncode == 0, r.stderr
+    fit = json.loads((folder / "fit.json").read_text())
+    assert fit["env_counts"] == [16]
+    terrain = fit["keys"][TERRAIN_KEY]["per_env_count"]["16"]
+    assert terrain["n"] == stack["job"]["resets"] and terrain["a_ms"] is not None
+    assert "env_step_total_ms" not in fit["keys"]  # not reset work
+    assert re.search(rf"^{TERRAIN_KEY}\s+16\s+{stack['job']['resets']}\s", r.stdout, re.M)
+
+
+def test_report_of_a_stack_job(stack: dict[str, Any]) -> None:
+    folder = stack["folder"]
+    r = _cli(["report", "out/job.json", "--compare", "out/job2.json", "-o", "r.html"], folder)
+    assert r.returncode == 0, r.stderr
+    page = (folder / "r.html").read_text()
+    assert page.lstrip().lower().startswith("<!doctype html") and TERRAIN_KEY in page

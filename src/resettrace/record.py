@@ -246,9 +246,9 @@ def record_of_session(session: Any, *, kind: str = "process",
         proc.force_flush()
     stats = {k: s.as_dict() for k, s in session.stats().items()}
     cfg = dict(config or {})
-    if "num_envs" not in cfg and getattr(session, "env_counts", None):
-        counts = sorted(session.env_counts)
-        cfg["num_envs"] = counts[-1] if len(counts) == 1 else counts[-1]
+    counts = sorted(getattr(session, "env_counts", None) or ())
+    if "num_envs" not in cfg and counts:
+        cfg["num_envs"] = counts[-1]  # recorders of several batch sizes: the largest
         if len(counts) > 1:
             cfg["env_counts"] = counts
     steps = int((stats.get(C.ENV_STEP.key) or {}).get("count", 0))

@@ -110,10 +110,14 @@ class Tracing:
         #: the process the session was made in (a forked worker resolves its own rank)
         self._pid = os.getpid()
         self._rank = self.config.worker_rank
-        #: when it started (Unix s, and monotonic s) and the env counts its recorders had
+        #: when it started (Unix s, and monotonic s)
         self.started_at = time.time()
         self.started_monotonic = time.monotonic()
-        self.env_counts: set[int] = set()
+        #: env counts given to its recorders, and the recorders (whose attributes may get
+        #: one later: ``traced(env_count=...)`` sets it on its first call)
+        self._env_counts: set[int] = set()
+        self._recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
+        self._recorders_lock = threading.Lock()
         if not self.config.enabled:
             return
         from resettrace.tracing.processor import TimingSpanProcessor
@@ -223,8 +227,6 @@ class Tracing:
             return NOOP_RECORDER
         attrs: dict[str, Any] = dict(_DEFAULT_ATTRIBUTES)
         attrs.update(attributes or {})
-        if env_count is not None:
-            self.env_counts.add(int(env_count))
         if backend is not None:
             attrs[ATTR_BACKEND] = backend
         if task is not None:
@@ -234,7 +236,26 @@ class Tracing:
         sinks: list[Any] = [self.processor]
         if self.sampler is not None:
             sinks.append(self.sampler)
-        return Recorder(sinks, attributes=attrs, catalog=self.catalog)
+        rec = Recorder(sinks, attributes=attrs, catalog=self.catalog)
+        with self._recorders_lock:
+            n = _env_count(attrs.get(ATTR_ENV_COUNT))
+            if n is not None:
+                self._env_counts.add(n)
+            self._recorders.add(rec)
+        return rec
+
+    @property
+    def env_counts(self) -> set[int]:
+        """The env counts (envs in a batch) its recorders were told: ``recorder(env_count=)``,
+        a spec's ``[attributes] env_count`` (every recorder starts with it) and
+        ``traced(env_count=...)`` (read on the decorated function's first call)."""
+        with self._recorders_lock:
+            out = set(self._env_counts)
+            for rec in list(self._recorders):
+                n = _env_count(rec.attributes.get(ATTR_ENV_COUNT))
+                if n is not None:
+                    out.add(n)
+        return out
 
     def thread_recorder(self) -> Recorder | NoopRecorder:
         """This thread's default recorder (``current_recorder()`` when none is bound)."""
@@ -340,6 +361,12 @@ class Tracing:
                     f"{name}: {exporter_outcome(e, report['spans_dropped'])}"
                     for name, e in report.get("exporters", {}).items())
                     or f"{report['spans_dropped']} dropped")
+
+
+def _env_count(value: Any) -> int | None:
+    """An env count attribute as a count of envs (a positive int), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else None
 
 
 def parent_pid() -> int:
