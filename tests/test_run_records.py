@@ -263,3 +263,295 @@ def test_report_of_a_stack_job(stack: dict[str, Any]) -> None:
     assert r.returncode == 0, r.stderr
     page = (folder / "r.html").read_text()
     assert page.lstrip().lower().startswith("<!doctype html") and TERRAIN_KEY in page
+
+
+# -- workers, every way they start ------------------------------------------------------------
+WORK = "def work(i):\n    return i * 2\n"
+WORK_SPEC = '[instrument]\n"rr_work:work" = "env_step"\n'
+CALLS = 4  # calls each worker (or task) records
+
+WORKERS = f"""
+    import collections
+    import concurrent.futures as cf
+    import json
+    import multiprocessing as mp
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import rr_work
+
+
+    def child():
+        for i in range({CALLS}):
+            rr_work.work(i)
+
+
+    def task(i):
+        for j in range({CALLS}):
+            rr_work.work(j)
+        time.sleep(0.02)  # both workers get tasks
+        return os.getpid()
+
+
+    if __name__ == "__main__":
+        how = sys.argv[1]
+        rr_work.work(0)
+        rr_work.work(1)
+        helper = subprocess.Popen([sys.executable, "-c", "pass"])  # records nothing
+        helper.wait()
+        tasks = collections.Counter()
+        if how in ("fork", "forkserver", "spawn"):
+            ctx = mp.get_context(how)
+            procs = [ctx.Process(target=child) for _ in range(2)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join()
+            assert [p.exitcode for p in procs] == [0, 0]
+            workers = [p.pid for p in procs]  # in start order: ranks 1, 2
+            tasks.update(workers)
+        elif how == "futures":
+            with cf.ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as ex:
+                tasks.update(ex.map(task, range(6)))
+            workers = sorted(tasks)
+        elif how == "pool":  # the with block's exit terminates the idle workers
+            with mp.get_context("fork").Pool(2) as pool:
+                tasks.update(pool.map(task, range(6), chunksize=1))
+            workers = sorted(tasks)
+        print(json.dumps({{"main": os.getpid(), "helper": helper.pid, "workers": workers,
+                           "tasks": {{str(k): v for k, v in tasks.items()}}}}))
+"""
+
+
+def _run_workers(folder: Path, script: str, *args: str, **extra: str
+                 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    _write(folder, {"rr_work.py": WORK, "spec.toml": WORK_SPEC, "main.py": script})
+    r = _cli(["run", "--instrument", "spec.toml", "--stats-json", "out/job.json", "--",
+              sys.executable, "main.py", *args], folder, **extra)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    return r, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _check_job(folder: Path, per: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """The job's record: one member per process record, counts the sum of theirs."""
+    job = json.loads((folder / "out" / "job.json").read_text())
+    assert job["kind"] == "job"
+    assert sorted(m["pid"] for m in job["members"]) == sorted(per)
+    for key in {k for d in per.values() for k in d["stats"]}:
+        assert job["stats"][key]["count"] == sum(_count(d, key) for d in per.values()), key
+    assert job["env_steps"] == sum(d["env_steps"] for d in per.values())
+    return job
+
+
+@pytest.mark.parametrize("how", ["fork", "forkserver", "spawn", "futures", "pool"])
+def test_every_worker_leaves_one_record_with_a_rank_of_its_own(tmp_path: Path,
+                                                               how: str) -> None:
+    r, out = _run_workers(tmp_path, WORKERS, how)
+    main, workers = out["main"], out["workers"]
+    per = _records(tmp_path / "out")
+    # exactly the main process and the workers that recorded: not the helper, not a
+    # fork server or a pool's manager thread
+    assert sorted(per) == sorted([main, *workers]) and out["helper"] not in per
+    assert len(workers) == 2
+    assert per[main]["rank"] == 0 and _count(per[main]) == 2
+    ranks = {pid: per[pid]["rank"] for pid in workers}
+    if how in ("fork", "forkserver", "spawn"):  # in the order the parent started them
+        assert [ranks[pid] for pid in workers] == [1, 2]
+    else:
+        assert sorted(ranks.values()) == [1, 2]
+    for pid in workers:
+        assert per[pid]["parent_pid"] == main
+        assert _count(per[pid]) == CALLS * out["tasks"][str(pid)]
+        assert per[pid]["run_id"] == per[main]["run_id"]
+    job = _check_job(tmp_path, per)
+    calls = 2 + CALLS * (2 if how in ("fork", "forkserver", "spawn") else 6)
+    assert job["stats"]["env_step_total_ms"]["count"] == calls
+    for pid, rank in [(main, 0), *ranks.items()]:  # the summary's line per rank
+        assert re.search(rf"^{rank}\s+{pid}\s+{_count(per[pid])}\s", r.stderr, re.M), r.stderr
+    assert re.search(rf"^job\s+3\s+{calls}\s", r.stderr, re.M)
+
+
+BUSY = """
+    import json
+    import multiprocessing as mp
+    import os
+    import sys
+    import time
+
+    import rr_work
+
+
+    def busy(i):
+        rr_work.work(i)
+        open(f"started.{os.getpid()}", "w").close()
+        while True:  # recording until the pool terminates it
+            rr_work.work(i)
+            time.sleep(0.001)
+
+
+    if __name__ == "__main__":
+        pool = mp.get_context(sys.argv[1]).Pool(2)
+        pool.map_async(busy, range(2), chunksize=1)
+        deadline = time.monotonic() + 60
+        while sum(f.startswith("started.") for f in os.listdir()) < 2:  # both recording
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.1)
+        pool.terminate()
+        pool.join()
+        print(json.dumps({"main": os.getpid()}))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_terminated_while_recording_leave_their_records(tmp_path: Path,
+                                                                method: str) -> None:
+    """``terminate()`` sends SIGTERM mid-loop: each worker still writes what it recorded."""
+    _, out = _run_workers(tmp_path, BUSY, method)
+    per = _records(tmp_path / "out")
+    assert out["main"] not in per  # the main process recorded nothing
+    assert len(per) == 2 and sorted(d["rank"] for d in per.values()) == [1, 2]
+    assert all(d["parent_pid"] == out["main"] and _count(d) > 0 for d in per.values())
+    _check_job(tmp_path, per)
+
+
+LEAVING = """
+    import json
+    import multiprocessing as mp
+    import os
+    import signal
+    import sys
+    from multiprocessing import util
+
+    import rr_work
+
+
+    def child():
+        rr_work.work(0)
+        # a pool's terminate() landing as the worker leaves: SIGTERM during its exit
+        # finalizers, before the one that writes the record
+        util.Finalize(None, os.kill, args=(os.getpid(), signal.SIGTERM), exitpriority=60)
+
+
+    if __name__ == "__main__":
+        p = mp.get_context(sys.argv[1]).Process(target=child)
+        p.start()
+        p.join()
+        print(json.dumps({"main": os.getpid(), "worker": p.pid, "exitcode": p.exitcode}))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_sigterm_while_a_worker_leaves_does_not_skip_its_record(tmp_path: Path,
+                                                                  method: str) -> None:
+    """``with Pool(...)``'s exit terminates workers that may be running their exit
+    finalizers already (they read their sentinel): the SIGTERM must not end them before
+    the record is written (a SystemExit there skipped every later finalizer, and one
+    worker record in two was lost)."""
+    _, out = _run_workers(tmp_path, LEAVING, method)
+    per = _records(tmp_path / "out")
+    assert sorted(per) == [out["worker"]]
+    assert _count(per[out["worker"]]) == 1 and per[out["worker"]]["rank"] == 1
+    assert out["exitcode"] == 0  # it was leaving anyway, and left as it would have
+
+
+RANKED = """
+    import json
+    import multiprocessing as mp
+    import os
+    import sys
+
+    import rr_work
+
+
+    def given(rank):
+        os.environ["RESETTRACE_WORKER_RANK"] = str(rank)  # before it records
+        rr_work.work(rank)
+
+
+    def plain():
+        rr_work.work(0)
+
+
+    def nested():
+        rr_work.work(0)
+        p = mp.get_context("fork").Process(target=plain)
+        p.start()
+        p.join()
+
+
+    if __name__ == "__main__":
+        how, method = sys.argv[1], sys.argv[2]
+        rr_work.work(0)  # the main process recorded before it forked
+        ctx = mp.get_context(method)
+        procs = ([ctx.Process(target=given, args=(r,)) for r in (7, 9)] if how == "given"
+                 else [ctx.Process(target=nested) for _ in range(2)])
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        print(json.dumps({"main": os.getpid(), "workers": [p.pid for p in procs]}))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_rank_set_in_the_worker_is_kept(tmp_path: Path, method: str) -> None:
+    _, out = _run_workers(tmp_path, RANKED, "given", method)
+    per = _records(tmp_path / "out")
+    assert {pid: d["rank"] for pid, d in per.items()} == {
+        out["main"]: 0, out["workers"][0]: 7, out["workers"][1]: 9}
+    assert all(per[pid]["parent_pid"] == out["main"] for pid in out["workers"])
+    _check_job(tmp_path, per)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_of_a_ranked_parent(tmp_path: Path, method: str) -> None:
+    """RANK=3 (a launcher's): its workers are 3001, 3002, and their own workers 3001001
+    and 3002001 (parent rank x 1000 + worker number, at every level)."""
+    _, out = _run_workers(tmp_path, RANKED, "nested", method, RANK="3")
+    per = _records(tmp_path / "out")
+    first, second = out["workers"]
+    ranks = {pid: d["rank"] for pid, d in per.items()}
+    assert ranks[out["main"]] == 3 and ranks[first] == 3001 and ranks[second] == 3002
+    grandchildren = {d["parent_pid"]: d["rank"] for pid, d in per.items()
+                     if pid not in (out["main"], first, second)}
+    assert grandchildren == {first: 3001001, second: 3002001}
+    assert len(set(ranks.values())) == len(ranks) == 5
+    job = _check_job(tmp_path, per)
+    assert job["stats"]["env_step_total_ms"]["count"] == 5
+
+
+# -- resettrace.write_run ------------------------------------------------------------------------
+def test_write_run_expands_pid_and_rank(tmp_path: Path) -> None:
+    script = """
+        import os
+
+        import resettrace
+
+        resettrace.configure(mode="timing", worker_rank=4)
+        rec = resettrace.recorder(env_count=8)
+        for _ in range(3):
+            with rec.scope("env_step"):
+                with rec.scope("reset_done", 2):
+                    pass
+        print(resettrace.write_run("runs/r-{pid}-{rank}.json"), os.getpid())
+    """
+    _write(tmp_path, {"w.py": script})
+    (tmp_path / "runs").mkdir()
+    r = subprocess.run([sys.executable, "w.py"], cwd=tmp_path, env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    written, pid = r.stdout.split()
+    assert written == f"runs/r-{pid}-4.json"
+    import resettrace
+
+    rec = resettrace.read_record(tmp_path / written)
+    assert rec.kind == "process" and rec.pid == int(pid) and rec.rank == 4
+    assert rec.stats["env_step_total_ms"]["count"] == 3 and rec.num_envs == 8
+    assert rec.env_steps == 3 and rec.env_per_s and rec.env_per_s > 0
+    # and the analysis commands read it
+    c = _cli(["fit", written], tmp_path)
+    assert c.returncode == 0 and "reset_done_ms" in c.stdout, c.stderr

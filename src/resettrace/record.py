@@ -512,13 +512,15 @@ def _write_exit_record() -> None:
     if _EXIT["written"] == os.getpid():
         return
     _EXIT["written"] = os.getpid()
-    template = os.environ.get(ENV_RUN_JSON, "").strip()
-    session = default_session()
-    if not template or session is None or not session.stats():
-        return  # nothing recorded here: nothing to say
-    if "{pid}" not in template and "{rank}" not in template and _job_worker():
-        return  # one path for the job: the first process writes it
-    with holding_signals(redeliver=True):  # a signal now would cut the file short
+    # held from the start: reading the statistics aggregates what is queued, and a
+    # SystemExit raised meanwhile would leave the record unwritten
+    with holding_signals(redeliver=True):
+        template = os.environ.get(ENV_RUN_JSON, "").strip()
+        session = default_session()
+        if not template or session is None or not session.stats():
+            return  # nothing recorded here: nothing to say
+        if "{pid}" not in template and "{rank}" not in template and _job_worker():
+            return  # one path for the job: the first process writes it
         try:
             write_run(template, session)
         except (OSError, ValueError) as e:

@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -482,7 +483,29 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     # training thread holds an exporter lock. The stack unwinds (releasing it), then the
     # exit hooks flush. A second SIGTERM kills at once.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if _leaving(frame):
+        # A multiprocessing worker already leaving (a pool's terminate() comes just as its
+        # workers read their sentinel): its exit finalizers run in one loop that stops at
+        # anything but an Exception, so a SystemExit now would skip the span flush and
+        # the run record. It is leaving anyway.
+        return
     raise SystemExit(128 + signum)
+
+
+def _leaving(frame: Any) -> bool:
+    """Whether this process runs multiprocessing's exit function (the frame a signal
+    interrupted is inside it, from its first line: its own flag is set a few lines in)."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return False
+    if util.is_exiting():
+        return True
+    code = getattr(getattr(util, "_exit_function", None), "__code__", None)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _arm_worker_exit() -> None:
