@@ -458,6 +458,55 @@ def test_a_sigterm_while_a_worker_leaves_does_not_skip_its_record(tmp_path: Path
     assert out["exitcode"] == 0  # it was leaving anyway, and left as it would have
 
 
+UNSEEN = """
+    import json
+    import multiprocessing as mp
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    import rr_work
+
+
+    def child():
+        rr_work.work(0)
+        lock = mp.Lock()
+        lock.acquire()
+
+        def signal_me():  # once the main thread waits: a SIGTERM it is not woken by
+            time.sleep(0.3)
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+        threading.Thread(target=signal_me).start()
+        lock.acquire()  # blocks: the lock is held (by this very thread)
+
+
+    if __name__ == "__main__":
+        p = mp.get_context(sys.argv[1]).Process(target=child)
+        p.start()
+        p.join(30)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+        print(json.dumps({"main": os.getpid(), "worker": p.pid, "exitcode": p.exitcode}))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_sigterm_the_blocked_main_thread_does_not_see_still_ends_the_worker(
+        tmp_path: Path, method: str) -> None:
+    """The signal's handler left pending while the main thread sleeps in a lock's wait
+    (a SIGTERM that lands just before the wait: one ``with Pool(...)`` exit in about a
+    hundred hung for ever on a worker waiting for its task queue's lock): the worker is
+    woken, leaves through its exit hooks (143) and writes its record."""
+    _, out = _run_workers(tmp_path, UNSEEN, method)
+    assert out["exitcode"] == 143  # not -9: it was not killed after the 30 s
+    per = _records(tmp_path / "out")
+    assert sorted(per) == [out["worker"]] and _count(per[out["worker"]]) == 1
+
+
 RANKED = """
     import json
     import multiprocessing as mp

@@ -461,8 +461,12 @@ def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
     """Arrange that this process writes its record at exit to ``RESETTRACE_RUN_JSON``
     (``{pid}`` and ``{rank}`` expand; without either, only the first process of the job
     writes it): at normal exit, when a multiprocessing worker leaves (fork, forkserver,
-    spawn; also ended by its parent's ``terminate()``: SIGTERM then ends it through its
-    exit hooks), and never when it recorded nothing. True when arranged."""
+    spawn), and never when it recorded nothing. Once it records (its first session, or
+    one inherited over a fork), SIGTERM ends it through its exit hooks (a pool's
+    ``terminate()`` too), and a worker's SIGTERM is watched for
+    (:func:`resettrace.tracing.session.watch_sigterm`); a process that never records
+    keeps the default action, so it ends at once, as it would without resettrace. True
+    when arranged."""
     env = os.environ if environ is None else environ
     template = env.get(ENV_RUN_JSON, "").strip()
     if not template:
@@ -472,14 +476,25 @@ def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
     import atexit
     from multiprocessing import util
 
-    from resettrace.tracing.session import install_sigterm_exit
+    from resettrace.tracing.session import ON_SESSION
 
     _EXIT["pid"] = os.getpid()
     atexit.register(_write_exit_record)
     util.register_after_fork(_EXIT_TOKEN, _arm_worker)  # a worker forked later (or spawned)
+    if _on_session not in ON_SESSION:
+        ON_SESSION.append(_on_session)
     _arm_worker(_EXIT_TOKEN)
-    install_sigterm_exit()
     return True
+
+
+def _on_session(session: Any) -> None:
+    """A session was made in a process that writes its record: SIGTERM must now end it
+    through its exit hooks (where the record is written)."""
+    from resettrace.tracing.session import install_sigterm_exit, watch_sigterm
+
+    if session.config.enabled:
+        install_sigterm_exit()
+        watch_sigterm()
 
 
 class _Token:
@@ -495,13 +510,15 @@ def _arm_worker(_token: Any) -> None:
     import multiprocessing
     from multiprocessing import util
 
-    from resettrace.tracing.session import install_sigterm_exit
+    from resettrace.tracing.api import default_session
 
     if multiprocessing.parent_process() is None:
         return
     _EXIT["pid"] = os.getpid()
     util.Finalize(None, _write_exit_record, exitpriority=50)
-    install_sigterm_exit()
+    session = default_session()
+    if session is not None:  # inherited over the fork: it may have recorded already
+        _on_session(session)
 
 
 def _write_exit_record() -> None:

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from resettrace.catalog import (
@@ -63,6 +63,11 @@ IN_PROCESS_EXPORTERS = ("memory",)
 #: span attributes every recorder of every session starts with (``instrument()``'s
 #: ``[attributes]`` table); the arguments of :meth:`Tracing.recorder` win over them
 _DEFAULT_ATTRIBUTES: dict[str, Any] = {}
+
+
+#: called with every enabled session made in this process, once it is set up (the run
+#: record's exit arrangement: :func:`resettrace.record.arrange_exit_record`)
+ON_SESSION: list[Callable[[Tracing], None]] = []
 
 
 def default_attributes() -> dict[str, Any]:
@@ -125,6 +130,8 @@ class Tracing:
 
         self.processor = TimingSpanProcessor(max_samples=self.config.max_samples,
                                              catalog=self.catalog)
+        for hook in ON_SESSION:
+            hook(self)
         if self.config.exports_spans:
             self._start_export(tracer_provider)
         if self.config.metrics:
@@ -508,6 +515,97 @@ def _leaving(frame: Any) -> bool:
     return False
 
 
+#: how long a SIGTERM's handler may stay pending before the main thread is woken
+SIGTERM_NUDGE_S = 0.5
+#: the signal that wakes it: a real-time one, given a handler that does nothing (the
+#: wake-up only makes the main thread run the handlers pending, if any)
+NUDGE_SIGNAL = getattr(signal, "SIGRTMAX", None)
+#: the watcher of this process: its pid, and the socket pair of the wakeup fd it reads
+_WATCH: dict[str, Any] = {"pid": None, "sockets": ()}
+
+
+def watch_sigterm() -> bool:
+    """In a multiprocessing worker, make sure a SIGTERM reaches :func:`_on_sigterm`.
+
+    CPython runs a signal's Python handler on the main thread when it next runs Python
+    code; a main thread blocked in a system call is woken by the signal (EINTR) and runs it
+    then. A SIGTERM that lands just before the thread blocks is left pending while it
+    sleeps: a pool worker waiting for its task queue's lock when ``terminate()``
+    (``with Pool(...)``'s exit) signals it then never leaves, and the pool waits for it for
+    ever (about one pool exit in a hundred with any Python SIGTERM handler, resettrace or
+    not; seen with the handler tripped and the main thread in ``sem_wait``). A daemon
+    thread reads the signal numbers CPython writes to the wakeup fd: when resettrace's
+    handler has still not run :data:`SIGTERM_NUDGE_S` after a SIGTERM, it wakes the main
+    thread with :data:`NUDGE_SIGNAL`, whose handler does nothing, and the pending SIGTERM
+    handler runs. (A wake-up that finds nothing pending, say for a byte a child wrote
+    between its fork and its exec, does nothing.) Nothing is installed when the wakeup fd or
+    the wake-up signal is someone else's (asyncio's, the user's), outside a worker, off the
+    main thread, or when SIGTERM has another handler. True when watching."""
+    import multiprocessing
+
+    if _WATCH["pid"] == os.getpid():
+        return True
+    if (NUDGE_SIGNAL is None or threading.current_thread() is not threading.main_thread()
+            or multiprocessing.parent_process() is None
+            or signal.getsignal(signal.SIGTERM) is not _on_sigterm
+            or signal.getsignal(NUDGE_SIGNAL) not in (signal.SIG_DFL, _woken)):
+        return False
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    try:
+        old = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        old = None
+    if old != -1:  # not ours to take
+        if old is not None:
+            signal.set_wakeup_fd(old)
+        r.close()
+        w.close()
+        return False
+    signal.signal(NUDGE_SIGNAL, _woken)
+    _WATCH.update(pid=os.getpid(), sockets=(r, w))
+    threading.Thread(target=_watch, args=(r, threading.main_thread().ident, NUDGE_SIGNAL),
+                     daemon=True, name="resettrace-sigterm").start()
+    return True
+
+
+def _woken(signum: int, frame: Any) -> None:
+    """The main thread was woken to run the handlers pending: nothing else to do."""
+
+
+def _watch(r: socket.socket, main: int, nudge: int) -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # they go to the main thread
+    while True:
+        try:
+            data = r.recv(512)
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGTERM not in data:
+            continue
+        for _ in range(10):
+            time.sleep(SIGTERM_NUDGE_S)
+            # still resettrace's handler: it has not run (it puts the default action back)
+            if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+                break
+            with contextlib.suppress(OSError, ValueError):
+                signal.pthread_kill(main, nudge)
+
+
+def _unwatch_after_fork() -> None:
+    """A forked child must not write its signals to its parent's watcher."""
+    if _WATCH["pid"] is not None and _WATCH["pid"] != os.getpid():
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        for sock in _WATCH["sockets"]:
+            sock.close()
+        _WATCH.update(pid=None, sockets=())
+
+
+os.register_at_fork(after_in_child=_unwatch_after_fork)
+
+
 def _arm_worker_exit() -> None:
     """multiprocessing workers leave through os._exit, where atexit never runs: flush
     every session from multiprocessing's own exit path instead (once per process)."""
@@ -518,6 +616,7 @@ def _arm_worker_exit() -> None:
 
         util.Finalize(None, shutdown_all, exitpriority=100)
         _finalize_pid = pid
+        watch_sigterm()
 
 
 def _armed_after_fork(session: Tracing) -> None:
