@@ -604,3 +604,54 @@ def test_write_run_expands_pid_and_rank(tmp_path: Path) -> None:
     # and the analysis commands read it
     c = _cli(["fit", written], tmp_path)
     assert c.returncode == 0 and "reset_done_ms" in c.stdout, c.stderr
+
+
+# -- a collector timing.json of the format before records ---------------------------------------
+#: what a collector timing.json held before records (format 1: no "format", kind, phases,
+#: env_steps, pid, host, ...); the oldest lacked the buckets and the cost model too
+OLD_KEYS = ("resettrace", "config", "sim", "rank", "env_per_s", "wall_s", "reset_fraction",
+            "stats", "samples", "dist", "model", "export")
+OLDEST_KEYS = ("resettrace", "config", "sim", "rank", "env_per_s", "wall_s",
+               "reset_fraction", "stats", "samples", "export")
+
+
+@pytest.fixture(scope="module")
+def collector_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("collector")
+    r = _cli(["bench", "collector", "--num-envs", "8", "--steps", "20", "--warmup", "2",
+              "--action-noise", "5", "--nthread", "1", "--out", str(folder / "new")], folder)
+    assert r.returncode == 0, r.stderr
+    data = json.loads((folder / "new" / "timing.json").read_text())
+    assert data["format"] == 2 and data["kind"] == "collector"
+    assert data["stats"]["reset_done_count"]["total_ms"] > 0  # envs fell: a cost model
+    for name, keys in (("old", OLD_KEYS), ("oldest", OLDEST_KEYS)):
+        (folder / name).mkdir()
+        (folder / name / "timing.json").write_text(json.dumps({k: data[k] for k in keys}))
+    return folder
+
+
+@pytest.mark.parametrize("old", ["old", "oldest"])
+def test_an_old_collector_timing_json_is_still_read(collector_run: Path, old: str) -> None:
+    folder = collector_run
+    r = _cli(["compare", f"{old}/timing.json", "new/timing.json", "--json", f"{old}-c.json"],
+             folder)
+    assert r.returncode == 0, r.stderr
+    result = json.loads((folder / f"{old}-c.json").read_text())
+    assert result["not_comparable"] == []  # the same run, read in two formats
+    assert all(k["verdict"] == "within noise" for k in result["keys"]), result["keys"]
+    r = _cli(["report", old, "-o", f"{old}.html"], folder)  # its folder
+    assert r.returncode == 0 and (folder / f"{old}.html").is_file(), r.stderr
+    r = _cli(["merge", f"{old}/timing.json", "new/timing.json", "-o", f"{old}-m.json"], folder)
+    r_fit = _cli(["fit", f"{old}/timing.json"], folder)
+    if old == "old":
+        assert r.returncode == 0, r.stderr
+        merged = json.loads((folder / f"{old}-m.json").read_text())
+        new = json.loads((folder / "new" / "timing.json").read_text())
+        assert merged["stats"]["env_step_total_ms"]["count"] == 2 * _count(new)
+        assert merged["env_steps"] == 2 * new["env_steps"] == 40  # implied by its stats
+        assert r_fit.returncode == 0 and "reset_done_ms" in r_fit.stdout, r_fit.stderr
+    else:  # nothing to merge or fit in it: said in one line naming it
+        for res, what in ((r, "no buckets ('dist') to merge"), (r_fit, "no cost model")):
+            assert res.returncode == 2
+            assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+            assert f"{old}/timing.json: {what}" in res.stderr, res.stderr

@@ -143,7 +143,9 @@ class RunRecord:
         if version == 1 and set(data) <= {"resettrace", "pid", "mode", "stats"}:
             raise RecordError(f"{where}: the stats file of an older resettrace run: it has no "
                               "distributions or samples to analyse; run it again")
-        missing = [k for k in ("stats", "dist", "samples") if not isinstance(data.get(k), dict)]
+        # a collector timing.json of format 1 may be older than its buckets and cost model
+        needed = ("stats", "samples") if version == 1 else ("stats", "dist", "samples")
+        missing = [k for k in needed if not isinstance(data.get(k), dict)]
         if missing:
             raise RecordError(f"{where}: not a resettrace run record (no "
                               + ", ".join(repr(m) for m in missing) + " section)")
@@ -386,6 +388,9 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
     samples: dict[str, list[float]] = {}
     phases: dict[str, dict[str, Any]] = {}
     for r in records:
+        if r.stats and not r.dist:
+            raise RecordError(f"{r.source or 'a run'}: no buckets ('dist') to merge: a "
+                              "timing.json written before resettrace kept them; run it again")
         for p in r.phases:
             known = phases.setdefault(p["span"], p)
             if (known.get("parent"), known.get("key")) != (p.get("parent"), p.get("key")):

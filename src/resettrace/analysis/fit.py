@@ -154,6 +154,9 @@ def load_fit_inputs(paths: Sequence[str]) -> dict[str, Any]:
             return fit_set_state_ab(data)
         rec = read_record(f)
         keys = (rec.model or {}).get("keys")
+        if not rec.model:
+            raise RecordError(f"{f}: no cost model in this run record (a timing.json written "
+                              "before resettrace kept one; run it again)")
         if not isinstance(keys, dict) or not keys:
             raise RecordError(f"{f}: no cost model in this run record (its 'model' section "
                               "is empty: no call with a reset count ran)")
