@@ -655,3 +655,79 @@ def test_an_old_collector_timing_json_is_still_read(collector_run: Path, old: st
             assert res.returncode == 2
             assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
             assert f"{old}/timing.json: {what}" in res.stderr, res.stderr
+
+
+# -- files that are not run records -----------------------------------------------------------
+NOT_RECORDS: dict[str, tuple[bytes, str]] = {
+    "truncated": (b'{"format": 2, "kind": "job", "stats": {"env_step_total_ms": {"cou',
+                  "not JSON"),
+    "foreign object": (b'{"a": 1}', "no 'stats' section"),
+    "list": (b"[1, 2, 3]", "a JSON array, not an object"),
+    "null": (b"null", "a JSON null, not an object"),
+    "not UTF-8": ('{"stats": "r\u00e9glage"}'.encode("latin-1"), "not UTF-8 text"),
+    "old run stats": (json.dumps({"pid": 12, "mode": "timing", "stats": {
+        "env_step_total_ms": {"count": 3, "mean_ms": 1.0, "total_ms": 3.0}}}).encode(),
+                      "the stats file of an older resettrace run"),
+    "newer format": (b'{"format": 9, "stats": {}, "dist": {}, "samples": {}}',
+                     "written by a newer resettrace"),
+}
+
+#: a record whose sections have the wrong types (damaged, or edited by hand)
+_SHAPE = {"format": 2, "kind": "process", "stats": {"env_step_total_ms": {
+    "count": 1, "total_ms": 1.0}}, "samples": {"env_step_total_ms": [1.0]}, "dist": {},
+    "model": {}}
+DAMAGED: dict[str, tuple[dict[str, Any], str]] = {
+    "config a list": ({"config": [1]}, "'config' is not an object"),
+    "phases a string": ({"phases": "abc"}, "'phases' is not a list of objects"),
+    "dist entry a number": ({"dist": {"env_step_total_ms": 3}},
+                            "the buckets ('dist') of 'env_step_total_ms'"),
+    "samples of text": ({"samples": {"env_step_total_ms": "abc"}},
+                        "the samples of 'env_step_total_ms' are not a list of numbers"),
+    "count of text": ({"stats": {"env_step_total_ms": {"count": "x", "total_ms": 1.0}}},
+                      "the stats of 'env_step_total_ms': count or total_ms is not a number"),
+    "cost model sums a number": ({"model": {"keys": {"reset_done_ms": {"sums": 3}}}},
+                                 "the cost model of 'reset_done_ms'"),
+    "env steps of text": ({"env_steps": "many"}, "'env_steps' is not an integer"),
+}
+
+
+def _tools(path: str) -> dict[str, list[str]]:
+    return {"compare": ["compare", "good.json", path],
+            "report": ["report", path, "-o", "r.html"],
+            "merge": ["merge", path, "good.json", "-o", "m.json"],
+            "fit": ["fit", path]}
+
+
+@pytest.fixture(scope="module")
+def good_record(stack: dict[str, Any]) -> bytes:
+    return stack["job"]["path"].read_bytes()
+
+
+def _check_refused(folder: Path, name: str, expected: str) -> None:
+    for tool, args in _tools(name).items():
+        r = _cli(args, folder)
+        assert r.returncode == 2, (tool, r.stdout, r.stderr)
+        lines = r.stderr.splitlines()
+        assert len(lines) == 1, (tool, r.stderr)
+        assert lines[0].startswith(f"resettrace: {name}: "), (tool, lines[0])
+        assert expected in lines[0], (tool, lines[0])
+        assert "Traceback" not in r.stderr and r.stdout == "", tool
+    assert not (folder / "r.html").exists() and not (folder / "m.json").exists()
+
+
+@pytest.mark.parametrize("case", list(NOT_RECORDS))
+def test_a_file_that_is_not_a_run_record_is_one_line_and_exit_2(
+        tmp_path: Path, good_record: bytes, case: str) -> None:
+    content, expected = NOT_RECORDS[case]
+    (tmp_path / "good.json").write_bytes(good_record)
+    (tmp_path / "bad.json").write_bytes(content)
+    _check_refused(tmp_path, "bad.json", expected)
+
+
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_a_damaged_run_record_is_one_line_and_exit_2(tmp_path: Path, good_record: bytes,
+                                                     case: str) -> None:
+    change, expected = DAMAGED[case]
+    (tmp_path / "good.json").write_bytes(good_record)
+    (tmp_path / "bad.json").write_text(json.dumps({**_SHAPE, **change}))
+    _check_refused(tmp_path, "bad.json", f"a damaged run record ({expected}")
