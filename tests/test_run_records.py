@@ -606,6 +606,29 @@ def test_write_run_expands_pid_and_rank(tmp_path: Path) -> None:
     assert c.returncode == 0 and "reset_done_ms" in c.stdout, c.stderr
 
 
+def test_compare_of_runs_without_an_env_count_says_env_per_s_is_not_known(
+        tmp_path: Path) -> None:
+    script = """
+        import resettrace
+
+        resettrace.configure(mode="timing")
+        rec = resettrace.recorder()  # no env count
+        for _ in range(30):
+            with rec.scope("env_step"):
+                pass
+        resettrace.write_run("a.json")
+        resettrace.write_run("b.json")
+    """
+    _write(tmp_path, {"w.py": script})
+    r = subprocess.run([sys.executable, "w.py"], cwd=tmp_path, env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    c = _cli(["compare", "a.json", "b.json"], tmp_path)
+    assert c.returncode == 0, c.stderr
+    assert "env/s: not known (base and new: the run's env count was not given" in c.stdout
+    assert "nan" not in c.stdout.splitlines()[0]
+
+
 # -- a collector timing.json of the format before records ---------------------------------------
 #: what a collector timing.json held before records (format 1: no "format", kind, phases,
 #: env_steps, pid, host, ...); the oldest lacked the buckets and the cost model too
