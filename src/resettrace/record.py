@@ -41,7 +41,7 @@ from typing import Any
 
 from resettrace.config import ENV_RUN_ID, ENV_RUN_JSON
 
-__all__ = ["RunRecord", "RecordError", "FORMAT", "MAX_RECORD_SAMPLES", "read_record",
+__all__ = ["RunRecord", "RecordError", "FORMAT", "MAX_RECORD_SAMPLES", "read_record", "load_json",
            "read_records", "record_files", "merge_records", "record_of_session", "write_run",
            "arrange_exit_record"]
 
@@ -53,6 +53,11 @@ MAX_RECORD_SAMPLES = 20_000
 KINDS = ("collector", "process", "job")
 #: the file a folder of runs holds: every one under it is read
 RECORD_NAME = "timing.json"
+
+
+#: the names JSON gives the values ``json.loads`` returns
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
 
 
 class RecordError(ValueError):
@@ -129,7 +134,8 @@ class RunRecord:
         where = source or "run record"
         if not isinstance(data, dict):
             raise RecordError(f"{where}: not a resettrace run record (a JSON "
-                              f"{type(data).__name__}, not an object)")
+                              f"{_JSON_TYPES.get(type(data), type(data).__name__)}, not an "
+                              "object)")
         if "tests" in data and isinstance(data.get("merged"), dict):
             return cls.from_json(data["merged"], source)  # the pytest plugin's file
         version = data.get("format", 1)
@@ -143,13 +149,15 @@ class RunRecord:
         if version == 1 and set(data) <= {"resettrace", "pid", "mode", "stats"}:
             raise RecordError(f"{where}: the stats file of an older resettrace run: it has no "
                               "distributions or samples to analyse; run it again")
-        missing = [k for k in ("stats", "dist", "samples") if not isinstance(data.get(k), dict)]
+        # a collector timing.json of format 1 may be older than its buckets and cost model
+        needed = ("stats", "samples") if version == 1 else ("stats", "dist", "samples")
+        missing = [k for k in needed if not isinstance(data.get(k), dict)]
         if missing:
             raise RecordError(f"{where}: not a resettrace run record (no "
                               + ", ".join(repr(m) for m in missing) + " section)")
-        for key, s in data["stats"].items():
-            if not isinstance(s, dict) or "count" not in s or "total_ms" not in s:
-                raise RecordError(f"{where}: stats of {key!r} lack count or total_ms")
+        problem = _shape_problem(data)
+        if problem is not None:
+            raise RecordError(f"{where}: a damaged run record ({problem})")
         known = {f.name for f in fields(cls)} - {"source", "format", "extra"}
         values = {k: data[k] for k in known if k in data and data[k] is not None}
         extra = {k: v for k, v in data.items()
@@ -220,6 +228,75 @@ class RunRecord:
         return ", ".join(parts)
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+#: the record's single values and what each must be (when present and not null)
+_SCALARS: dict[str, tuple[str, Any]] = {
+    "kind": ("one of " + ", ".join(KINDS), lambda v: v in KINDS),
+    "mode": ("a string", lambda v: isinstance(v, str)),
+    "host": ("a string", lambda v: isinstance(v, str)),
+    "version": ("a string", lambda v: isinstance(v, str)),
+    "run_id": ("a string", lambda v: isinstance(v, str)),
+    "pid": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "parent_pid": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "rank": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "env_steps": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "start": ("a number", _number), "wall_s": ("a number", _number),
+    "env_per_s": ("a number", _number), "reset_fraction": ("a number", _number),
+    "command": ("a list of strings",
+                lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "config": ("an object", lambda v: isinstance(v, dict)),
+    "export": ("an object", lambda v: isinstance(v, dict)),
+    "sim": ("an object", lambda v: isinstance(v, dict)),
+    "interrupted": ("an object", lambda v: isinstance(v, dict)),
+    "model": ("an object", lambda v: isinstance(v, dict)),
+    "dist": ("an object", lambda v: isinstance(v, dict)),
+    "phases": ("a list of objects with a 'span'",
+               lambda v: isinstance(v, list) and all(
+                   isinstance(p, dict) and isinstance(p.get("span"), str) for p in v)),
+    "members": ("a list of objects",
+                lambda v: isinstance(v, list) and all(isinstance(m, dict) for m in v)),
+}
+
+
+def _shape_problem(data: Mapping[str, Any]) -> str | None:
+    """What makes ``data`` (a record's JSON, its sections there) unreadable, or None: every
+    value its readers use has the type they use it as (a file damaged or edited by hand is
+    one line naming what is wrong, not a traceback in whichever tool reads it first)."""
+    from resettrace.costmodel import FitSums
+    from resettrace.distribution import Distribution
+
+    for name, (what, ok) in _SCALARS.items():
+        v = data.get(name)
+        if v is not None and not ok(v):
+            return f"{name!r} is not {what}"
+    for key, st in data["stats"].items():
+        if not isinstance(st, dict) or "count" not in st or "total_ms" not in st:
+            return f"the stats of {key!r} lack count or total_ms"
+        if not (isinstance(st["count"], int) and not isinstance(st["count"], bool)
+                and st["count"] >= 0) or not _number(st["total_ms"]):
+            return f"the stats of {key!r}: count or total_ms is not a number"
+    for key, v in data["samples"].items():
+        if not isinstance(v, list) or not all(map(_number, v)):
+            return f"the samples of {key!r} are not a list of numbers"
+    for key, v in (data.get("dist") or {}).items():
+        try:
+            Distribution.from_dict(v)
+        except (TypeError, ValueError, AttributeError) as e:
+            return f"the buckets ('dist') of {key!r}: {e}"
+    keys = (data.get("model") or {}).get("keys") or {}
+    if not isinstance(keys, dict):
+        return "the cost model's 'keys' is not an object"
+    for key, v in keys.items():
+        try:
+            FitSums.from_dict(v["sums"])
+        except (KeyError, TypeError, ValueError) as e:
+            return f"the cost model of {key!r}: {type(e).__name__} {e}"
+    return None
+
+
 def phases_of(stats: Mapping[str, Any], catalog: Any = None) -> list[dict[str, Any]]:
     """The phases (and their ancestors) that the keys of ``stats`` belong to, from
     ``catalog`` (default: this process's), parents first."""
@@ -254,9 +331,9 @@ def record_of_session(session: Any, *, kind: str = "process",
         proc.force_flush()
     stats = {k: s.as_dict() for k, s in session.stats().items()}
     cfg = dict(config or {})
-    counts = sorted(session.seen_env_counts()) if hasattr(session, "seen_env_counts") else []
+    counts = sorted(getattr(session, "env_counts", None) or ())
     if "num_envs" not in cfg and counts:
-        cfg["num_envs"] = counts[-1]  # the largest batch (several: all listed)
+        cfg["num_envs"] = counts[-1]  # recorders of several batch sizes: the largest
         if len(counts) > 1:
             cfg["env_counts"] = counts
     steps = int((stats.get(C.ENV_STEP.key) or {}).get("count", 0))
@@ -326,19 +403,24 @@ def record_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return files
 
 
-def read_record(path: str | os.PathLike[str]) -> RunRecord:
-    """The record in ``path`` (a :class:`RecordError` naming it when it is not one)."""
+def load_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON in ``path``; a :class:`RecordError` naming it when it cannot be read, is
+    not UTF-8 or is not JSON (what every reader of runs says)."""
     p = Path(path)
     try:
         text = p.read_bytes().decode("utf-8")
-        data = json.loads(text)
+        return json.loads(text)
     except OSError as e:
         raise RecordError(f"{p}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError:
         raise RecordError(f"{p}: not a resettrace run record (not UTF-8 text)") from None
     except ValueError as e:
         raise RecordError(f"{p}: not a resettrace run record (not JSON: {e})") from None
-    return RunRecord.from_json(data, str(p))
+
+
+def read_record(path: str | os.PathLike[str]) -> RunRecord:
+    """The record in ``path`` (a :class:`RecordError` naming it when it is not one)."""
+    return RunRecord.from_json(load_json(path), str(Path(path)))
 
 
 def read_records(paths: Iterable[str | os.PathLike[str]]) -> list[RunRecord]:
@@ -394,6 +476,9 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
     samples: dict[str, list[float]] = {}
     phases: dict[str, dict[str, Any]] = {}
     for r in records:
+        if r.stats and not r.dist:
+            raise RecordError(f"{r.source or 'a run'}: no buckets ('dist') to merge: a "
+                              "timing.json written before resettrace kept them; run it again")
         for p in r.phases:
             known = phases.setdefault(p["span"], p)
             if (known.get("parent"), known.get("key")) != (p.get("parent"), p.get("key")):
@@ -469,8 +554,12 @@ def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
     """Arrange that this process writes its record at exit to ``RESETTRACE_RUN_JSON``
     (``{pid}`` and ``{rank}`` expand; without either, only the first process of the job
     writes it): at normal exit, when a multiprocessing worker leaves (fork, forkserver,
-    spawn; also ended by its parent's ``terminate()``: SIGTERM then ends it through its
-    exit hooks), and never when it recorded nothing. True when arranged."""
+    spawn), and never when it recorded nothing. Once it records (its first session, or
+    one inherited over a fork), SIGTERM ends it through its exit hooks (a pool's
+    ``terminate()`` too), and a worker's SIGTERM is watched for
+    (:func:`resettrace.tracing.session.watch_sigterm`); a process that never records
+    keeps the default action, so it ends at once, as it would without resettrace. True
+    when arranged."""
     env = os.environ if environ is None else environ
     template = env.get(ENV_RUN_JSON, "").strip()
     if not template:
@@ -480,14 +569,25 @@ def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
     import atexit
     from multiprocessing import util
 
-    from resettrace.tracing.session import install_sigterm_exit
+    from resettrace.tracing.session import ON_SESSION
 
     _EXIT["pid"] = os.getpid()
     atexit.register(_write_exit_record)
     util.register_after_fork(_EXIT_TOKEN, _arm_worker)  # a worker forked later (or spawned)
+    if _on_session not in ON_SESSION:
+        ON_SESSION.append(_on_session)
     _arm_worker(_EXIT_TOKEN)
-    install_sigterm_exit()
     return True
+
+
+def _on_session(session: Any) -> None:
+    """A session was made in a process that writes its record: SIGTERM must now end it
+    through its exit hooks (where the record is written)."""
+    from resettrace.tracing.session import install_sigterm_exit, watch_sigterm
+
+    if session.config.enabled:
+        install_sigterm_exit()
+        watch_sigterm()
 
 
 class _Token:
@@ -503,13 +603,15 @@ def _arm_worker(_token: Any) -> None:
     import multiprocessing
     from multiprocessing import util
 
-    from resettrace.tracing.session import install_sigterm_exit
+    from resettrace.tracing.api import default_session
 
     if multiprocessing.parent_process() is None:
         return
     _EXIT["pid"] = os.getpid()
     util.Finalize(None, _write_exit_record, exitpriority=50)
-    install_sigterm_exit()
+    session = default_session()
+    if session is not None:  # inherited over the fork: it may have recorded already
+        _on_session(session)
 
 
 def _write_exit_record() -> None:
@@ -520,13 +622,15 @@ def _write_exit_record() -> None:
     if _EXIT["written"] == os.getpid():
         return
     _EXIT["written"] = os.getpid()
-    template = os.environ.get(ENV_RUN_JSON, "").strip()
-    session = default_session()
-    if not template or session is None or not session.stats():
-        return  # nothing recorded here: nothing to say
-    if "{pid}" not in template and "{rank}" not in template and _job_worker():
-        return  # one path for the job: the first process writes it
-    with holding_signals(redeliver=True):  # a signal now would cut the file short
+    # held from the start: reading the statistics aggregates what is queued, and a
+    # SystemExit raised meanwhile would leave the record unwritten
+    with holding_signals(redeliver=True):
+        template = os.environ.get(ENV_RUN_JSON, "").strip()
+        session = default_session()
+        if not template or session is None or not session.stats():
+            return  # nothing recorded here: nothing to say
+        if "{pid}" not in template and "{rank}" not in template and _job_worker():
+            return  # one path for the job: the first process writes it
         try:
             write_run(template, session)
         except (OSError, ValueError) as e:

@@ -279,8 +279,13 @@ def render_compare(result: Mapping[str, Any]) -> str:
         parts.append("NOT COMPARABLE: the runs differ in\n"
                      + "\n".join(f"  {d}" for d in result["not_comparable"]))
     e = result["env_per_s"]
-    delta = 100 * (e["new"] / e["base"] - 1) if e["base"] else float("nan")
-    parts.append(f"env/s: {e['base']:,.0f} -> {e['new']:,.0f} ({delta:+.1f}%)")
+    if e["base"] and e["new"]:
+        delta = 100 * (e["new"] / e["base"] - 1)
+        parts.append(f"env/s: {e['base']:,.0f} -> {e['new']:,.0f} ({delta:+.1f}%)")
+    else:  # a run whose recorders never said their env count: no throughput, not 0 env/s
+        parts.append("env/s: not known (" + " and ".join(
+            side for side in ("base", "new") if not e[side]) + ": the run's env count was "
+            "not given; give it with env_count in the spec or the recorder)")
     sb, sn = result["shares"]["base"], result["shares"]["new"]
     parts.append(f"reset_done share of the env step: {sb['reset_done_of_env_step_pct']:.1f}% "
                  f"-> {sn['reset_done_of_env_step_pct']:.1f}%; of the non-physics overhead: "

@@ -136,24 +136,26 @@ def render_fit(result: Mapping[str, Any]) -> str:
 def load_fit_inputs(paths: Sequence[str]) -> dict[str, Any]:
     """``resettrace fit``'s result for ``paths``: run records (files, or folders of
     ``timing.json``) or one ``bench set-state-ab`` JSON."""
-    import json
-
-    from resettrace.record import RecordError, read_record, record_files
+    from resettrace.record import RecordError, RunRecord, load_json, record_files
 
     files = record_files(paths)
     runs: list[tuple[str, int | None, dict[str, FitSums]]] = []
     catalogs = []
     for f in files:
-        try:
-            data = json.loads(f.read_bytes().decode("utf-8"))
-        except (OSError, ValueError) as e:
-            raise RecordError(f"{f}: not readable JSON ({e})") from None
+        data = load_json(f)
         if isinstance(data, dict) and "cells" in data:
             if len(files) > 1:
                 raise RecordError(f"{f}: a set-state-ab JSON is fitted on its own")
-            return fit_set_state_ab(data)
-        rec = read_record(f)
+            try:
+                return fit_set_state_ab(data)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise RecordError(f"{f}: a damaged bench set-state-ab JSON "
+                                  f"({type(e).__name__}: {e})") from None
+        rec = RunRecord.from_json(data, str(f))
         keys = (rec.model or {}).get("keys")
+        if not rec.model:
+            raise RecordError(f"{f}: no cost model in this run record (a timing.json written "
+                              "before resettrace kept one; run it again)")
         if not isinstance(keys, dict) or not keys:
             raise RecordError(f"{f}: no cost model in this run record (its 'model' section "
                               "is empty: no call with a reset count ran)")

@@ -26,10 +26,11 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from resettrace.catalog import (
@@ -62,6 +63,11 @@ IN_PROCESS_EXPORTERS = ("memory",)
 #: span attributes every recorder of every session starts with (``instrument()``'s
 #: ``[attributes]`` table); the arguments of :meth:`Tracing.recorder` win over them
 _DEFAULT_ATTRIBUTES: dict[str, Any] = {}
+
+
+#: called with every enabled session made in this process, once it is set up (the run
+#: record's exit arrangement: :func:`resettrace.record.arrange_exit_record`)
+ON_SESSION: list[Callable[[Tracing], None]] = []
 
 
 def default_attributes() -> dict[str, Any]:
@@ -110,17 +116,22 @@ class Tracing:
         #: the process the session was made in (a forked worker resolves its own rank)
         self._pid = os.getpid()
         self._rank = self.config.worker_rank
-        #: when it started (Unix s, and monotonic s) and the env counts its recorders had
+        #: when it started (Unix s, and monotonic s)
         self.started_at = time.time()
         self.started_monotonic = time.monotonic()
-        self.env_counts: set[int] = set()
+        #: env counts given to its recorders, and the recorders (whose attributes may get
+        #: one later: ``traced(env_count=...)`` sets it on its first call)
+        self._env_counts: set[int] = set()
         self._recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
+        self._recorders_lock = threading.Lock()
         if not self.config.enabled:
             return
         from resettrace.tracing.processor import TimingSpanProcessor
 
         self.processor = TimingSpanProcessor(max_samples=self.config.max_samples,
                                              catalog=self.catalog)
+        for hook in ON_SESSION:
+            hook(self)
         if self.config.exports_spans:
             self._start_export(tracer_provider)
         if self.config.metrics:
@@ -224,8 +235,6 @@ class Tracing:
             return NOOP_RECORDER
         attrs: dict[str, Any] = dict(_DEFAULT_ATTRIBUTES)
         attrs.update(attributes or {})
-        if env_count is not None:
-            self.env_counts.add(int(env_count))
         if backend is not None:
             attrs[ATTR_BACKEND] = backend
         if task is not None:
@@ -236,18 +245,27 @@ class Tracing:
         if self.sampler is not None:
             sinks.append(self.sampler)
         rec = Recorder(sinks, attributes=attrs, catalog=self.catalog)
-        # the env count may be set later (traced(env_count=...)): read when asked, or
-        # from the attributes the recorder leaves when it is collected
-        self._recorders.add(rec)
-        weakref.finalize(rec, _note_env_count, self.env_counts, rec.attributes)
+        with self._recorders_lock:
+            n = _env_count(attrs.get(ATTR_ENV_COUNT))
+            if n is not None:
+                self._env_counts.add(n)
+            self._recorders.add(rec)
+        # a count set later on a recorder collected before the record is written
+        weakref.finalize(rec, _keep_env_count, self._env_counts, rec.attributes)
         return rec
 
-    def seen_env_counts(self) -> set[int]:
-        """The env counts its recorders were given (at creation or later)."""
-        counts = set(self.env_counts)
-        for rec in list(self._recorders):
-            _note_env_count(counts, rec.attributes)
-        return counts
+    @property
+    def env_counts(self) -> set[int]:
+        """The env counts (envs in a batch) its recorders were told: ``recorder(env_count=)``,
+        a spec's ``[attributes] env_count`` (every recorder starts with it) and
+        ``traced(env_count=...)`` (read on the decorated function's first call)."""
+        with self._recorders_lock:
+            out = set(self._env_counts)
+            for rec in list(self._recorders):
+                n = _env_count(rec.attributes.get(ATTR_ENV_COUNT))
+                if n is not None:
+                    out.add(n)
+        return out
 
     def thread_recorder(self) -> Recorder | NoopRecorder:
         """This thread's default recorder (``current_recorder()`` when none is bound)."""
@@ -355,10 +373,16 @@ class Tracing:
                     or f"{report['spans_dropped']} dropped")
 
 
-def _note_env_count(counts: set[int], attributes: Mapping[str, Any]) -> None:
-    n = attributes.get(ATTR_ENV_COUNT)
-    if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+def _keep_env_count(counts: set[int], attributes: Mapping[str, Any]) -> None:
+    n = _env_count(attributes.get(ATTR_ENV_COUNT))
+    if n is not None:
         counts.add(n)
+
+
+def _env_count(value: Any) -> int | None:
+    """An env count attribute as a count of envs (a positive int), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else None
 
 
 def parent_pid() -> int:
@@ -474,7 +498,120 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     # training thread holds an exporter lock. The stack unwinds (releasing it), then the
     # exit hooks flush. A second SIGTERM kills at once.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if _leaving(frame):
+        # A multiprocessing worker already leaving (a pool's terminate() comes just as its
+        # workers read their sentinel): its exit finalizers run in one loop that stops at
+        # anything but an Exception, so a SystemExit now would skip the span flush and
+        # the run record. It is leaving anyway.
+        return
     raise SystemExit(128 + signum)
+
+
+def _leaving(frame: Any) -> bool:
+    """Whether this process runs multiprocessing's exit function (the frame a signal
+    interrupted is inside it, from its first line: its own flag is set a few lines in)."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return False
+    if util.is_exiting():
+        return True
+    code = getattr(getattr(util, "_exit_function", None), "__code__", None)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+#: how long a SIGTERM's handler may stay pending before the main thread is woken
+SIGTERM_NUDGE_S = 0.5
+#: the signal that wakes it: a real-time one, given a handler that does nothing (the
+#: wake-up only makes the main thread run the handlers pending, if any)
+NUDGE_SIGNAL = getattr(signal, "SIGRTMAX", None)
+#: the watcher of this process: its pid, and the socket pair of the wakeup fd it reads
+_WATCH: dict[str, Any] = {"pid": None, "sockets": ()}
+
+
+def watch_sigterm() -> bool:
+    """In a multiprocessing worker, make sure a SIGTERM reaches :func:`_on_sigterm`.
+
+    CPython runs a signal's Python handler on the main thread when it next runs Python
+    code; a main thread blocked in a system call is woken by the signal (EINTR) and runs it
+    then. A SIGTERM that lands just before the thread blocks is left pending while it
+    sleeps: a pool worker waiting for its task queue's lock when ``terminate()``
+    (``with Pool(...)``'s exit) signals it then never leaves, and the pool waits for it for
+    ever (about one pool exit in a hundred with any Python SIGTERM handler, resettrace or
+    not; seen with the handler tripped and the main thread in ``sem_wait``). A daemon
+    thread reads the signal numbers CPython writes to the wakeup fd: when resettrace's
+    handler has still not run :data:`SIGTERM_NUDGE_S` after a SIGTERM, it wakes the main
+    thread with :data:`NUDGE_SIGNAL`, whose handler does nothing, and the pending SIGTERM
+    handler runs. (A wake-up that finds nothing pending, say for a byte a child wrote
+    between its fork and its exec, does nothing.) Nothing is installed when the wakeup fd or
+    the wake-up signal is someone else's (asyncio's, the user's), outside a worker, off the
+    main thread, or when SIGTERM has another handler. True when watching."""
+    import multiprocessing
+
+    if _WATCH["pid"] == os.getpid():
+        return True
+    if (NUDGE_SIGNAL is None or threading.current_thread() is not threading.main_thread()
+            or multiprocessing.parent_process() is None
+            or signal.getsignal(signal.SIGTERM) is not _on_sigterm
+            or signal.getsignal(NUDGE_SIGNAL) not in (signal.SIG_DFL, _woken)):
+        return False
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    try:
+        old = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        old = None
+    if old != -1:  # not ours to take
+        if old is not None:
+            signal.set_wakeup_fd(old)
+        r.close()
+        w.close()
+        return False
+    signal.signal(NUDGE_SIGNAL, _woken)
+    _WATCH.update(pid=os.getpid(), sockets=(r, w))
+    threading.Thread(target=_watch, args=(r, threading.main_thread().ident, NUDGE_SIGNAL),
+                     daemon=True, name="resettrace-sigterm").start()
+    return True
+
+
+def _woken(signum: int, frame: Any) -> None:
+    """The main thread was woken to run the handlers pending: nothing else to do."""
+
+
+def _watch(r: socket.socket, main: int, nudge: int) -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # they go to the main thread
+    while True:
+        try:
+            data = r.recv(512)
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGTERM not in data:
+            continue
+        for _ in range(10):
+            time.sleep(SIGTERM_NUDGE_S)
+            # still resettrace's handler: it has not run (it puts the default action back)
+            if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+                break
+            with contextlib.suppress(OSError, ValueError):
+                signal.pthread_kill(main, nudge)
+
+
+def _unwatch_after_fork() -> None:
+    """A forked child must not write its signals to its parent's watcher."""
+    if _WATCH["pid"] is not None and _WATCH["pid"] != os.getpid():
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        for sock in _WATCH["sockets"]:
+            sock.close()
+        _WATCH.update(pid=None, sockets=())
+
+
+os.register_at_fork(after_in_child=_unwatch_after_fork)
 
 
 def _arm_worker_exit() -> None:
@@ -487,6 +624,7 @@ def _arm_worker_exit() -> None:
 
         util.Finalize(None, shutdown_all, exitpriority=100)
         _finalize_pid = pid
+        watch_sigterm()
 
 
 def _armed_after_fork(session: Tracing) -> None:
