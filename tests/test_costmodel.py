@@ -148,7 +148,7 @@ def test_fit_and_compare_cli_on_real_runs(tmp_path: Path) -> None:
     joint = result["keys"]["dr_reset_set_state_ms"]["with_n"]
     assert joint is not None and joint["env_counts"] == [16, 64]
     cmp_ = _cli("compare", str(tmp_path / "n16"), str(tmp_path / "n64"))
-    assert "cost model per call" in cmp_.stdout and "set_state_forward_kinematic_ms" in cmp_.stdout
+    assert "cost model per call" in cmp_.stdout and "dr_reset_set_state_ms" in cmp_.stdout
     for bad, said in (([str(tmp_path / "none")], "no such run"),
                       ([str(tmp_path / "fit.json")], "not a resettrace run record")):
         r = _cli("fit", *bad)
