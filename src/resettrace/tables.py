@@ -17,26 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["format_table", "write_json", "write_csv", "STAT_FIELDS", "timing_files",
+__all__ = ["format_table", "write_json", "write_csv", "STAT_FIELDS",
            "exporter_outcome"]
 
-
-def timing_files(paths: Sequence[str | Path]) -> list[Path]:
-    """The runs named by ``paths``: each file as given, each folder as every ``timing.json``
-    under it (a folder with none, or a path that does not exist, is a one-line error)."""
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            found = sorted(p.rglob("timing.json"))
-            if not found:
-                raise ValueError(f"{p}: no timing.json in this folder")
-            files += found
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"no such run: {p}")
-    return files
 
 STAT_FIELDS = ("count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms", "total_ms")
 #: the header row of timing.csv
