@@ -12,7 +12,7 @@ RESETTRACE_EXPORTER ?= file:$(DEMO_OUT)/spans.jsonl
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,stacks]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -307,7 +307,9 @@ def _run(args: argparse.Namespace) -> int:
         except InstrumentError as e:
             print(f"resettrace run: {e}", file=sys.stderr)
             return 2
-        env[ENV_INSTRUMENT] = str(Path(spec).resolve())
+        env[ENV_INSTRUMENT] = ",".join(  # files absolute (the command may change folder)
+            str(Path(x).resolve()) if os.path.exists(x) else x
+            for x in (y.strip() for y in spec.split(",")) if x)
     here = str(Path(run_dir.__file__).resolve().parent)
     env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in
                                                   env.get("PYTHONPATH", "").split(os.pathsep)

@@ -65,7 +65,7 @@ __all__ = ["instrument", "instrument_from_env", "check_spec", "InstrumentError",
 ATTRIBUTE_ALIASES = {"backend": ATTR_BACKEND, "task": ATTR_TASK, "env_count": ATTR_ENV_COUNT}
 _SECTIONS = ("attributes", "phases", "instrument")
 _PHASE_FIELDS = ("span", "parent", "key", "gap_key", "description")
-_TARGET_FIELDS = ("phase", "count", "env_count")
+_TARGET_FIELDS = ("phase", "count", "env_count", "within")
 
 
 class InstrumentError(ValueError):
@@ -79,8 +79,11 @@ class Target:
     module: str
     qualname: str
     phase: Phase
-    count: str | None = None
+    #: an argument name or path, or a constant count (int)
+    count: str | int | None = None
     env_count: str | None = None
+    #: recorded only while a scope of this phase (span name) is open
+    within: str | None = None
 
     @property
     def name(self) -> str:
@@ -110,8 +113,36 @@ def load_spec(spec: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any
         raise InstrumentError(f"instrument spec {str(path)!r} is not valid TOML: {e}") from None
 
 
+def named(spec: Any) -> Any:
+    """The shipped or registered instrumentation ``spec`` names (:mod:`resettrace.stacks`),
+    or None when ``spec`` is a path (an existing file, or anything with a folder or a
+    ``.toml`` suffix) or a mapping. An unknown name is an :class:`InstrumentError` listing
+    the known ones."""
+    if not isinstance(spec, str) or os.path.exists(spec) or os.sep in spec \
+            or spec.endswith(".toml"):
+        return None
+    from resettrace import stacks
+
+    names = stacks.known()
+    if spec not in names:
+        raise InstrumentError(f"no instrument spec file {spec!r}, and no instrumentation of "
+                              f"that name (known: {', '.join(sorted(names))})")
+    try:
+        inst = stacks.get(spec)
+    except Exception as e:  # a third party's entry point that cannot be loaded
+        raise InstrumentError(f"instrumentation {spec!r} ({names[spec]}) cannot be loaded: "
+                              f"{type(e).__name__}: {e}") from None
+    installed, note = stacks.version_problem(inst)
+    if not installed:
+        raise InstrumentError(str(note))
+    if note:
+        log.warning("resettrace: %s", note)
+    return inst
+
+
 def _sections(spec: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
-    data = load_spec(spec)
+    inst = named(spec)
+    data = inst.spec() if inst is not None else load_spec(spec)
     unknown = set(data) - set(_SECTIONS)
     if unknown:
         raise InstrumentError(f"unknown instrument spec section(s): {', '.join(sorted(unknown))}"
@@ -176,20 +207,29 @@ def _targets(raw: Any, extra_spans: Sequence[str] = ()) -> list[Target]:
             raise InstrumentError(f"instrument target {name!r}: unknown field(s) "
                                   f"{', '.join(sorted(unknown))} (fields: "
                                   f"{', '.join(_TARGET_FIELDS)})")
-        for field in ("count", "env_count"):
-            if field in fields and not isinstance(fields[field], str):
-                raise InstrumentError(f"instrument target {name!r}: {field} must be an "
-                                      f"argument name or path like 'self.done'")
+        count = fields.get("count")
+        if count is not None and not (isinstance(count, str) or (
+                isinstance(count, int) and not isinstance(count, bool) and count >= 0)):
+            raise InstrumentError(f"instrument target {name!r}: count must be an argument "
+                                  f"name or path like 'self.done', or a number of envs "
+                                  f"(e.g. 1), got {count!r}")
+        if "env_count" in fields and not isinstance(fields["env_count"], str):
+            raise InstrumentError(f"instrument target {name!r}: env_count must be an "
+                                  f"argument name or path like 'self.num_envs'")
+        within = fields.get("within")
+        if within is not None and not isinstance(within, str):
+            raise InstrumentError(f"instrument target {name!r}: within must be a phase "
+                                  f"name, got {within!r}")
         phase: Any = fields["phase"]
-        if phase in extra_spans:
-            phase = None  # registered by this spec: resolved after registration
-        else:
-            try:
-                phase = CATALOG.resolve(phase)
-            except (TypeError, ValueError) as e:
-                raise InstrumentError(f"instrument target {name!r}: {e}") from None
-        out.append(Target(module, qualname, phase, fields.get("count"),
-                          fields.get("env_count")))
+        for span in (phase, within):
+            if span is not None and span not in extra_spans:
+                try:
+                    CATALOG.resolve(span)
+                except (TypeError, ValueError) as e:
+                    raise InstrumentError(f"instrument target {name!r}: {e}") from None
+        # a phase registered by this spec is resolved after registration
+        phase = None if phase in extra_spans else CATALOG.resolve(phase)
+        out.append(Target(module, qualname, phase, count, fields.get("env_count"), within))
     return out
 
 
@@ -227,7 +267,8 @@ class _Patch:
         if getattr(fn, "__resettrace_phase__", None) is not None:
             raise InstrumentError(f"instrument target {target.name!r} is already traced")
         try:
-            wrapped = traced(target.phase, count=target.count, env_count=target.env_count)(fn)
+            wrapped = traced(target.phase, count=target.count, env_count=target.env_count,
+                             within=target.within)(fn)
         except (TypeError, ValueError) as e:
             raise InstrumentError(f"instrument target {target.name!r}: {e}") from None
         try:
@@ -290,8 +331,9 @@ class _ImportHook(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None
                   ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in self.pending or fullname in self._busy:
-            return None
+        if fullname in self._busy or (fullname not in self.pending and not any(
+                name.startswith(fullname + ".") for name in self.pending)):
+            return None  # (a package of a waiting module: it may register it while loading)
         self._busy.add(fullname)
         try:
             spec = importlib.util.find_spec(fullname)
@@ -312,19 +354,27 @@ class _ImportHook(importlib.abc.MetaPathFinder):
         the import: an :class:`InstrumentError` for a spec installed in code (its targets
         wait again: the failed import left no module), one line and exit code 2 for the
         spec of ``RESETTRACE_INSTRUMENT``, never a traceback inside the user's import."""
+        # submodules a package registers itself while it loads (an extension's native
+        # ones, such as ``motrixsim.write``: never imported through the finders) too
+        prefix = module.__name__ + "."
         with self._lock:
-            waiting = self.pending.pop(module.__name__, [])
-            self.failed_imports.pop(module.__name__, None)
-        for tgt, owner in waiting:
-            try:
-                owner.patch(tgt, module)
-            except InstrumentError as e:
-                if owner.from_env:
-                    _spec_failed(str(e))
-                with self._lock:
-                    self.pending.setdefault(module.__name__, []).extend(
-                        (t, o) for t, o in waiting if not o.done)
-                raise
+            names = [module.__name__] + [n for n in self.pending
+                                         if n.startswith(prefix) and n in sys.modules]
+        for name in names:
+            with self._lock:
+                waiting = self.pending.pop(name, [])
+                self.failed_imports.pop(name, None)
+            target_module = module if name == module.__name__ else sys.modules[name]
+            for tgt, owner in waiting:
+                try:
+                    owner.patch(tgt, target_module)
+                except InstrumentError as e:
+                    if owner.from_env:
+                        _spec_failed(str(e))
+                    with self._lock:
+                        self.pending.setdefault(name, []).extend(
+                            (t, o) for t, o in waiting if not o.done)
+                    raise
 
 
 _HOOK = _ImportHook()
@@ -402,9 +452,13 @@ def _findable(module: str) -> bool:
                     else importlib.machinery.PathFinder.find_spec(name, sys.path + extra)
             else:
                 where = spec.submodule_search_locations if spec is not None else None
-                if where is None:
-                    return False
-                spec = importlib.machinery.PathFinder.find_spec(name, list(where))
+                found = None if where is None else importlib.machinery.PathFinder.find_spec(
+                    name, list(where))
+                if found is None:
+                    # not a file of its package: a submodule the package registers itself
+                    # when it loads (an extension's native one), checked then
+                    return True
+                spec = found
         except (ImportError, ValueError):
             return False
         if spec is None:
@@ -445,7 +499,9 @@ def _spec_failed(message: str) -> NoReturn:
 
 def instrument(spec: Mapping[str, Any] | str | os.PathLike[str], *,
                strict: bool = True) -> Callable[[], None]:
-    """Install a spec (a mapping or a TOML path); return ``undo``. See the module docstring.
+    """Install a spec (a mapping, a TOML path, the name of a shipped or registered
+    instrumentation such as ``"motrixlab"`` or ``"gymnasium"``, or several of those
+    comma-separated); return ``undo``. See the module docstring.
 
     The spec and its targets are checked first (a module that cannot be found is an
     error unless ``strict=False``: then it waits, and is reported at exit if never
@@ -460,6 +516,41 @@ def instrument(spec: Mapping[str, Any] | str | os.PathLike[str], *,
 
 def _install(spec: Mapping[str, Any] | str | os.PathLike[str], *, strict: bool,
              from_env: bool) -> Callable[[], None]:
+    if isinstance(spec, str) and "," in spec and not os.path.exists(spec):
+        undos: list[Callable[[], None]] = []
+        try:  # several: names and paths, installed in order
+            for item in (x.strip() for x in spec.split(",") if x.strip()):
+                undos.append(_install(item, strict=strict, from_env=from_env))
+        except BaseException:
+            for undo in reversed(undos):
+                undo()
+            raise
+
+        def undo_all() -> None:
+            for undo in reversed(undos):
+                undo()
+
+        return undo_all
+    inst = named(spec)
+    undo = _install_spec(inst.spec() if inst is not None else spec, strict=strict,
+                         from_env=from_env)
+    if inst is None or inst.install is None:
+        return undo
+    try:
+        extra = inst.install()
+    except BaseException:
+        undo()
+        raise
+
+    def both() -> None:
+        extra()
+        undo()
+
+    return both
+
+
+def _install_spec(spec: Mapping[str, Any] | str | os.PathLike[str], *, strict: bool,
+                  from_env: bool) -> Callable[[], None]:
     data = _sections(spec)
     attributes = _attributes(data.get("attributes", {}))
     raw_phases, raw_targets = data.get("phases", []), data.get("instrument", {})
@@ -573,7 +664,11 @@ def arrange_run(environ: Mapping[str, str] | None = None) -> None:
 
 
 def check_spec(spec: Mapping[str, Any] | str | os.PathLike[str]) -> int:
-    """Parse a spec and register its phases without patching anything; the target count."""
+    """Parse a spec (a mapping, a TOML path, an instrumentation's name, or several of
+    those comma-separated) and register its phases without patching anything; the
+    target count."""
+    if isinstance(spec, str) and "," in spec and not os.path.exists(spec):
+        return sum(check_spec(x.strip()) for x in spec.split(",") if x.strip())
     data = _sections(spec)
     _attributes(data.get("attributes", {}))
     _register(data.get("phases", []))

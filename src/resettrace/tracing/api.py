@@ -244,16 +244,22 @@ def _deferred_kind(fn: Callable[..., Any]) -> tuple[str, str, str] | None:
     return None
 
 
-def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
-           env_count: str | Callable[..., Any] | None = None) -> Callable[[F], F]:
+def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None = None,
+           env_count: str | Callable[..., Any] | None = None,
+           within: Phase | str | None = None) -> Callable[[F], F]:
     """Record every call of the decorated function under ``phase``, with the current
     recorder (:func:`current_recorder`).
 
     ``count`` (the envs the call resets) and ``env_count`` (envs in the batch, set on
     the recorder's attributes on its first call) are an argument name, an attribute
     path from one (``"self.done"``), or a callable taking the call's arguments; the
-    value counts by :func:`count_of`. A count that cannot be read is left out (logged
-    once), never raised. An unknown phase raises ``ValueError`` here, at decoration.
+    value counts by :func:`count_of`; an int ``count`` is that count for every call (a
+    Gymnasium sub-env's reset: 1). A count that cannot be read is left out (logged once),
+    never raised. An unknown phase raises ``ValueError`` here, at decoration.
+
+    ``within``: record a call only while a scope of that phase is open (a method shared
+    by the step and the reset path, recorded on the reset path only); other calls run as
+    they are, unrecorded.
 
     Generator, coroutine and async generator functions are refused (``TypeError``, at
     decoration): a call only creates the generator or coroutine, and its work runs later,
@@ -261,6 +267,11 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
     thread. Trace the code that consumes it, or a synchronous helper it calls.
     """
     resolved = CATALOG.resolve(phase)
+    inside = None if within is None else CATALOG.resolve(within)
+    if isinstance(count, bool) or (isinstance(count, int) and count < 0):
+        raise ValueError(f"count must be an argument name, a callable or an int >= 0, "
+                         f"got {count!r}")
+    fixed = count if isinstance(count, int) else None
 
     def decorate(fn: F) -> F:
         deferred = _deferred_kind(fn)
@@ -273,7 +284,8 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
                 f"and its work runs after the call returns, across {across}, where a scope "
                 "would mis-nest with the other code of the thread; trace the code that "
                 "consumes it, or a synchronous helper it calls, instead")
-        read_count = argument_reader(fn, count, "count")
+        read_count = None if fixed is not None else argument_reader(
+            fn, count, "count")  # type: ignore[arg-type]
         read_envs = argument_reader(fn, env_count, "env_count")
         # a plain positional argument is read in place (the common case: ``env_ids``)
         at = getattr(read_count, "position", -1)
@@ -289,7 +301,9 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | None = None,
                 rec = current_recorder()
             if not rec.enabled:
                 return fn(*args, **kwargs)
-            c = NO_COUNT
+            if inside is not None and not rec.is_open(inside):
+                return fn(*args, **kwargs)  # not on the path it is recorded on
+            c = NO_COUNT if fixed is None else fixed
             if read_count is not None:
                 try:
                     v = args[at] if 0 <= at < len(args) else read_count(args, kwargs)

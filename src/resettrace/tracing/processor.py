@@ -221,7 +221,8 @@ class _Plan:
                 if parent is SET_STATE:
                     continue  # a sample of its parent's closed account below
             elif parent is not None:
-                note_once("nesting", "phase %r was recorded under %r, not under its "
+                note_once(f"nesting:{phase.span}:{parent.span}",
+                          "phase %r was recorded under %r, not under its "
                           "registered parent %r; its time stays in that phase's gap",
                           phase.span, parent.span, phase.parent)
             rows.append((phase.key, [i], []))

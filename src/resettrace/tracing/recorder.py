@@ -116,6 +116,17 @@ class NoopScope:
     def timing(self) -> None:
         return None
 
+    @property
+    def count(self) -> None:
+        return None
+
+    @count.setter
+    def count(self, count: int) -> None:
+        return None
+
+    def set_count(self, count: int) -> None:
+        return None
+
 
 _NOOP_SCOPE = NoopScope()
 
@@ -134,6 +145,9 @@ class NoopRecorder:
             CATALOG.resolve(lap)
         return _NOOP_SCOPE
 
+    def is_open(self, phase: Phase) -> bool:
+        return False
+
 
 NOOP_RECORDER = NoopRecorder()
 
@@ -151,6 +165,7 @@ class Scope:
 
     __slots__ = ("_rec", "_index", "_count", "_first", "_pos", "_stack", "_records", "_laps",
                  "_layout")
+
 
     def __init__(self, rec: Recorder, index: int) -> None:
         self._rec = rec
@@ -296,6 +311,34 @@ class Scope:
         stack.append(at)
         laps.append(at)
 
+    @property
+    def count(self) -> int | None:
+        """The envs this scope's open (else last) call resets; ``None``: none given."""
+        stack, records = self._stack, self._records
+        for k in range(len(stack) - 1, -1, -1):
+            if records[stack[k]][0] == self._index:
+                c = records[stack[k]][4]
+                return None if c == NO_COUNT else c
+        return None if self._count == NO_COUNT else self._count
+
+    @count.setter
+    def count(self, count: int) -> None:
+        self.set_count(count)
+
+    def set_count(self, count: int) -> None:
+        """Set the envs this scope's open call resets, once it is known (a done mask
+        computed inside the timed code, say): an int, a bool mask (its True values) or
+        anything with ``len()``. Outside the scope it is ignored (logged once)."""
+        stack, records = self._stack, self._records
+        for k in range(len(stack) - 1, -1, -1):
+            if records[stack[k]][0] == self._index:
+                from resettrace.tracing.api import count_of
+
+                records[stack[k]][4] = count if type(count) is int else count_of(count)
+                return
+        note_once("count-unopened", "count of scope %r set while it is not open; ignored",
+                  self._rec.catalog[self._index].span)
+
     def timing(self) -> dict[str, float]:
         """Closed timing dict of this scope's last run: its children's keys and the gap.
 
@@ -392,12 +435,27 @@ class Recorder:
         s._count = count
         if lap is None:
             s._first = -1
+        elif isinstance(lap, str):  # a span name, as ``phase`` may be
+            first = self._named.get(lap)
+            s._first = (first if first is not None else self._scope_of(lap))._index
         else:
             try:
-                s._first = self._scopes[lap.index]._index  # type: ignore[index]
+                s._first = self._scopes[lap.index]._index
             except (AttributeError, IndexError):
                 s._first = self._scope_of(lap)._index
         return s
+
+    def is_open(self, phase: Phase) -> bool:
+        """Whether a scope of ``phase`` is open on this recorder (or on the trace this
+        thread has open on another recorder, which scopes opened here join)."""
+        rec: Recorder = self
+        if not self._stack:
+            cur = _current_get()
+            if cur is None or not cur._stack or cur._owner != _get_ident():
+                return False
+            rec = cur
+        records, index = rec._records, phase.index
+        return any(records[p][0] == index for p in rec._stack)
 
     def _scope_of(self, phase: Phase | str) -> Scope:
         p = self.catalog.resolve(phase)
