@@ -65,7 +65,7 @@ __all__ = ["instrument", "instrument_from_env", "check_spec", "InstrumentError",
 ATTRIBUTE_ALIASES = {"backend": ATTR_BACKEND, "task": ATTR_TASK, "env_count": ATTR_ENV_COUNT}
 _SECTIONS = ("attributes", "phases", "instrument")
 _PHASE_FIELDS = ("span", "parent", "key", "gap_key", "description")
-_TARGET_FIELDS = ("phase", "count", "env_count", "within")
+_TARGET_FIELDS = ("phase", "count", "env_count", "within", "parents")
 
 
 class InstrumentError(ValueError):
@@ -84,6 +84,8 @@ class Target:
     env_count: str | None = None
     #: recorded only while a scope of this phase (span name) is open
     within: str | None = None
+    #: also open its registered parents that are not open (:func:`resettrace.traced`)
+    parents: bool = False
 
     @property
     def name(self) -> str:
@@ -220,6 +222,10 @@ def _targets(raw: Any, extra_spans: Sequence[str] = ()) -> list[Target]:
         if within is not None and not isinstance(within, str):
             raise InstrumentError(f"instrument target {name!r}: within must be a phase "
                                   f"name, got {within!r}")
+        parents = fields.get("parents", False)
+        if not isinstance(parents, bool):
+            raise InstrumentError(f"instrument target {name!r}: parents must be true or "
+                                  f"false, got {parents!r}")
         phase: Any = fields["phase"]
         for span in (phase, within):
             if span is not None and span not in extra_spans:
@@ -229,7 +235,8 @@ def _targets(raw: Any, extra_spans: Sequence[str] = ()) -> list[Target]:
                     raise InstrumentError(f"instrument target {name!r}: {e}") from None
         # a phase registered by this spec is resolved after registration
         phase = None if phase in extra_spans else CATALOG.resolve(phase)
-        out.append(Target(module, qualname, phase, count, fields.get("env_count"), within))
+        out.append(Target(module, qualname, phase, count, fields.get("env_count"), within,
+                          parents))
     return out
 
 
@@ -268,7 +275,7 @@ class _Patch:
             raise InstrumentError(f"instrument target {target.name!r} is already traced")
         try:
             wrapped = traced(target.phase, count=target.count, env_count=target.env_count,
-                             within=target.within)(fn)
+                             within=target.within, parents=target.parents)(fn)
         except (TypeError, ValueError) as e:
             raise InstrumentError(f"instrument target {target.name!r}: {e}") from None
         try:
@@ -326,13 +333,17 @@ class _ImportHook(importlib.abc.MetaPathFinder):
         self.pending: dict[str, list[tuple[Target, _Installed]]] = {}
         #: modules with pending targets whose import raised, and what it raised
         self.failed_imports: dict[str, str] = {}
+        #: code to run when a module is imported (:func:`when_imported`)
+        self.callbacks: dict[str, list[Callable[[ModuleType], None]]] = {}
         self._busy: set[str] = set()
         self._lock = threading.RLock()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None
                   ) -> importlib.machinery.ModuleSpec | None:
-        if fullname in self._busy or (fullname not in self.pending and not any(
-                name.startswith(fullname + ".") for name in self.pending)):
+        if fullname in self._busy or (
+                fullname not in self.pending and fullname not in self.callbacks
+                and not any(name.startswith(fullname + ".")
+                            for name in (*self.pending, *self.callbacks))):
             return None  # (a package of a waiting module: it may register it while loading)
         self._busy.add(fullname)
         try:
@@ -358,26 +369,67 @@ class _ImportHook(importlib.abc.MetaPathFinder):
         # ones, such as ``motrixsim.write``: never imported through the finders) too
         prefix = module.__name__ + "."
         with self._lock:
-            names = [module.__name__] + [n for n in self.pending
+            names = [module.__name__] + [n for n in {*self.pending, *self.callbacks}
                                          if n.startswith(prefix) and n in sys.modules]
         for name in names:
+            self._patch(name, module if name == module.__name__ else sys.modules[name])
             with self._lock:
-                waiting = self.pending.pop(name, [])
-                self.failed_imports.pop(name, None)
-            target_module = module if name == module.__name__ else sys.modules[name]
-            for tgt, owner in waiting:
-                try:
-                    owner.patch(tgt, target_module)
-                except InstrumentError as e:
-                    if owner.from_env:
-                        _spec_failed(str(e))
-                    with self._lock:
-                        self.pending.setdefault(name, []).extend(
-                            (t, o) for t, o in waiting if not o.done)
-                    raise
+                callbacks = self.callbacks.pop(name, [])
+            for callback in callbacks:
+                _run_callback(callback, sys.modules.get(name, module))
+
+    def _patch(self, name: str, target_module: ModuleType) -> None:
+        with self._lock:
+            waiting = self.pending.pop(name, [])
+            self.failed_imports.pop(name, None)
+        for tgt, owner in waiting:
+            try:
+                owner.patch(tgt, target_module)
+            except InstrumentError as e:
+                if owner.from_env:
+                    _spec_failed(str(e))
+                with self._lock:
+                    self.pending.setdefault(name, []).extend(
+                        (t, o) for t, o in waiting if not o.done)
+                raise
 
 
 _HOOK = _ImportHook()
+
+
+def _run_callback(callback: Callable[[ModuleType], None], module: ModuleType) -> None:
+    try:
+        callback(module)
+    except Exception as e:  # noqa: BLE001 - never break the user's import over it
+        log.warning("resettrace: %s on import of %r failed (%s: %s); not installed",
+                    getattr(callback, "__qualname__", callback), module.__name__,
+                    type(e).__name__, e)
+
+
+def when_imported(module: str, callback: Callable[[ModuleType], None]) -> Callable[[], None]:
+    """Run ``callback(module)`` now when ``module`` is imported, else right after its
+    import (before any other module can use it); return an ``undo`` that drops it if it
+    has not run. What an instrumentation's own code (a bridge to a stack's profiler) uses
+    to patch a module the training code imports later. A callback that raises is logged
+    and skipped, never raised into the user's import."""
+    loaded = sys.modules.get(module)
+    if loaded is not None and not getattr(loaded.__spec__, "_initializing", False):
+        _run_callback(callback, loaded)
+        return lambda: None
+    with _HOOK._lock:
+        _HOOK.callbacks.setdefault(module, []).append(callback)
+        if _HOOK not in sys.meta_path:
+            sys.meta_path.insert(0, _HOOK)
+
+    def undo() -> None:
+        with _HOOK._lock:
+            waiting = _HOOK.callbacks.get(module, [])
+            if callback in waiting:
+                waiting.remove(callback)
+                if not waiting:
+                    del _HOOK.callbacks[module]
+
+    return undo
 
 
 class _Installed:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from resettrace.tracing.session import Tracing
 
 __all__ = ["configure", "get_tracing", "use_tracing", "stats", "recorder", "bind",
-           "current_recorder", "traced", "count_of"]
+           "current_recorder", "recording", "traced", "count_of"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -165,7 +165,38 @@ def current_recorder(default: Recorder | NoopRecorder | None = None
     return session.thread_recorder()
 
 
+def recording() -> Recorder | None:
+    """The current recorder (as :func:`current_recorder`) when it records, else ``None``
+    (tracing off): what a wrapper asks before it opens a scope. Off, with no recorder
+    bound, it costs a context-variable read and an attribute check."""
+    rec = _get_current()
+    if rec is None:
+        session = _default
+        if session is not None and session.processor is None:
+            return None
+        rec = current_recorder()
+    return rec if rec.enabled else None  # type: ignore[return-value]
+
+
 # -- the decorator ------------------------------------------------------------------------
+def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
+                  fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn`` under ``phase`` and its parents that are not open (see :func:`traced`)."""
+    top = rec.innermost()
+    if top is None:
+        missing = lineage[:-1]  # every parent below the root
+    elif top[0] in lineage:
+        missing = lineage[:lineage.index(top[0])]
+    else:
+        missing = []  # under something else: recorded where it is (and said once)
+    with contextlib.ExitStack() as stack:
+        for parent in reversed(missing):
+            stack.enter_context(rec.scope(parent, count))
+        stack.enter_context(rec.scope(phase, count))
+        return fn(*args, **kwargs)
+
+
+
 def count_of(value: Any) -> int:
     """The env count of a value: an int as is, a bool array's True values, else ``len()``."""
     t = type(value)
@@ -246,7 +277,7 @@ def _deferred_kind(fn: Callable[..., Any]) -> tuple[str, str, str] | None:
 
 def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None = None,
            env_count: str | Callable[..., Any] | None = None,
-           within: Phase | str | None = None) -> Callable[[F], F]:
+           within: Phase | str | None = None, parents: bool = False) -> Callable[[F], F]:
     """Record every call of the decorated function under ``phase``, with the current
     recorder (:func:`current_recorder`).
 
@@ -261,6 +292,12 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
     by the step and the reset path, recorded on the reset path only); other calls run as
     they are, unrecorded.
 
+    ``parents``: also open the phase's registered parents that are not open, with the
+    same count, on the same call: those between it and the innermost open phase when
+    that is one of its parents, else every parent below the root phase. For a stack
+    whose one call is several levels of the catalog (a Gymnasium sub-env's reset is
+    ``reset_done``, its reset call, ``dr_reset`` and ``set_state`` at once).
+
     Generator, coroutine and async generator functions are refused (``TypeError``, at
     decoration): a call only creates the generator or coroutine, and its work runs later,
     across yields or awaits, where a scope would mis-nest with the other code of the
@@ -272,6 +309,12 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
         raise ValueError(f"count must be an argument name, a callable or an int >= 0, "
                          f"got {count!r}")
     fixed = count if isinstance(count, int) else None
+    lineage: list[Phase] = []  # its parents, nearest first
+    if parents:
+        p = resolved
+        while p.parent is not None:
+            p = CATALOG.resolve(p.parent)
+            lineage.append(p)
 
     def decorate(fn: F) -> F:
         deferred = _deferred_kind(fn)
@@ -319,6 +362,8 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 except Exception as e:
                     note_once(f"env_count:{resolved.span}", "cannot read the env count of "
                               "%r (%s: %s)", resolved.span, type(e).__name__, e)
+            if lineage:
+                return _with_parents(rec, lineage, resolved, c, fn, args, kwargs)
             with rec.scope(resolved, c):
                 return fn(*args, **kwargs)
 

@@ -148,6 +148,9 @@ class NoopRecorder:
     def is_open(self, phase: Phase) -> bool:
         return False
 
+    def innermost(self) -> None:
+        return None
+
 
 NOOP_RECORDER = NoopRecorder()
 
@@ -456,6 +459,20 @@ class Recorder:
             rec = cur
         records, index = rec._records, phase.index
         return any(records[p][0] == index for p in rec._stack)
+
+    def innermost(self) -> tuple[Phase, int] | None:
+        """The innermost open phase of this thread's trace (this recorder's, or the one
+        this thread has open on another recorder) and its count (``NO_COUNT``: none);
+        ``None`` when no scope is open. What an instrumentation of a stack's own profiler
+        places its scopes under."""
+        rec: Recorder = self
+        if not self._stack:
+            cur = _current_get()
+            if cur is None or not cur._stack or cur._owner != _get_ident():
+                return None
+            rec = cur
+        r = rec._records[rec._stack[-1]]
+        return rec.catalog[r[0]], r[4]
 
     def _scope_of(self, phase: Phase | str) -> Scope:
         p = self.catalog.resolve(phase)

@@ -1,0 +1,144 @@
+"""The shipped ``gymnasium`` instrumentation on a MuJoCo env of our own (tests/stack_envs/
+gym_arm.py), in vector envs as users run them: sync in-process and under ``resettrace run``,
+async with fork and with spawn workers. Every reset that happened is one ``reset_done``
+(count 1) down to ``set_state`` with MuJoCo's reset and forward calls inside it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import resettrace
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.instrumentation import instrument
+from resettrace.stacks import get, version_problem
+from resettrace.tracing.session import Tracing
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAIN = ["reset_done", "reset_done.reset_call", "dr_reset", "set_state"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RESETTRACE", "OTEL_")) and k not in ("PYTHONPATH", "RANK")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(extra)
+    return env
+
+
+def closed(stats: dict[str, Any], phase: C.Phase) -> None:
+    """A phase's account is closed: its children's totals and its gap make its total."""
+    get_total = (lambda k: stats[k]["total_ms"]) if isinstance(
+        next(iter(stats.values())), dict) else (lambda k: stats[k].total_ms)
+    keys = [k for k in C.CATALOG.timing_keys(phase) if k != phase.key]
+    parts = sum(get_total(k) for k in keys if k in stats)
+    assert parts == pytest.approx(get_total(phase.key), rel=1e-6, abs=1e-6), (phase.span, keys)
+
+
+def test_the_shipped_mapping_matches_the_installed_gymnasium() -> None:
+    inst = get("gymnasium")
+    assert version_problem(inst) == (True, None)
+
+
+def test_sync_vector_env_in_process_counts_every_reset() -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from tests.stack_envs import gym_arm
+    finally:
+        sys.path.remove(str(ROOT))
+    session = Tracing(Config(mode="timing"))
+    undo = instrument("gymnasium")
+    try:
+        with resettrace.use_tracing(session):
+            happened = gym_arm.run("sync", 80)
+        stats = session.stats()
+    finally:
+        undo()
+        session.shutdown()
+    resets = happened["resets"]
+    assert resets > happened["num_envs"]  # some autoresets, not only the first reset
+    assert stats[C.RESET_DONE_COUNT].total_ms == resets
+    for span in CHAIN:
+        assert stats[C.CATALOG.resolve(span).key].count == resets, span
+    assert stats["set_state_data_reset_ms"].count == resets
+    assert stats["set_state_forward_kinematic_ms"].count == resets
+    assert stats["env_step_total_ms"].count == 80
+    # the contract's timing dict: every set_state key, closed by the gap
+    for key in C.CATALOG.timing_keys(C.SET_STATE):
+        assert key in stats, key
+    for phase in (C.SET_STATE, C.DR_RESET, C.RESET_DONE):  # (the first resets: roots)
+        closed(stats, phase)
+    # nothing recorded once undone
+    assert not hasattr(__import__("mujoco").mj_forward, "__resettrace_phase__")
+
+
+def _spans(folder: Path) -> list[dict[str, Any]]:
+    out = []
+    for f in sorted(folder.glob("spans.*.jsonl")):
+        for line in f.read_text().splitlines():
+            out.append(json.loads(line))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["sync", "fork", "spawn"])
+def test_vector_env_under_resettrace_run(tmp_path: Path, mode: str) -> None:
+    """Zero code: ``resettrace run --instrument gymnasium``; async workers (fork or spawn)
+    record their sub-envs' resets, the job's record adds them up, the span files hold
+    the tree."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+            "from tests.stack_envs.gym_arm import run; "
+            f"print('HAPPENED', json.dumps(run({mode!r}, 60)))")
+    r = subprocess.run(
+        [sys.executable, "-m", "resettrace.cli", "run", "--instrument", "gymnasium",
+         "--stats-json", "job.json", "--", sys.executable, "-c", code, str(ROOT)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env=_env(RESETTRACE="trace", RESETTRACE_EXPORTER=f"file:{tmp_path}/spans.{{pid}}.jsonl"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("HAPPENED "))
+    resets = json.loads(line.split(" ", 1)[1])["resets"]
+    job = json.loads((tmp_path / "job.json").read_text())
+    stats = job["stats"]
+    assert stats[C.RESET_DONE_COUNT]["total_ms"] == resets
+    assert stats["dr_reset_set_state_ms"]["count"] == resets
+    assert stats["env_step_total_ms"]["count"] == 60
+    for phase in (C.SET_STATE, C.DR_RESET, C.RESET_DONE):
+        closed(stats, phase)
+
+    spans = _spans(tmp_path)
+    by_id = {s["span_id"]: s for s in spans}
+    assert len(by_id) == len(spans)  # ids unique
+    names = Counter(s["name"] for s in spans)
+    for span in CHAIN + ["set_state.data_reset", "set_state.forward_kinematic"]:
+        assert names[span] == resets, span
+    main_pid = {s["resource"]["process.pid"] for s in spans if s["name"] == "env_step"}
+    assert len(main_pid) == 1 and names["env_step"] == 60
+    for s in spans:
+        assert s["end_ns"] >= s["start_ns"]
+        if s["name"] in CHAIN[1:] or s["name"].startswith("set_state."):
+            parent = by_id[s["parent_id"]]
+            want = C.CATALOG.resolve(s["name"]).parent
+            assert parent["name"] == want and parent["trace_id"] == s["trace_id"]
+            assert parent["start_ns"] <= s["start_ns"] and s["end_ns"] <= parent["end_ns"]
+            assert s["attributes"]["resettrace.reset.count"] == 1
+    roots = [s for s in spans if s["name"] == "reset_done"]
+    workers = {s["resource"]["process.pid"] for s in roots}
+    if mode == "sync":
+        assert workers == main_pid
+        under_step = [s for s in roots if s.get("parent_id")]
+        assert all(by_id[s["parent_id"]]["name"] == "env_step" for s in under_step)
+        assert len(under_step) == resets - 4  # the first reset of each sub-env is a root
+    else:
+        assert len(workers) == 4 and not workers & main_pid  # in each worker
+        assert not any(s.get("parent_id") for s in roots)
+        per_worker = Counter(s["resource"]["process.pid"] for s in roots)
+        assert all(n >= 1 for n in per_worker.values())
+    assert np.isfinite([s["start_ns"] for s in spans]).all()
