@@ -222,3 +222,74 @@ def test_each_misplaced_phase_and_parent_is_said_once(session: Tracing,
     assert len(said) == 3, said
     for phase, parent in ((a, "reset_done"), (b, "env_step"), (a, "set_state")):
         assert any(f"{phase.span!r} was recorded under {parent!r}" in m for m in said)
+
+
+def test_parents_opens_the_missing_levels_of_one_call(session: Tracing, stack: str,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A Gymnasium sub-env's reset is reset_done, its reset call, dr_reset and set_state in
+    one call: ``parents = true`` opens the levels that are not open, with its count."""
+    undo = instrument({"instrument": {
+        f"{stack}:Env.step": "env_step",
+        f"{stack}:Env.reset_one": {"phase": "set_state", "count": 1, "parents": True}}})
+    try:
+        import importlib
+
+        mod = importlib.import_module(stack)
+        env = mod.Env()
+        rec = session.recorder()
+        with caplog.at_level(logging.WARNING, logger="resettrace"):
+            env.reset_one()                      # at the root: every level below env_step
+            with rec.scope("env_step"):
+                env.reset_one()                  # under env_step: the same four
+                with rec.scope("reset_done", 5):
+                    with rec.scope("reset_done.reset_call"):
+                        with rec.scope("dr_reset", 5):
+                            env.reset_one()      # dr_reset open: set_state only
+            stats = session.stats()
+    finally:
+        undo()
+    assert stats["dr_reset_set_state_ms"].count == 3
+    assert stats["dr_reset_total_ms"].count == stats["reset_done_ms"].count == 3
+    assert stats[C.RESET_DONE_COUNT].total_ms == 1 + 1 + 5
+    assert "env_step_total_ms" not in stats or stats["env_step_total_ms"].count == 1
+    assert not [r for r in caplog.records if "registered parent" in r.getMessage()]
+    with pytest.raises(InstrumentError, match="parents must be true or false"):
+        instrument({"instrument": {f"{stack}:Env.reset_one": {"phase": "set_state",
+                                                               "parents": "yes"}}})
+
+
+def test_recording_and_the_innermost_open_phase(session: Tracing) -> None:
+    from resettrace.tracing.api import recording
+    from resettrace.tracing.recorder import NO_COUNT
+
+    rec = session.recorder()
+    with resettrace.use_tracing(Tracing(Config(mode="off"))):
+        assert recording() is None
+    assert rec.innermost() is None
+    with rec.scope("reset_done", 4):
+        with rec.scope("reset_done.reset_call"):
+            assert recording() is not None
+            assert recording().innermost() == (  # type: ignore[union-attr]
+                C.RESET_DONE_RESET_CALL, NO_COUNT)
+        assert rec.innermost() == (C.RESET_DONE, 4)
+
+
+def test_code_run_when_a_module_is_imported(stack: str, caplog: pytest.LogCaptureFixture
+                                            ) -> None:
+    """What an instrumentation's own code (MotrixLab's profiler bridge) patches a module
+    the training code imports later with; a callback that fails never breaks the import."""
+    from resettrace.instrumentation import when_imported
+
+    seen: list[str] = []
+    when_imported(stack, lambda m: seen.append(m.__name__))
+    when_imported(stack, lambda m: 1 / 0)
+    dropped = when_imported(stack, lambda m: seen.append("dropped"))
+    dropped()
+    import importlib
+
+    with caplog.at_level(logging.WARNING, logger="resettrace"):
+        importlib.import_module(stack)
+    assert seen == [stack]
+    assert any("ZeroDivisionError" in r.getMessage() for r in caplog.records)
+    when_imported(stack, lambda m: seen.append("now"))  # already imported: at once
+    assert seen == [stack, "now"]

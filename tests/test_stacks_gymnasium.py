@@ -1,5 +1,5 @@
-"""The shipped ``gymnasium`` instrumentation on a MuJoCo env of our own (tests/stack_envs/
-gym_arm.py), in vector envs as users run them: sync in-process and under ``resettrace run``,
+"""The shipped ``gymnasium`` instrumentation on a MuJoCo env of our own
+(:mod:`resettrace.bench.stack_envs.gym_arm`), in vector envs as users run them: sync in-process and under ``resettrace run``,
 async with fork and with spawn workers. Every reset that happened is one ``reset_done``
 (count 1) down to ``set_state`` with MuJoCo's reset and forward calls inside it."""
 
@@ -23,7 +23,6 @@ from resettrace.instrumentation import instrument
 from resettrace.stacks import get, version_problem
 from resettrace.tracing.session import Tracing
 
-ROOT = Path(__file__).resolve().parent.parent
 CHAIN = ["reset_done", "reset_done.reset_call", "dr_reset", "set_state"]
 
 
@@ -50,11 +49,8 @@ def test_the_shipped_mapping_matches_the_installed_gymnasium() -> None:
 
 
 def test_sync_vector_env_in_process_counts_every_reset() -> None:
-    sys.path.insert(0, str(ROOT))
-    try:
-        from tests.stack_envs import gym_arm
-    finally:
-        sys.path.remove(str(ROOT))
+    from resettrace.bench.stack_envs import gym_arm
+
     session = Tracing(Config(mode="timing"))
     undo = instrument("gymnasium")
     try:
@@ -94,12 +90,11 @@ def test_vector_env_under_resettrace_run(tmp_path: Path, mode: str) -> None:
     """Zero code: ``resettrace run --instrument gymnasium``; async workers (fork or spawn)
     record their sub-envs' resets, the job's record adds them up, the span files hold
     the tree."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
-            "from tests.stack_envs.gym_arm import run; "
+    code = ("import json; from resettrace.bench.stack_envs.gym_arm import run; "
             f"print('HAPPENED', json.dumps(run({mode!r}, 60)))")
     r = subprocess.run(
         [sys.executable, "-m", "resettrace.cli", "run", "--instrument", "gymnasium",
-         "--stats-json", "job.json", "--", sys.executable, "-c", code, str(ROOT)],
+         "--stats-json", "job.json", "--", sys.executable, "-c", code],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
         env=_env(RESETTRACE="trace", RESETTRACE_EXPORTER=f"file:{tmp_path}/spans.{{pid}}.jsonl"))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -4,6 +4,7 @@
 ``resettrace bench overhead``   tracing off vs timing vs trace, side by side
 ``resettrace bench set-state-ab`` the shipped set_state vs the published path vs the engine floor
 ``resettrace bench export``     span export designs: delivery and training slowdown
+``resettrace bench stacks``     env step cost of the shipped MotrixLab and Gymnasium instrumentations
 ``resettrace bench compare-aa RUN`` compare's false-positive rate on A/A pairs of one run
 ``resettrace compare BASE NEW``  two sets of collector runs, per key, with verdicts
 ``resettrace fit RUN...``       the cost model a + b*k of every phase (and c*N across env counts)
@@ -246,6 +247,16 @@ def _export_bench(args: argparse.Namespace) -> int:
         task=args.task, backend=args.backend, num_envs=args.num_envs, rounds=args.rounds,
         steps=args.steps, warmup=args.warmup, model=args.model, nthread=args.nthread,
         candidates=tuple(args.candidates)), run_export_bench, render_export_bench)
+
+
+def _stacks_bench(args: argparse.Namespace) -> int:
+    from resettrace.bench.stacks import StacksBenchConfig, render_stacks_bench, run_stacks_bench
+
+    return _bench(args, lambda: StacksBenchConfig(
+        stacks=tuple(args.stack), motrixlab_envs=args.motrixlab_envs,
+        gymnasium_envs=args.gymnasium_envs,
+        rounds=args.rounds, block=args.block, warmup=args.warmup, seed=args.seed),
+        run_stacks_bench, render_stacks_bench)
 
 
 def _set_state_ab(args: argparse.Namespace) -> int:
@@ -494,6 +505,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "timing_aa always run)")
     x.add_argument("--json", default=None, help="write the result as JSON")
     x.set_defaults(func=_export_bench)
+
+    st = bench.add_parser("stacks", help="env step cost of each shipped instrumentation "
+                                         "(MotrixLab, Gymnasium): timing vs off vs bare")
+    st.add_argument("--stack", nargs="+", default=["motrixlab", "gymnasium"],
+                    metavar="NAME", help="stacks to measure (motrixlab, gymnasium)")
+    st.add_argument("--motrixlab-envs", type=int, default=1024,
+                    help="envs of the MotrixLab env")
+    st.add_argument("--gymnasium-envs", type=int, default=16,
+                    help="sub-envs of the Gymnasium sync vector env")
+    st.add_argument("--rounds", type=int, default=40, help="interleaved rounds")
+    st.add_argument("--block", type=int, default=10, help="env steps per timed block")
+    st.add_argument("--warmup", type=int, default=10, help="untimed steps per mode first")
+    st.add_argument("--seed", type=int, default=0)
+    st.add_argument("--json", default=None, help="write the result as JSON")
+    st.set_defaults(func=_stacks_bench)
 
     a = bench.add_parser("set-state-ab",
                          help="set_state: published path vs shipped path vs engine floor")

@@ -1,7 +1,7 @@
 """A small Gymnasium MuJoCo env of our own (a two-link arm), as a user writes one, and
 the script the Gymnasium instrumentation tests run under ``resettrace run``.
 
-``python -m tests.stack_envs.gym_arm MODE STEPS`` (MODE: ``sync``, ``fork``, ``spawn``)
+``python -m resettrace.bench.stack_envs.gym_arm MODE STEPS`` (MODE: ``sync``, ``fork``, ``spawn``)
 steps a vector env of 4 arms with random actions and prints, as JSON, the resets that
 happened (the vector env's own reset, then one per sub-env that ended in a step other
 than the last: NextStep autoreset resets it in the next step).

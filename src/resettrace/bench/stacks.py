@@ -1,0 +1,174 @@
+"""``resettrace bench stacks``: what each shipped instrumentation costs a training step.
+
+For each stack, one env in one process: MotrixLab, the arm ``ManagerEnv`` of
+:mod:`resettrace.bench.stack_envs.motrixlab_arm`; Gymnasium, ``Hopper-v5`` in a sync
+vector env (with random actions a hopper falls within tens of steps: resets happen at
+their own pace in each sub-env, as in training). Rounds visit the modes in a fresh
+random order and time a block of env steps in each (random actions drawn beforehand):
+
+- ``bare``: the instrumentation not installed (installed and undone between blocks);
+- ``off`` and ``off_aa``: installed, tracing off (the A/A twin: two blocks of one mode);
+- ``timing``: installed, ``RESETTRACE=timing`` (a session of its own, bound for the block).
+
+Ratios of the per-step medians, timing/off, off/bare and off_aa/off (the noise), each
+with a 95% paired bootstrap interval over the rounds, are measured side by side in one
+run, so machine noise hits every mode alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from resettrace import catalog as C
+from resettrace.bench._stats import paired_ratio_ci
+from resettrace.config import Config
+from resettrace.tables import format_table
+
+__all__ = ["StacksBenchConfig", "run_stacks_bench", "render_stacks_bench", "STACKS"]
+
+MODES = ("bare", "off", "off_aa", "timing")
+RATIOS = (("timing", "off"), ("off", "bare"), ("off_aa", "off"))
+STACKS = ("motrixlab", "gymnasium")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StacksBenchConfig:
+    stacks: tuple[str, ...] = STACKS
+    #: envs of the MotrixLab env (one batched env)
+    motrixlab_envs: int = 1024
+    #: sub-envs of the Gymnasium sync vector env
+    gymnasium_envs: int = 16
+    rounds: int = 40
+    #: env steps per timed block
+    block: int = 10
+    #: untimed steps per mode first
+    warmup: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.stacks if s not in STACKS]
+        if unknown or not self.stacks:
+            raise ValueError(f"--stack must be among {', '.join(STACKS)}, got "
+                             f"{', '.join(unknown) or 'none'}")
+        for name in ("motrixlab_envs", "gymnasium_envs", "rounds", "block"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                 f"{getattr(self, name)}")
+        if self.rounds < 3:
+            raise ValueError(f"--rounds must be >= 3 (a paired interval), got {self.rounds}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+
+
+def _motrixlab(cfg: StacksBenchConfig) -> tuple[Callable[[int], None], Callable[[], None], str]:
+    from resettrace.bench.stack_envs import motrixlab_arm
+
+    env = motrixlab_arm.make_env(cfg.motrixlab_envs, seed=cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    dim = env.action_space.shape[-1]
+    actions = [rng.standard_normal((cfg.motrixlab_envs, dim)).astype(np.float32)
+               for _ in range(32)]
+
+    def step(i: int) -> None:
+        env.step(actions[i % len(actions)])
+
+    return step, lambda: None, f"MotrixLab arm ManagerEnv, {cfg.motrixlab_envs} envs"
+
+
+def _gymnasium(cfg: StacksBenchConfig) -> tuple[Callable[[int], None], Callable[[], None], str]:
+    import gymnasium as gym
+
+    envs = gym.make_vec("Hopper-v5", num_envs=cfg.gymnasium_envs, vectorization_mode="sync")
+    envs.reset(seed=cfg.seed)
+    envs.action_space.seed(cfg.seed)
+    actions = [envs.action_space.sample() for _ in range(64)]
+
+    def step(i: int) -> None:
+        envs.step(actions[i % len(actions)])
+
+    return step, envs.close, f"Gymnasium Hopper-v5, sync vector env of {cfg.gymnasium_envs}"
+
+
+def _one_stack(name: str, cfg: StacksBenchConfig, progress: Callable[[str], None]
+               ) -> dict[str, Any]:
+    import resettrace
+    from resettrace.tracing.session import Tracing
+
+    sessions = {"off": Tracing(Config(mode="off")), "timing": Tracing(Config(mode="timing"))}
+    sessions["off_aa"] = sessions["bare"] = sessions["off"]
+    undo: Callable[[], None] | None = resettrace.instrument(name)
+    try:
+        with resettrace.use_tracing(sessions["off"]):
+            step, close, what = (_motrixlab if name == "motrixlab" else _gymnasium)(cfg)
+        rng = np.random.default_rng(cfg.seed)
+        times: dict[str, list[float]] = {m: [] for m in MODES}
+        i = 0
+        for r in range(-1, cfg.rounds):
+            for mode in rng.permutation(MODES):
+                if mode == "bare" and undo is not None:
+                    undo()
+                    undo = None
+                elif mode != "bare" and undo is None:
+                    undo = resettrace.instrument(name)
+                with resettrace.use_tracing(sessions[mode]):
+                    n = cfg.warmup if r < 0 else cfg.block
+                    t0 = time.perf_counter_ns()
+                    for _ in range(n):
+                        step(i)
+                        i += 1
+                    t1 = time.perf_counter_ns()
+                if r >= 0:
+                    times[mode].append((t1 - t0) / n / 1e3)
+            if r >= 0 and (r + 1) % max(1, cfg.rounds // 5) == 0:
+                progress(f"{name}: round {r + 1}/{cfg.rounds}")
+        close()
+    finally:
+        if undo is not None:
+            undo()
+    stats = sessions["timing"].stats()
+    for s in {id(v): v for v in sessions.values()}.values():
+        s.shutdown()
+    med = {m: statistics.median(v) for m, v in times.items()}
+    ratios = {}
+    for a, b in RATIOS:
+        ratios[f"{a}/{b}"] = {"ratio": med[a] / med[b],
+                              "ci95": paired_ratio_ci(times[a], times[b])}
+    steps = stats.get(C.ENV_STEP.key)
+    resets = stats.get(C.RESET_DONE_COUNT)
+    return {"stack": name, "env": what, "us_per_step": med, "ratios": ratios,
+            "timing_steps": steps.count if steps else 0,
+            "timing_resets": int(resets.total_ms) if resets else 0,
+            "samples_us": times}
+
+
+def run_stacks_bench(cfg: StacksBenchConfig, progress: Callable[[str], None] | None = None
+                     ) -> dict[str, Any]:
+    say = progress or (lambda _m: None)
+    return {"config": asdict(cfg),
+            "stacks": [_one_stack(name, cfg, say) for name in cfg.stacks]}
+
+
+def render_stacks_bench(result: dict[str, Any]) -> str:
+    rows = []
+    for s in result["stacks"]:
+        us = s["us_per_step"]
+        for key, r in s["ratios"].items():
+            ci = r["ci95"]
+            rows.append([s["stack"], key, f"{r['ratio']:.4f}",
+                         f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "-",
+                         " / ".join(f"{us[m]:.1f}" for m in key.split("/"))])
+    out = [format_table("env step with each shipped instrumentation",
+                        ["stack", "ratio", "median", "95% CI (paired)", "us per step"], rows)]
+    for s in result["stacks"]:
+        out.append(f"{s['stack']}: {s['env']}; timing mode recorded {s['timing_steps']} env "
+                   f"steps and {s['timing_resets']} env resets")
+    out.append("timing/off is the instrumentation's cost with RESETTRACE=timing; off/bare "
+               "its cost installed with tracing off; off_aa/off two blocks of one mode "
+               "(the noise of this run)")
+    return "\n".join(out)
