@@ -105,6 +105,10 @@ def test_vector_env_under_resettrace_run(tmp_path: Path, mode: str) -> None:
     assert stats[C.RESET_DONE_COUNT]["total_ms"] == resets
     assert stats["dr_reset_set_state_ms"]["count"] == resets
     assert stats["env_step_total_ms"]["count"] == 60
+    # workers that reset but never step do not make the job "mixed", and their resets
+    # count against the job's env steps
+    assert "MIXED" not in r.stderr and job["config"]["num_envs"] == 4
+    assert job["reset_fraction"] == pytest.approx(resets / (60 * 4))
     for phase in (C.SET_STATE, C.DR_RESET, C.RESET_DONE):
         closed(stats, phase)
 

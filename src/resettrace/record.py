@@ -434,11 +434,13 @@ CONFIG_FIELDS = ("task", "backend", "num_envs", "model", "randomize", "control_d
 
 
 def config_differences(records: Sequence[RunRecord]) -> list[str]:
-    """The configuration fields on which ``records`` differ, with their values."""
+    """The configuration fields on which ``records`` differ, with their values. A record
+    that does not know a field (a worker that resets envs but never steps the batch, so
+    knows no env count) does not differ on it."""
     configs = [dict(r.config or {}, mode=r.mode) for r in records]
     out = []
     for k in CONFIG_FIELDS:
-        values = {json.dumps(c.get(k)) for c in configs}
+        values = {json.dumps(c.get(k)) for c in configs if c.get(k) is not None}
         if len(values) > 1:
             out.append(f"{k}: " + ", ".join(sorted(values)))
     return out
@@ -460,6 +462,7 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
     come from the summed buckets; env/s and env steps add (the workers ran at once);
     samples are pooled (thinned to :data:`MAX_RECORD_SAMPLES`). Runs of different
     configurations are refused unless ``allow_mixed``."""
+    from resettrace import catalog as C
     from resettrace.catalog import Catalog
     from resettrace.costmodel import FitSums, model_section
     from resettrace.distribution import RELATIVE_ERROR, Distribution
@@ -512,13 +515,18 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
     steps = sum(r.env_steps for r in records)
     envs = {r.num_envs for r in records if r.num_envs}
     first = records[0]
-    config = dict(first.config) if not differ else {
-        k: v for k, v in first.config.items() if all(r.config.get(k) == v for r in records)}
+    known = [r for r in records if r.config]
+    config = {k: v for k, v in (known[0].config if known else {}).items()
+              if all(r.config.get(k) in (v, None) for r in known)}
     if len(envs) > 1:
         config["num_envs"] = sum(envs)  # different workers, different batches: all of them
     reset = [(r.reset_fraction, r.env_steps * (r.num_envs or 0)) for r in records
              if r.reset_fraction is not None]
     weight = sum(w for _, w in reset)
+    # resets of workers that never step the batch (Gymnasium's async workers reset their
+    # sub-envs; the main process steps them) count against the job's env steps
+    stepless = sum(float((r.stats.get(C.RESET_DONE_COUNT) or {}).get("total_ms", 0.0))
+                   for r in records if not r.env_steps)
     return RunRecord(
         kind="job", mode=first.mode,
         command=list(command) if command is not None else first.command,
@@ -533,7 +541,8 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
         model=model_section({k: sums[k] for k in ordered if k in sums}),
         env_steps=steps,
         env_per_s=sum(float(r.env_per_s or 0.0) for r in records) or None,
-        reset_fraction=(sum(f * w for f, w in reset) / weight) if weight else None,
+        reset_fraction=(sum(f * w for f, w in reset) + stepless) / weight if weight
+        else None,
         sim=first.sim, members=[member_summary(r) for r in records],
         extra={"mixed": differ, "relative_error": RELATIVE_ERROR})
 
