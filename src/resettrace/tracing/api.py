@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -185,15 +186,27 @@ def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
     top = rec.innermost()
     if top is None:
         missing = lineage[:-1]  # every parent below the root
-    elif top[0] in lineage:
-        missing = lineage[:lineage.index(top[0])]
     else:
-        missing = []  # under something else: recorded where it is (and said once)
-    with contextlib.ExitStack() as stack:
+        at = next((i for i, p in enumerate(lineage) if p is top[0]), -1)
+        missing = lineage[:at] if at >= 0 else []  # else: recorded where it is (said once)
+    entered = []
+    try:
         for parent in reversed(missing):
-            stack.enter_context(rec.scope(parent, count))
-        stack.enter_context(rec.scope(phase, count))
-        return fn(*args, **kwargs)
+            s = rec.scope(parent, count)
+            s.__enter__()
+            entered.append(s)
+        s = rec.scope(phase, count)
+        s.__enter__()
+        entered.append(s)
+        result = fn(*args, **kwargs)
+    except BaseException:
+        info = sys.exc_info()
+        for s in reversed(entered):
+            s.__exit__(*info)
+        raise
+    for s in reversed(entered):
+        s.__exit__(None, None, None)
+    return result
 
 
 
