@@ -1,7 +1,8 @@
 """The shipped ``gymnasium`` instrumentation on a MuJoCo env of our own
 (:mod:`resettrace.bench.stack_envs.gym_arm`), in vector envs as users run them: sync
-in-process and under ``resettrace run``, async with fork and with spawn workers. Every reset that happened is one ``reset_done``
-(count 1) down to ``set_state`` with MuJoCo's reset and forward calls inside it."""
+in-process and under ``resettrace run``, async with fork and with spawn workers. Every
+reset that happened is one ``reset_done`` (count 1) down to ``set_state`` with MuJoCo's
+reset and forward calls inside it."""
 
 from __future__ import annotations
 

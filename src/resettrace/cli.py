@@ -4,7 +4,7 @@
 ``resettrace bench overhead``   tracing off vs timing vs trace, side by side
 ``resettrace bench set-state-ab`` the shipped set_state vs the published path vs the engine floor
 ``resettrace bench export``     span export designs: delivery and training slowdown
-``resettrace bench stacks``     env step cost of the shipped MotrixLab and Gymnasium instrumentations
+``resettrace bench stacks``     env step cost of the shipped stack instrumentations
 ``resettrace bench compare-aa RUN`` compare's false-positive rate on A/A pairs of one run
 ``resettrace compare BASE NEW``  two sets of collector runs, per key, with verdicts
 ``resettrace fit RUN...``       the cost model a + b*k of every phase (and c*N across env counts)

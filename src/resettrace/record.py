@@ -515,9 +515,9 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
     steps = sum(r.env_steps for r in records)
     envs = {r.num_envs for r in records if r.num_envs}
     first = records[0]
-    known = [r for r in records if r.config]
-    config = {k: v for k, v in (known[0].config if known else {}).items()
-              if all(r.config.get(k) in (v, None) for r in known)}
+    configured = [r for r in records if r.config]
+    config = {k: v for k, v in (configured[0].config if configured else {}).items()
+              if all(r.config.get(k) in (v, None) for r in configured)}
     if len(envs) > 1:
         config["num_envs"] = sum(envs)  # different workers, different batches: all of them
     reset = [(r.reset_fraction, r.env_steps * (r.num_envs or 0)) for r in records

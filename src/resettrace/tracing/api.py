@@ -176,7 +176,7 @@ def recording() -> Recorder | None:
         if session is not None and session.processor is None:
             return None
         rec = current_recorder()
-    return rec if rec.enabled else None  # type: ignore[return-value]
+    return rec if rec.enabled else None
 
 
 # -- the decorator ------------------------------------------------------------------------
