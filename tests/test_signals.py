@@ -257,3 +257,35 @@ def test_a_second_signal_while_held_ends_the_process_at_once() -> None:
                        timeout=60, env=_clean_env())
     assert r.stdout.split() == ["held", "True"], r.stderr
     assert r.returncode == -signal.SIGTERM
+
+
+WATCHED_SCRIPT = """
+import multiprocessing as mp, os, sys
+
+def work(_):
+    import resettrace
+    from resettrace import catalog as C
+    from resettrace.tracing import session
+    with resettrace.current_recorder().scope(C.DR_RESET, 1):
+        pass
+    return session._WATCH["pid"] == os.getpid()
+
+if __name__ == "__main__":
+    with mp.get_context(sys.argv[1]).Pool(1) as pool:
+        print(pool.map(work, [0])[0])
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_pool_worker_watches_for_a_sigterm_left_pending(start_method: str,
+                                                          tmp_path: Path) -> None:
+    """A spawned worker installed its SIGTERM handler after looking for it to watch, so it
+    never watched: a terminate() landing just before the worker blocked on its task queue's
+    lock hung ``with Pool(...)`` (about one spawn pool exit in ten here)."""
+    script = tmp_path / "watched.py"
+    script.write_text(textwrap.dedent(WATCHED_SCRIPT))
+    env = _clean_env(RESETTRACE="trace", RESETTRACE_EXPORTER=f"file:{tmp_path}/s-{{pid}}.jsonl")
+    r = subprocess.run([sys.executable, str(script), start_method], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True"]

@@ -651,3 +651,7 @@ def _register_exit_hooks(session: Tracing) -> None:
         util.register_after_fork(session, _armed_after_fork)
     if session.config.handle_sigterm:
         install_sigterm_exit()
+        if multiprocessing.parent_process() is not None:
+            # a spawned worker: its handler is only installed now, and the watcher needs it
+            # (_arm_worker_exit above found none; a forked one inherited it)
+            watch_sigterm()
