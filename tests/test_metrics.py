@@ -179,3 +179,21 @@ def test_a_forked_worker_of_a_metrics_session_exits_without_waiting(tmp_path: Pa
     assert os.waitstatus_to_exitcode(status) == 0
     assert session.metrics.prometheus_port is not None  # the parent still serves
     session.shutdown(timeout_s=1.0)
+
+
+def test_metric_labels_name_the_backend_and_task_of_user_code(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make_env(...)`` in a user's own code sets no resource attributes (only the CLI
+    does): the labels were ``""`` while the spans carried "mujoco" and "g1_walk_flat"."""
+    with GrpcMetricsReceiver() as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", rx.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_INSECURE", "true")
+        session = Tracing(Config(mode="timing", metrics=("otlp",), metrics_interval_s=60.0))
+        _run(session, steps=20)
+        session.shutdown()  # one last push
+        request = rx.last()
+    assert request is not None
+    metrics = {m.name: m for m in request.resource_metrics[0].scope_metrics[0].metrics}
+    for point in metrics[C.METRIC_PHASE_DURATION].exponential_histogram.data_points:
+        attrs = _attrs(point)
+        assert attrs[C.ATTR_BACKEND] == "mujoco" and attrs[C.ATTR_TASK] == "g1_walk_flat"

@@ -17,7 +17,7 @@ A forked process drops its copies (no push thread, not serving the parent's port
 worker its own session.
 
 Attributes: ``resettrace.phase`` (the span name), ``resettrace.backend.name``,
-``resettrace.task.name`` (from the session's resource attributes, as the CLI sets them) and
+``resettrace.task.name`` (the names the spans carry: :meth:`Tracing.label`) and
 ``resettrace.worker.rank``. OTLP pushes use the SDK's OTLP metric exporter (its endpoint,
 headers and timeout variables: ``OTEL_EXPORTER_OTLP_METRICS_*``, else the generic ones) every
 ``OTEL_METRIC_EXPORT_INTERVAL`` ms (default 60,000) on a daemon thread, and once more at
@@ -96,8 +96,8 @@ class MetricsExport:
     # -- what is exported -------------------------------------------------------------------
     def attributes(self) -> dict[str, Any]:
         res = self.session.resource_attributes()
-        return {C.ATTR_BACKEND: str(res.get(C.ATTR_BACKEND, "")),
-                C.ATTR_TASK: str(res.get(C.ATTR_TASK, "")),
+        return {C.ATTR_BACKEND: self.session.label(C.ATTR_BACKEND),
+                C.ATTR_TASK: self.session.label(C.ATTR_TASK),
                 C.ATTR_WORKER_RANK: int(res.get(C.ATTR_WORKER_RANK, 0) or 0)}
 
     def _phases(self) -> Iterator[tuple[str, Distribution, tuple[int, float, float]]]:

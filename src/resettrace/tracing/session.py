@@ -124,6 +124,8 @@ class Tracing:
         self._env_counts: set[int] = set()
         self._recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
         self._recorders_lock = threading.Lock()
+        #: the backend and task names its recorders were given (what their spans carry)
+        self._labels: dict[str, set[str]] = {ATTR_BACKEND: set(), ATTR_TASK: set()}
         if not self.config.enabled:
             return
         from resettrace.tracing.processor import TimingSpanProcessor
@@ -249,10 +251,24 @@ class Tracing:
             n = _env_count(attrs.get(ATTR_ENV_COUNT))
             if n is not None:
                 self._env_counts.add(n)
+            for key, seen in self._labels.items():
+                if attrs.get(key) not in (None, ""):
+                    seen.add(str(attrs[key]))
             self._recorders.add(rec)
         # a count set later on a recorder collected before the record is written
         weakref.finalize(rec, _keep_env_count, self._env_counts, rec.attributes)
         return rec
+
+    def label(self, key: str) -> str:
+        """The value of a span attribute naming what ran (``resettrace.backend.name``,
+        ``resettrace.task.name``) for metrics: the resource attribute when one is set (the
+        CLI's), else the values its recorders were given (``recorder(backend=...)``, a
+        spec's ``[attributes]``), comma-separated when several; ``""`` when none."""
+        given = self.config.resource_attributes.get(key)
+        if given not in (None, ""):
+            return str(given)
+        with self._recorders_lock:
+            return ",".join(sorted(self._labels.get(key, ())))
 
     @property
     def env_counts(self) -> set[int]:
