@@ -8,7 +8,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from helpers import FakeClock
 from resettrace import catalog as C
-from resettrace.tracing.processor import TimingSpanProcessor, parent_key, percentile
+from resettrace.tracing.processor import TimingSpanProcessor, percentile
 from resettrace.tracing.recorder import Recorder
 
 MS = 1_000_000  # ns
@@ -133,6 +133,7 @@ def test_processor_skips_resettrace_own_materialised_spans() -> None:
 
 
 def test_parent_keys_follow_the_catalog() -> None:
+    parent_key = C.CATALOG.parent_key
     assert parent_key("set_state_internal_gap_ms") == C.SET_STATE.key
     assert parent_key("set_state_mask_ms") == C.SET_STATE.key
     assert parent_key(C.SET_STATE.key) == C.DR_RESET.key

@@ -34,10 +34,7 @@ __all__ = [
     "text_problem",
     "PHASES",
     "BY_SPAN",
-    "BY_KEY",
-    "children_of",
     "SET_STATE_KEYS",
-    "RESET_DONE_KEYS",
     "DR_RESET_KEYS",
     "ENV_STEP_KEYS",
     "ALL_KEYS",
@@ -397,29 +394,15 @@ DR_RESET_BODY_POSE = _phase("dr_reset.build_observation.body_pose", "dr_reset_bo
 #: The built-in phases (registered ones are in :data:`CATALOG` only).
 PHASES: tuple[Phase, ...] = CATALOG.phases
 BY_SPAN: dict[str, Phase] = {p.span: p for p in PHASES}
-BY_KEY: dict[str, Phase] = {p.key: p for p in PHASES}
-
-
-def children_of(phase: Phase) -> tuple[Phase, ...]:
-    """The phases of :data:`CATALOG` whose parent is ``phase``, in catalog order."""
-    return CATALOG.children(phase)
-
-
-SET_STATE_PHASES: tuple[Phase, ...] = children_of(SET_STATE)
-GAP_KEYS: tuple[str, ...] = tuple(p.gap_key for p in PHASES if p.gap_key)
-GAP_PARENT: dict[str, Phase] = {p.gap_key: p for p in PHASES if p.gap_key}
 
 #: The 16 canonical keys of ``set_state(...)["timing"]``: 15 phases then the gap. A
 #: registered child of ``set_state`` adds its key before the gap
 #: (``CATALOG.timing_keys(SET_STATE)``).
-SET_STATE_KEYS: tuple[str, ...] = tuple(p.key for p in SET_STATE_PHASES) + (
+SET_STATE_KEYS: tuple[str, ...] = tuple(p.key for p in CATALOG.children(SET_STATE)) + (
     "set_state_internal_gap_ms",
 )
 assert SET_STATE.gap_key == SET_STATE_KEYS[-1] and len(SET_STATE_KEYS) == 16
 
-RESET_DONE_KEYS: tuple[str, ...] = (RESET_DONE_COUNT, RESET_DONE_TERMINAL_OBS.key,
-                                    RESET_DONE_RESET_CALL.key, RESET_DONE_OBS_SCATTER.key,
-                                    RESET_DONE_INFO_SCATTER.key, "reset_done_internal_gap_ms")
 #: the last three are sub-phases of plan / build_observation (their % overlaps their parent's)
 DR_RESET_KEYS: tuple[str, ...] = (DR_RESET.key, DR_RESET_PLAN.key, DR_RESET_PAYLOAD_FILTER.key,
                                   SET_STATE.key, DR_RESET_BUILD_OBSERVATION.key,

@@ -281,6 +281,7 @@ def _run(args: argparse.Namespace) -> int:
     from resettrace.config import (
         ENV_INSTRUMENT,
         ENV_MODE,
+        ENV_PARENT_RANK,
         ENV_RUN_ID,
         ENV_RUN_JSON,
         ENV_RUN_OWNER,
@@ -327,7 +328,7 @@ def _run(args: argparse.Namespace) -> int:
                                                   if p])
     env[ENV_RUN_SUMMARY] = "0" if args.no_summary else "1"
     env.pop(ENV_RUN_OWNER, None)  # a run inside a run: its command is a main process again
-    env.pop("RESETTRACE_PARENT_RANK", None)
+    env.pop(ENV_PARENT_RANK, None)
     import secrets
     import tempfile
 

@@ -119,6 +119,13 @@ ENV_RUN_SUMMARY = "RESETTRACE_RUN_SUMMARY"
 ENV_RUN_OWNER = "RESETTRACE_RUN_OWNER"
 #: a TOML spec of functions to record, installed by ``import resettrace``
 ENV_INSTRUMENT = "RESETTRACE_INSTRUMENT"
+#: the prefix of ``resettrace run``'s own variables (above)
+ENV_RUN_PREFIX = "RESETTRACE_RUN_"
+#: how the export child encodes OTLP: ``wire`` (from the records, the default) or ``sdk``
+ENV_OTLP_ENCODER = "RESETTRACE_OTLP_ENCODER"
+#: a CA certificate for OTLP over TLS (``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_CERTIFICATE``
+#: first): the signal-specific name is ``ENV_OTLP_CERTIFICATE.format(signal="TRACES_")``
+ENV_OTLP_CERTIFICATE = "OTEL_EXPORTER_OTLP_{signal}CERTIFICATE"
 
 #: exporter kinds; those in PATH_KINDS take ``kind:PATH``
 EXPORTER_KINDS = ("otlp", "file", "perfetto", "otlp-json", "jaeger-json", "memory")

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from resettrace.bench._stats import paired_ratio_ci
-from resettrace.config import Config
+from resettrace.config import ENV_OTLP_ENCODER, Config
 from resettrace.contract import MAX_ENVS
 from resettrace.tables import format_table
 from resettrace.testing.receivers import ReceiverProcess
@@ -123,15 +123,15 @@ def _session(name: str, endpoint: str | None) -> Any:
         session = Tracing(Config(mode="trace", queue_size=100_000), tracer_provider=provider)
         session._bench_provider = provider  # type: ignore[attr-defined]  # ours to shut down
         return session
-    previous = os.environ.get("RESETTRACE_OTLP_ENCODER")
-    os.environ["RESETTRACE_OTLP_ENCODER"] = "sdk" if name == "child-sdk" else "wire"
+    previous = os.environ.get(ENV_OTLP_ENCODER)
+    os.environ[ENV_OTLP_ENCODER] = "sdk" if name == "child-sdk" else "wire"
     try:  # the child reads it when it starts
         return Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=endpoint))
     finally:
         if previous is None:
-            os.environ.pop("RESETTRACE_OTLP_ENCODER", None)
+            os.environ.pop(ENV_OTLP_ENCODER, None)
         else:
-            os.environ["RESETTRACE_OTLP_ENCODER"] = previous
+            os.environ[ENV_OTLP_ENCODER] = previous
 
 
 def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | None = None

@@ -55,6 +55,7 @@ from resettrace.catalog import (
     CATALOG,
     Catalog,
 )
+from resettrace.config import ENV_INSTRUMENT, ENV_OTLP_ENCODER, ENV_RUN_PREFIX
 from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, error_name
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def helper_environment() -> dict[str, str]:
     which are for the user's processes."""
     env = dict(os.environ)
     for name in list(env):
-        if name == "RESETTRACE_INSTRUMENT" or name.startswith("RESETTRACE_RUN_"):
+        if name == ENV_INSTRUMENT or name.startswith(ENV_RUN_PREFIX):
             del env[name]
     run_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_run")
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
@@ -613,7 +614,7 @@ class _Child:
         for spec in settings["exporters"]:
             self.exported[spec] = self.failed[spec] = self.timed_out[spec] = 0
             self.cut_off[spec] = 0
-        if os.environ.get("RESETTRACE_OTLP_ENCODER", "wire") != "sdk" and \
+        if os.environ.get(ENV_OTLP_ENCODER, "wire") != "sdk" and \
                 settings["exporters"] and all(x == "otlp" for x in settings["exporters"]):
             from resettrace.tracing.otlp_wire import WireEncoder, make_wire_exporter
 

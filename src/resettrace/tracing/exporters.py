@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from resettrace import outputs
 from resettrace.catalog import ATTR_WORKER_RANK
-from resettrace.config import Config
+from resettrace.config import ENV_OTLP_CERTIFICATE, Config
 from resettrace.tracing.file_formats import _BufferedFileExporter
 
 log = logging.getLogger(__name__)
@@ -160,8 +160,8 @@ def otlp_arguments(config: Config, *, timeout_s: float | None = None,
     args: dict[str, Any] = {"endpoint": config.endpoint, "timeout": timeout,
                             "compression": http}
     signal = "METRICS" if metrics else "TRACES"
-    if (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_CERTIFICATE")
-            or os.environ.get("OTEL_EXPORTER_OTLP_CERTIFICATE")) and not os.environ.get(
+    if (os.environ.get(ENV_OTLP_CERTIFICATE.format(signal=f"{signal}_"))
+            or os.environ.get(ENV_OTLP_CERTIFICATE.format(signal=""))) and not os.environ.get(
             f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{signal}_CREDENTIAL_PROVIDER"):
         args["session"] = _certificate_session()
     return args

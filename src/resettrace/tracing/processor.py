@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KeyStats", "TimingSpanProcessor", "percentile", "parent_key"]
+__all__ = ["KeyStats", "TimingSpanProcessor", "percentile"]
 
 _MAX_OPEN_PARENTS = 10_000
 #: queued traces that wake the aggregation thread
@@ -102,11 +102,6 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     hi = min(lo + 1, n - 1)
     frac = pos - lo
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
-
-
-def parent_key(key: str, catalog: Catalog = CATALOG) -> str | None:
-    """The timing key a key's share is measured against (gaps: their own phase)."""
-    return catalog.parent_key(key)
 
 
 @dataclass(frozen=True)
