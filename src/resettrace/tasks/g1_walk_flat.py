@@ -26,7 +26,7 @@ import numpy as np
 
 from resettrace.contract import SimBackend
 from resettrace.tasks._common import G1Task, check_array
-from resettrace.tasks.quat import quat_mul, quat_rotate_inverse, yaw_quat
+from resettrace.tasks.quat import qmul, qrot_inv, yaw_quat
 
 __all__ = ["G1WalkFlat", "WalkFlatConfig"]
 
@@ -127,7 +127,7 @@ class G1WalkFlat(G1Task):
         o = 0
         out[:, o:o + 3] = qvel[:, 3:6]  # free-joint angular velocity is in the base frame
         o += 3
-        out[:, o:o + 3] = quat_rotate_inverse(quat, np.broadcast_to(_GRAVITY, (len(quat), 3)))
+        out[:, o:o + 3] = qrot_inv(quat, np.broadcast_to(_GRAVITY, (len(quat), 3)))
         o += 3
         np.subtract(qpos[:, 7:], self.default_joint, out=out[:, o:o + nj])
         o += nj
@@ -158,7 +158,7 @@ class G1WalkFlat(G1Task):
         gravity_z = obs[:, 5]  # float32: the threshold is float32 too, in both variants
         np.logical_or(gravity_z > self._tilt_gz,
                       qpos[:, 2] < self.config.min_base_height, out=terminated)
-        lin_vel = quat_rotate_inverse(qpos[:, 3:7], qvel[:, 0:3])
+        lin_vel = qrot_inv(qpos[:, 3:7], qvel[:, 0:3])
         sigma = self.config.tracking_sigma
         err_xy = np.sum((self.command[:, :2] - lin_vel[:, :2]) ** 2, axis=1)
         err_yaw = (self.command[:, 2] - qvel[:, 5]) ** 2
@@ -173,7 +173,7 @@ class G1WalkFlat(G1Task):
         qpos = np.tile(self.default_qpos, (k, 1))
         qpos[:, 0:2] += rng.uniform(-c.reset_xy_noise, c.reset_xy_noise, (k, 2))
         yaw = rng.uniform(-c.reset_yaw_noise, c.reset_yaw_noise, k)
-        qpos[:, 3:7] = quat_mul(yaw_quat(yaw), qpos[:, 3:7])
+        qpos[:, 3:7] = qmul(yaw_quat(yaw), qpos[:, 3:7])
         qvel = np.zeros((k, self.backend.nv))
         qvel[:, 0:2] = rng.uniform(-c.reset_lin_vel_noise, c.reset_lin_vel_noise, (k, 2))
         qvel[:, 3:6] = rng.uniform(-c.reset_ang_vel_noise, c.reset_ang_vel_noise, (k, 3))

@@ -77,7 +77,7 @@ _TWO_PI = 2.0 * np.pi
 def _rotate_inverse(w: float, x: float, y: float, z: float,
                     vx: float, vy: float, vz: float) -> tuple[float, float, float]:
     """World vector ``v`` into the frame of the wxyz quaternion; the operation order of
-    ``resettrace.tasks.quat.quat_rotate_inverse``: ``v - w t + u x t`` with ``t = 2 u x v``."""
+    ``resettrace.tasks.quat.qrot_inv``: ``v - w t + u x t`` with ``t = 2 u x v``."""
     tx = 2.0 * (y * vz - z * vy)
     ty = 2.0 * (z * vx - x * vz)
     tz = 2.0 * (x * vy - y * vx)
