@@ -34,7 +34,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from resettrace import catalog as C
@@ -42,7 +42,8 @@ from resettrace.config import prometheus_address
 from resettrace.distribution import SCALE, Distribution
 
 if TYPE_CHECKING:
-    from resettrace.tracing.session import Tracing
+    from resettrace.config import Config
+    from resettrace.tracing.processor import TimingSpanProcessor
 
 __all__ = ["MetricsExport", "PROMETHEUS_SCALE"]
 
@@ -70,11 +71,20 @@ def _label(name: str) -> str:
 
 
 class MetricsExport:
-    """The metrics of one tracing session (see the module docstring)."""
+    """The metrics of one tracing session (see the module docstring), from its inputs: the
+    processor whose statistics it reads, the config (what to export, where, how often),
+    the resource attributes (rank and the OTLP resource) and ``label(key)``, the backend
+    and task names the spans carry (:meth:`resettrace.tracing.session.Tracing.label`)."""
 
-    def __init__(self, session: Tracing) -> None:
-        self.session = session
-        self.specs = session.config.metrics
+    def __init__(self, processor: TimingSpanProcessor | None, config: Config,
+                 resource: Mapping[str, Any],
+                 label: Callable[[str], str] | None = None) -> None:
+        self.processor = processor
+        self.config = config
+        self.resource = dict(resource)
+        self._label = label if label is not None else (
+            lambda key: str(self.resource.get(key, "") or ""))
+        self.specs = config.metrics
         self.exports = self.failed = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -95,14 +105,14 @@ class MetricsExport:
 
     # -- what is exported -------------------------------------------------------------------
     def attributes(self) -> dict[str, Any]:
-        res = self.session.resource_attributes()
-        return {C.ATTR_BACKEND: self.session.label(C.ATTR_BACKEND),
-                C.ATTR_TASK: self.session.label(C.ATTR_TASK),
+        res = self.resource
+        return {C.ATTR_BACKEND: self._label(C.ATTR_BACKEND),
+                C.ATTR_TASK: self._label(C.ATTR_TASK),
                 C.ATTR_WORKER_RANK: int(res.get(C.ATTR_WORKER_RANK, 0) or 0)}
 
     def _phases(self) -> Iterator[tuple[str, Distribution, tuple[int, float, float]]]:
         """(span name, buckets, exact (count, total, max)) of every timed phase with calls."""
-        proc = self.session.processor
+        proc = self.processor
         if proc is None:
             return
         dists = proc.distributions()
@@ -113,7 +123,7 @@ class MetricsExport:
             yield C.CATALOG.label(key), dist, totals[key]
 
     def _counters(self) -> tuple[int, int]:
-        proc = self.session.processor
+        proc = self.processor
         if proc is None:
             return 0, 0
         totals = proc.totals()
@@ -165,7 +175,7 @@ class MetricsExport:
                               data_points=points, aggregation_temporality=cumulative)),
                    counter(C.METRIC_RESETS, resets, "{env}"),
                    counter(C.METRIC_ENV_STEPS, steps, "{step}")]
-        resource = Resource.create(self.session.resource_attributes())
+        resource = Resource.create(self.resource)
         return MetricsData(resource_metrics=[ResourceMetrics(
             resource=resource, scope_metrics=[ScopeMetrics(
                 scope=InstrumentationScope(_SCOPE), metrics=metrics, schema_url="")],
@@ -173,7 +183,7 @@ class MetricsExport:
 
     # -- OTLP -------------------------------------------------------------------------------
     def _start_otlp(self) -> None:
-        cfg = self.session.config
+        cfg = self.config
         try:
             if cfg.otlp_protocol == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
@@ -202,7 +212,7 @@ class MetricsExport:
         self._thread.start()
 
     def _push_loop(self) -> None:
-        interval = self.session.config.metrics_interval_s
+        interval = self.config.metrics_interval_s
         while not self._stop.wait(interval):
             self.push()
 

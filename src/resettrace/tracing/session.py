@@ -139,7 +139,8 @@ class Tracing:
         if self.config.metrics:
             from resettrace.tracing.metrics import MetricsExport
 
-            self.metrics = MetricsExport(self)
+            self.metrics = MetricsExport(self.processor, self.config,
+                                         self.resource_attributes(), self.label)
             if not self.config.exports_spans:
                 _register_exit_hooks(self)  # the last push at exit
 
