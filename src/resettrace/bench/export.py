@@ -98,7 +98,8 @@ def _cpu_s(pid: int) -> float | None:
 
 def _child_cpu(session: Any) -> float | None:
     proc = session.process
-    return _cpu_s(proc._proc.pid) if proc is not None and proc._proc is not None else None
+    pid = None if proc is None else proc.pid
+    return None if pid is None else _cpu_s(pid)
 
 
 def _sent(session: Any) -> int:

@@ -133,6 +133,11 @@ class ProcessExporter:
         _LIVE.add(self)
         self._start()
 
+    @property
+    def pid(self) -> int | None:
+        """The export child's process id (``None`` before it starts or after a fork)."""
+        return None if self._proc is None or self._forked else self._proc.pid
+
     def _reset_counters(self) -> None:
         self._buf = bytearray()
         self._frames: deque[tuple[int, int]] = deque()  # (frame bytes, spans) not yet written
