@@ -54,7 +54,7 @@ from typing import Any, NoReturn
 from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK, CATALOG, Phase
 from resettrace.config import ENV_INSTRUMENT, ENV_RUN_OWNER, ENV_RUN_SUMMARY
 from resettrace.tracing.api import traced
-from resettrace.tracing.session import attribute_problem, default_attributes
+from resettrace.tracing.session import add_default_attributes, attribute_problem
 
 log = logging.getLogger(__name__)
 
@@ -438,18 +438,14 @@ class _Installed:
     def __init__(self, attributes: dict[str, Any], *, from_env: bool = False) -> None:
         self.patches: list[_Patch] = []
         self.attributes = attributes
-        self.previous: dict[str, Any] = {}
+        self._unset_attributes: Callable[[], None] = lambda: None
         self.done = False
         #: installed from ``RESETTRACE_INSTRUMENT``: a target that fails later ends the
         #: process with one line (:func:`_spec_failed`)
         self.from_env = from_env
 
     def set_attributes(self) -> None:
-        defaults = default_attributes()
-        missing = object()
-        self.previous = {k: defaults.get(k, missing) for k in self.attributes}
-        self._missing = missing
-        defaults.update(self.attributes)
+        self._unset_attributes = add_default_attributes(self.attributes)
 
     def patch(self, target: Target, module: ModuleType) -> None:
         if not self.done:
@@ -468,14 +464,7 @@ class _Installed:
                 _HOOK.pending[name] = [(t, o) for t, o in _HOOK.pending[name] if o is not self]
                 if not _HOOK.pending[name]:
                     del _HOOK.pending[name]
-        defaults = default_attributes()
-        for key, value in self.attributes.items():
-            if key in self.previous and defaults.get(key) == value:
-                before = self.previous[key]
-                if before is self._missing:
-                    del defaults[key]
-                else:
-                    defaults[key] = before
+        self._unset_attributes()
 
 
 def _findable(module: str) -> bool:

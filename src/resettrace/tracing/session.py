@@ -63,6 +63,7 @@ IN_PROCESS_EXPORTERS = ("memory",)
 #: span attributes every recorder of every session starts with (``instrument()``'s
 #: ``[attributes]`` table); the arguments of :meth:`Tracing.recorder` win over them
 _DEFAULT_ATTRIBUTES: dict[str, Any] = {}
+_DEFAULT_LOCK = threading.Lock()
 
 
 #: called with every enabled session made in this process, once it is set up (the run
@@ -71,8 +72,30 @@ ON_SESSION: list[Callable[[Tracing], None]] = []
 
 
 def default_attributes() -> dict[str, Any]:
-    """The live dict of attributes that every new recorder starts with."""
-    return _DEFAULT_ATTRIBUTES
+    """A copy of the attributes that every new recorder starts with."""
+    return dict(_DEFAULT_ATTRIBUTES)
+
+
+def add_default_attributes(values: Mapping[str, Any]) -> Callable[[], None]:
+    """Give every recorder made from now on ``values`` (an instrument spec's
+    ``[attributes]``); return the undo, which puts back what each key held before, unless
+    the key was set again since."""
+    missing = object()
+    with _DEFAULT_LOCK:
+        previous = {k: _DEFAULT_ATTRIBUTES.get(k, missing) for k in values}
+        _DEFAULT_ATTRIBUTES.update(values)
+
+    def undo() -> None:
+        with _DEFAULT_LOCK:
+            for key, value in values.items():
+                if key in _DEFAULT_ATTRIBUTES and _DEFAULT_ATTRIBUTES[key] == value:
+                    before = previous[key]
+                    if before is missing:
+                        del _DEFAULT_ATTRIBUTES[key]
+                    else:
+                        _DEFAULT_ATTRIBUTES[key] = before
+
+    return undo
 
 
 def attribute_problem(attributes: Mapping[Any, Any]) -> str | None:
