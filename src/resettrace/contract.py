@@ -7,9 +7,12 @@ velocity (local frame), then the joint velocities. Body poses are ``(k, bodies, 
 arrays of xyz + wxyz.
 
 ``set_state(env_ids, qpos, qvel, randomization=None)`` re-initialises the rows
-``env_ids`` (sorted or not, unique, in range) to the given state, holds their
-actuators at the new joint positions and refreshes their kinematics, touching no
-other row. It validates every input before any engine call and raises
+``env_ids`` (sorted or not, unique, in range) to the given state and holds their
+actuators at the new joint positions, touching no other row. Their kinematics (body
+poses) are up to date wherever they are read through ``get_body_pose_rows``: a backend may
+compute them inside ``set_state`` (eager) or mark the rows stale and compute them at that
+read, or not at all when a physics step comes first (lazy, the shipped backends' default;
+``lazy_kinematics = False`` makes them eager). It validates every input before any engine call and raises
 ``ValueError`` naming the problem. With tracing on it returns
 ``{"timing": {key: ms}}`` with the keys of ``CATALOG.timing_keys(SET_STATE)``: the
 16 :data:`~resettrace.catalog.SET_STATE_KEYS`, a key per registered child of
