@@ -12,8 +12,8 @@ actuators at the new joint positions, touching no other row. Their kinematics (b
 poses) are up to date wherever they are read through ``get_body_pose_rows``: a backend may
 compute them inside ``set_state`` (eager) or mark the rows stale and compute them at that
 read, or not at all when a physics step comes first (lazy, the shipped backends' default;
-``lazy_kinematics = False`` makes them eager). It validates every input before any engine call and raises
-``ValueError`` naming the problem. With tracing on it returns
+``lazy_kinematics = False`` makes them eager). It validates every input before any
+engine call and raises ``ValueError`` naming the problem. With tracing on it returns
 ``{"timing": {key: ms}}`` with the keys of ``CATALOG.timing_keys(SET_STATE)``: the
 16 :data:`~resettrace.catalog.SET_STATE_KEYS`, a key per registered child of
 ``set_state`` before the gap (0.0 where a phase does not apply; the gap closes the
