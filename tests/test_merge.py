@@ -120,3 +120,22 @@ def test_sigterm_to_a_workers_job_stops_every_worker_and_merges_what_they_did(
     assert [r["interrupted"]["signal"] for r in merged["members"]] == ["SIGTERM", "SIGTERM"]
     steps = sum(r["interrupted"]["steps_done"] for r in merged["members"])
     assert merged["stats"][C.ENV_STEP.key]["count"] == steps > 0
+
+
+def test_every_collector_setting_reaches_each_worker(tmp_path: Path) -> None:
+    """Workers got their settings rebuilt flag by flag: a setting with no flag in that list
+    (``--numba-ab`` aside, refused with --workers) silently ran with its default. Each
+    worker now runs its job's config itself, with its own seed, engine threads and
+    folder."""
+    out = tmp_path / "job"
+    r = _cli("bench", "collector", "--workers", "2", "--num-envs", "6", "--steps", "4",
+             "--warmup", "1", "--action-noise", "0.25", "--seed", "7", "--randomize",
+             "--control-dt", "0.04", "--nthread", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    configs = [json.loads((out / f"rank{i}" / "timing.json").read_text())["config"]
+               for i in range(2)]
+    for rank, cfg in enumerate(configs):
+        assert cfg["seed"] == 7 + rank and cfg["out"] == str(out / f"rank{rank}")
+        assert (cfg["num_envs"], cfg["steps"], cfg["warmup"], cfg["action_noise"],
+                cfg["randomize"], cfg["control_dt"], cfg["nthread"]) == (
+            6, 4, 1, 0.25, True, 0.04, 1)

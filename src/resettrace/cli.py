@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -42,21 +43,27 @@ def _collector(args: argparse.Namespace) -> int:
     from resettrace.tracing.session import Tracing, holding_signals
 
     try:
-        cfg = CollectorConfig(task=args.task, backend=args.backend, num_envs=args.num_envs,
-                              warmup=args.warmup, steps=args.steps, out=args.out,
-                              model=args.model, seed=args.seed, action_noise=args.action_noise,
-                              nthread=args.nthread, numba_ab=args.numba_ab,
-                              randomize=args.randomize, control_dt=args.control_dt)
-    except ValueError as e:
+        if args.config is not None:  # a worker of --workers: its job's config, as it is
+            cfg = CollectorConfig(**json.loads(args.config))
+            for f in dataclasses.fields(cfg):  # what the rest reads from the flags
+                setattr(args, f.name, getattr(cfg, f.name))
+        else:
+            cfg = CollectorConfig(task=args.task, backend=args.backend,
+                                  num_envs=args.num_envs, warmup=args.warmup,
+                                  steps=args.steps, out=args.out, model=args.model,
+                                  seed=args.seed, action_noise=args.action_noise,
+                                  nthread=args.nthread, numba_ab=args.numba_ab,
+                                  randomize=args.randomize, control_dt=args.control_dt)
+    except (ValueError, TypeError) as e:
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
     if args.workers != 1:
-        if args.workers < 1 or args.numba_ab:
+        if args.workers < 1 or cfg.numba_ab:
             print("resettrace: --workers must be >= 1, and not with --numba-ab",
                   file=sys.stderr)
             return 2
-        return _collector_workers(args)
-    if args.report and not args.out:
+        return _collector_workers(args, cfg)
+    if args.report and not cfg.out:
         print("resettrace: --report writes report.html next to timing.json: give --out",
               file=sys.stderr)
         return 2
@@ -74,16 +81,16 @@ def _collector(args: argparse.Namespace) -> int:
             return 2
         if env_cfg.mode == "off":
             overrides["mode"] = "timing"  # the breakdown needs timings
-        if args.numba_ab and env_cfg.mode == "trace":
+        if cfg.numba_ab and env_cfg.mode == "trace":
             log.warning("--numba-ab runs in mode 'timing': exporting spans would load the "
                         "numpy and numba variants differently")
             overrides["mode"] = "timing"
-        elif env_cfg.mode == "trace" and not os.environ.get(ENV_EXPORTER) and args.out:
-            overrides["exporters"] = (f"file:{Path(args.out) / 'spans.jsonl'}",)
+        elif env_cfg.mode == "trace" and not os.environ.get(ENV_EXPORTER) and cfg.out:
+            overrides["exporters"] = (f"file:{Path(cfg.out) / 'spans.jsonl'}",)
         # the environment read once (its warnings said once), then the CLI's overrides
         run_cfg = dataclasses.replace(
             env_cfg, **overrides, resource_attributes={
-                ATTR_TASK: args.task, ATTR_BACKEND: args.backend, ATTR_ENV_COUNT: args.num_envs})
+                ATTR_TASK: cfg.task, ATTR_BACKEND: cfg.backend, ATTR_ENV_COUNT: cfg.num_envs})
     except ValueError as e:  # contradictory settings
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
@@ -474,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--numba-ab", action="store_true",
                    help="step a numpy and a numba update_state env side by side (same seed and"
                         " actions, interleaved) and print their A/B table")
+    c.add_argument("--config", default=None, help=argparse.SUPPRESS)  # a --workers worker's
     c.add_argument("--workers", type=int, default=1, metavar="W",
                    help="run W worker processes (spawned), each its own env and rank "
                         "(RESETTRACE_WORKER_RANK), into OUT/rank<r>/, and merge them into "
@@ -673,8 +681,10 @@ def _merge(args: argparse.Namespace) -> int:
                     render_merge)
 
 
-def _collector_workers(args: argparse.Namespace) -> int:
-    """``bench collector --workers W``: W spawned CLI processes, one rank each, then merged."""
+def _collector_workers(args: argparse.Namespace, cfg: Any) -> int:
+    """``bench collector --workers W``: W spawned CLI processes, one rank each, then merged.
+    Each worker gets ``cfg`` itself (its own seed, engine threads and folder), so every
+    setting reaches it."""
     import subprocess
 
     from resettrace.analysis.merge import load_runs, merge_runs, render_merge
@@ -700,14 +710,9 @@ def _collector_workers(args: argparse.Namespace) -> int:
     nthread = args.nthread or max(1, (os.cpu_count() or 1) // args.workers)
 
     def command(rank: int) -> list[str]:  # the same run; each worker its own seed and folder
-        cmd = ["bench", "collector", "--task", args.task, "--backend", args.backend,
-               "--num-envs", str(args.num_envs), "--warmup", str(args.warmup),
-               "--steps", str(args.steps), "--seed", str(args.seed + rank),
-               "--action-noise", repr(args.action_noise), "--nthread", str(nthread),
-               "--out", str(out / f"rank{rank}")]
-        cmd += ["--model", args.model] if args.model else []
-        cmd += ["--control-dt", repr(args.control_dt)] if args.control_dt else []
-        cmd += ["--randomize"] if args.randomize else []
+        mine = dataclasses.replace(cfg, seed=cfg.seed + rank, nthread=nthread,
+                                   out=str(out / f"rank{rank}"))
+        cmd = ["bench", "collector", "--config", json.dumps(dataclasses.asdict(mine))]
         cmd += ["--report"] if args.report else []
         return cmd
 
