@@ -620,7 +620,7 @@ class ReceiverProcess:
         import subprocess
         import sys
 
-        from resettrace.tracing.export_process import helper_environment
+        from resettrace._run import helper_environment
 
         args = ["--count-only"] if count_only else []
         self._proc = subprocess.Popen([sys.executable, "-m", "resettrace.testing.receivers",

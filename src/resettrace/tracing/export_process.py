@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from resettrace._run import helper_environment
 from resettrace.catalog import (
     ATTR_EXPORT_DROPPED,
     ATTR_PARENT_PID,
@@ -55,30 +56,13 @@ from resettrace.catalog import (
     CATALOG,
     Catalog,
 )
-from resettrace.config import ENV_INSTRUMENT, ENV_OTLP_ENCODER, ENV_RUN_PREFIX
+from resettrace.config import ENV_OTLP_ENCODER
 from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, error_name
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProcessExporter", "main", "helper_environment"]
+__all__ = ["ProcessExporter", "main"]
 
-
-def helper_environment() -> dict[str, str]:
-    """This process's environment for a helper process of resettrace's own (the export
-    child): without ``RESETTRACE_INSTRUMENT`` and ``resettrace run``'s ``sitecustomize``,
-    which are for the user's processes."""
-    env = dict(os.environ)
-    for name in list(env):
-        if name == ENV_INSTRUMENT or name.startswith(ENV_RUN_PREFIX):
-            del env[name]
-    run_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_run")
-    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-            if p and os.path.abspath(p) != run_dir]
-    if path:
-        env["PYTHONPATH"] = os.pathsep.join(path)
-    else:
-        env.pop("PYTHONPATH", None)
-    return env
 
 _FRAME = struct.Struct("<IB")
 _REGISTER = struct.Struct("<Iq")
