@@ -25,6 +25,15 @@ from typing import Any
 import numpy as np
 
 from resettrace.catalog import ATTR_RESET_COUNT, INSTRUMENTATION_SCOPE
+from resettrace.tracing.recorder import (
+    R_COUNT,
+    R_END,
+    R_ERROR,
+    R_PARENT,
+    R_PHASE,
+    R_START,
+    RECORD_FIELDS,
+)
 
 __all__ = ["WireEncoder", "Payload", "make_wire_exporter"]
 
@@ -82,6 +91,7 @@ class Payload:
 
 _U64 = np.dtype("<u8")  # fixed64 and ids, little-endian on every machine
 #: a count below _VARINT_LIMITS[i] takes i bytes as a varint (0: no count, none sent)
+assert R_END == R_START + 1  # a span's times are one slice of its record
 _VARINT_LIMITS = np.array([0] + [1 << (7 * i) for i in range(1, 9)], dtype=np.int64)
 _MAX_SHAPES = 512  # trace shapes kept; beyond that the cache starts again
 
@@ -120,7 +130,9 @@ class _Shape:
         ccont: list[int] = []
         count_row = list(range(n))  # the record whose count a span carries
         for i in range(n):
-            phase, parent, _start, _end, count, error = (int(v) for v in records[i])
+            rec = records[i]
+            phase, parent = int(rec[R_PHASE]), int(rec[R_PARENT])
+            count, error = int(rec[R_COUNT]), int(rec[R_ERROR])
             if count < 0 and parent >= 0:
                 count_row[i] = count_row[parent]  # no count of its own: its parent's
             length = int(lengths[count_row[i]])
@@ -207,16 +219,17 @@ class WireEncoder:
     def add_trace(self, rid: int, records: Any, offset: int,
                   root_attrs: Mapping[str, Any]) -> None:
         """Encode one trace (records as the recorder made them, clocks + ``offset``)."""
-        a = np.asarray(records, dtype=np.int64).reshape(-1, 6)
+        a = np.asarray(records, dtype=np.int64).reshape(-1, RECORD_FIELDS)
         self.add_traces(rid, offset, root_attrs, a, [len(a)])
 
     def add_traces(self, rid: int, offset: int, root_attrs: Mapping[str, Any],
                    records: np.ndarray, sizes: Sequence[int]) -> None:
         """Encode traces of recorder ``rid`` with the same root attributes: ``records``
-        (int64, ``(sum(sizes), 6)``) holds them one after another, ``sizes`` their record
-        counts. The traces of one shape are encoded in one pass."""
-        lengths = np.searchsorted(_VARINT_LIMITS, records[:, 4], side="right")
-        structure = np.concatenate((records[:, (0, 1, 5)], lengths[:, None]), axis=1)
+        (int64, ``(sum(sizes), RECORD_FIELDS)``) holds them one after another, ``sizes``
+        their record counts. The traces of one shape are encoded in one pass."""
+        lengths = np.searchsorted(_VARINT_LIMITS, records[:, R_COUNT], side="right")
+        structure = np.concatenate((records[:, (R_PHASE, R_PARENT, R_ERROR)],
+                                    lengths[:, None]), axis=1)
         groups: dict[bytes, list[int]] = {}
         at = 0
         for n in sizes:
@@ -236,19 +249,19 @@ class WireEncoder:
                     self, rid, records[first:first + n], lengths[first:first + n],
                     _attributes(9, root_attrs))
             k = len(starts)
-            recs = records[first:first + n][None] if k == 1 else \
-                records[(np.array(starts)[:, None] + np.arange(n)).ravel()].reshape(k, n, 6)
+            recs = records[first:first + n][None] if k == 1 else records[
+                (np.array(starts)[:, None] + np.arange(n)).ravel()].reshape(k, n, RECORD_FIELDS)
             words = k * (2 + n)
             ids = np.frombuffer(self._rand(64 * words).to_bytes(8 * words, "little"),
                                 dtype=_U64).reshape(k, 2 + n)
-            times = (recs[:, :, 2:4] + offset).astype(_U64).reshape(k, 2 * n)
+            times = (recs[:, :, R_START:R_END + 1] + offset).astype(_U64).reshape(k, 2 * n)
             size = len(shape.template)
             out = np.empty((k, size), dtype=np.uint8)
             out[:] = shape.template
             values = np.concatenate((ids, times), axis=1)
             out[:, shape.pos8] = np.ascontiguousarray(values[:, shape.src]).view(np.uint8)
             if len(shape.cpos):
-                out[:, shape.cpos] = (recs[:, shape.crow, 4] >> shape.cshift) & 0x7F \
+                out[:, shape.cpos] = (recs[:, shape.crow, R_COUNT] >> shape.cshift) & 0x7F \
                     | shape.ccont
             blob = out.tobytes()
             self._traces.extend((blob[i * size:(i + 1) * size], n) for i in range(k))
