@@ -5,8 +5,8 @@ Three ways to time your own code, all feeding the same statistics and spans:
 - ``rec = resettrace.recorder(backend="mylab", env_count=4096)`` then
   ``with rec.scope("set_state", k) as s: ...``; ``s.timing()`` is the closed
   timing dict of that run;
-- the *current* recorder (:func:`current_recorder`, a ``contextvars`` variable:
-  threads and asyncio tasks each see their own) is the one whose trace is open, so
+- the *current* recorder (:func:`current_recorder`, per thread: see
+  :class:`~resettrace.tracing.recorder.ThreadCurrent`) is the one whose trace is open, so
   the env, the domain-randomization manager and the backend nest into one trace
   without passing the recorder around; ``with resettrace.bind(rec):`` chooses it
   for a block before any trace is open (``bind(NOOP_RECORDER)`` silences one);
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import contextvars
 import functools
 import inspect
 import sys
@@ -132,7 +131,7 @@ def recorder(*, backend: str | None = None, task: str | None = None,
 
 
 class bind:  # noqa: N801 - used like a function: ``with resettrace.bind(rec):``
-    """Make ``recorder`` the current one for the ``with`` block (nestable, per context)."""
+    """Make ``recorder`` the current one for the ``with`` block (nestable, per thread)."""
 
     __slots__ = ("_recorder", "_token")
 
@@ -140,7 +139,7 @@ class bind:  # noqa: N801 - used like a function: ``with resettrace.bind(rec):``
         if not hasattr(recorder, "scope"):
             raise TypeError(f"bind() takes a recorder, got {type(recorder).__name__}")
         self._recorder = recorder
-        self._token: contextvars.Token[Any] | None = None
+        self._token: tuple[Any] | None = None
 
     def __enter__(self) -> Recorder | NoopRecorder:
         self._token = _CURRENT.set(self._recorder)

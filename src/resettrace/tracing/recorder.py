@@ -16,8 +16,8 @@ in the trace or -1, ``count`` the envs reset (-1: not given), ``error`` 0 or the
 of the exception type that left the scope (:func:`error_name`). All ints, so a
 trace packs into one ``array('q')`` without a Python loop.
 
-A trace that opens makes its recorder the context's current one (a
-``contextvars`` variable, read by ``resettrace.current_recorder``) until it closes,
+A trace that opens makes its recorder the thread's current one (:data:`CURRENT`, read
+by ``resettrace.current_recorder``) until it closes,
 and a scope opened on another recorder of the same thread while a trace is open
 joins that trace: an env, its manager and its backend give one trace whatever
 recorder objects they hold (the open trace's attributes apply).
@@ -32,7 +32,7 @@ is logged once (:func:`note_once`); the statistics treat them in
 
 from __future__ import annotations
 
-import contextvars
+import functools
 import logging
 import threading
 import time
@@ -85,10 +85,40 @@ def error_name(code: int) -> str:
 _perf_ns = time.perf_counter_ns
 _get_ident = threading.get_ident
 
-#: the current recorder of this context: the one whose trace is open, else the one bound
-#: by ``resettrace.bind`` (None: the default session's recorder of the thread)
-CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("resettrace_current_recorder",
-                                                              default=None)
+class _Slot(threading.local):
+    value: Any = None
+
+
+class ThreadCurrent:
+    """The current recorder of this thread: the one whose trace is open, else the one
+    bound by ``resettrace.bind`` (None: the default session's recorder of the thread).
+
+    ``get``, ``set`` (returns a token) and ``reset(token)``, as a ``ContextVar``; but a
+    thread-local: a ``ContextVar`` set in the thread's context made every lookup of any
+    other variable that is not set there (numpy 2 looks up its error state on every ufunc
+    call) search the context instead of taking its cached default, so an open trace
+    slowed the training code it timed (1.9% more instructions in a step of 16 Gymnasium
+    Hoppers). A recorder belongs to its thread anyway, and a scope cannot stay open
+    across an ``await``.
+    """
+
+    __slots__ = ("_slot", "get")
+
+    def __init__(self) -> None:
+        self._slot = _Slot()
+        self.get: Callable[[], Any] = functools.partial(getattr, self._slot, "value")
+
+    def set(self, value: Any) -> tuple[Any]:
+        slot = self._slot
+        token = (slot.value,)
+        slot.value = value
+        return token
+
+    def reset(self, token: tuple[Any]) -> None:
+        self._slot.value = token[0]
+
+
+CURRENT = ThreadCurrent()
 _current_get = CURRENT.get
 _current_set = CURRENT.set
 _current_reset = CURRENT.reset
@@ -385,7 +415,7 @@ class Recorder:
     """
 
     enabled = True
-    _token: contextvars.Token[Any] | None = None
+    _token: tuple[Any] | None = None
 
     def __init__(self, sinks: Sequence[TraceSink] = (), *,
                  attributes: Mapping[str, Any] | None = None,
