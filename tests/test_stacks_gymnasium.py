@@ -129,6 +129,7 @@ def test_vector_env_under_resettrace_run(tmp_path: Path, mode: str) -> None:
             assert parent["name"] == want and parent["trace_id"] == s["trace_id"]
             assert parent["start_ns"] <= s["start_ns"] and s["end_ns"] <= parent["end_ns"]
             assert s["attributes"]["resettrace.reset.count"] == 1
+            assert s["attributes"]["resettrace.backend.name"] == "mujoco"
     roots = [s for s in spans if s["name"] == "reset_done"]
     workers = {s["resource"]["process.pid"] for s in roots}
     if mode == "sync":

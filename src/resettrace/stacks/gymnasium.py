@@ -36,6 +36,7 @@ _VECTOR = "gymnasium.vector"
 
 def spec() -> dict[str, Any]:
     return {
+        "attributes": {"backend": "mujoco"},  # the envs whose resets it records
         "instrument": {
             f"{_VECTOR}.sync_vector_env:SyncVectorEnv.step": {
                 "phase": "env_step", "env_count": "self.num_envs"},
