@@ -2,7 +2,37 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
 import numpy as np
+import pytest
+
+from resettrace import catalog as C
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any resettrace or OpenTelemetry setting (nor
+    PYTHONPATH, RANK), the venv's bin first on PATH, then ``extra``: for a child process."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RESETTRACE", "OTEL_")) and k not in ("PYTHONPATH", "RANK")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(extra)
+    return env
+
+
+def assert_closed(stats: dict[str, Any], phase: C.Phase) -> None:
+    """A phase's account is closed: its children's totals and its gap make its total
+    (``stats``: a session's ``KeyStats`` or a run record's dicts)."""
+    def total(key: str) -> float:
+        s = stats[key]
+        return s["total_ms"] if isinstance(s, dict) else s.total_ms
+
+    keys = [k for k in C.CATALOG.timing_keys(phase) if k != phase.key]
+    parts = sum(total(k) for k in keys if k in stats)
+    assert parts == pytest.approx(total(phase.key), rel=1e-6, abs=1e-6), (phase.span, keys)
 
 
 def stand_rows(backend, k: int, rng: np.random.Generator | None = None):

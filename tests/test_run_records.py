@@ -14,7 +14,6 @@ processes, covered by the same path.)
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,21 +24,16 @@ from typing import Any
 
 import pytest
 
+from helpers import clean_env
+
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def _env(**extra: str) -> dict[str, str]:
-    """The test's environment without any resettrace or OpenTelemetry setting."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RESETTRACE", "OTEL_")) and k not in ("PYTHONPATH", "RANK")}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.update(extra)
-    return env
 
 
 def _cli(args: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "resettrace.cli", *args], cwd=cwd,
-                          env=_env(**extra), capture_output=True, text=True, timeout=180)
+                          env=clean_env(**extra), capture_output=True, text=True, timeout=180)
 
 
 def _write(folder: Path, files: Mapping[str, str]) -> None:
@@ -590,7 +584,7 @@ def test_write_run_expands_pid_and_rank(tmp_path: Path) -> None:
     """
     _write(tmp_path, {"w.py": script})
     (tmp_path / "runs").mkdir()
-    r = subprocess.run([sys.executable, "w.py"], cwd=tmp_path, env=_env(),
+    r = subprocess.run([sys.executable, "w.py"], cwd=tmp_path, env=clean_env(),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     written, pid = r.stdout.split()
@@ -620,7 +614,7 @@ def test_compare_of_runs_without_an_env_count_says_env_per_s_is_not_known(
         resettrace.write_run("b.json")
     """
     _write(tmp_path, {"w.py": script})
-    r = subprocess.run([sys.executable, "w.py"], cwd=tmp_path, env=_env(),
+    r = subprocess.run([sys.executable, "w.py"], cwd=tmp_path, env=clean_env(),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     c = _cli(["compare", "a.json", "b.json"], tmp_path)

@@ -7,7 +7,6 @@ reset and forward calls inside it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 import resettrace
+from helpers import assert_closed, clean_env
 from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.instrumentation import instrument
@@ -27,21 +27,8 @@ from resettrace.tracing.session import Tracing
 CHAIN = ["reset_done", "reset_done.reset_call", "dr_reset", "set_state"]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RESETTRACE", "OTEL_")) and k not in ("PYTHONPATH", "RANK")}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.update(extra)
-    return env
 
 
-def closed(stats: dict[str, Any], phase: C.Phase) -> None:
-    """A phase's account is closed: its children's totals and its gap make its total."""
-    get_total = (lambda k: stats[k]["total_ms"]) if isinstance(
-        next(iter(stats.values())), dict) else (lambda k: stats[k].total_ms)
-    keys = [k for k in C.CATALOG.timing_keys(phase) if k != phase.key]
-    parts = sum(get_total(k) for k in keys if k in stats)
-    assert parts == pytest.approx(get_total(phase.key), rel=1e-6, abs=1e-6), (phase.span, keys)
 
 
 def test_the_shipped_mapping_matches_the_installed_gymnasium() -> None:
@@ -73,7 +60,7 @@ def test_sync_vector_env_in_process_counts_every_reset() -> None:
     for key in C.CATALOG.timing_keys(C.SET_STATE):
         assert key in stats, key
     for phase in (C.SET_STATE, C.DR_RESET, C.RESET_DONE):  # (the first resets: roots)
-        closed(stats, phase)
+        assert_closed(stats, phase)
     # nothing recorded once undone
     assert not hasattr(__import__("mujoco").mj_forward, "__resettrace_phase__")
 
@@ -97,7 +84,8 @@ def test_vector_env_under_resettrace_run(tmp_path: Path, mode: str) -> None:
         [sys.executable, "-m", "resettrace.cli", "run", "--instrument", "gymnasium",
          "--stats-json", "job.json", "--", sys.executable, "-c", code],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env=_env(RESETTRACE="trace", RESETTRACE_EXPORTER=f"file:{tmp_path}/spans.{{pid}}.jsonl"))
+        env=clean_env(RESETTRACE="trace",
+                      RESETTRACE_EXPORTER=f"file:{tmp_path}/spans.{{pid}}.jsonl"))
     assert r.returncode == 0, r.stderr[-3000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("HAPPENED "))
     resets = json.loads(line.split(" ", 1)[1])["resets"]
@@ -111,7 +99,7 @@ def test_vector_env_under_resettrace_run(tmp_path: Path, mode: str) -> None:
     assert "MIXED" not in r.stderr and job["config"]["num_envs"] == 4
     assert job["reset_fraction"] == pytest.approx(resets / (60 * 4))
     for phase in (C.SET_STATE, C.DR_RESET, C.RESET_DONE):
-        closed(stats, phase)
+        assert_closed(stats, phase)
 
     spans = _spans(tmp_path)
     by_id = {s["span_id"]: s for s in spans}

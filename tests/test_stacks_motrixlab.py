@@ -6,7 +6,6 @@ files; and MotrixLab's own profiler bridged, never switched on."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -17,28 +16,12 @@ from typing import Any
 import pytest
 
 import resettrace
+from helpers import assert_closed, clean_env
 from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.instrumentation import instrument
 from resettrace.stacks import get, version_problem
 from resettrace.tracing.session import Tracing
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RESETTRACE", "OTEL_")) and k not in ("PYTHONPATH", "RANK")}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.update(extra, RUST_LOG="error")
-    return env
-
-
-def closed(stats: dict[str, Any], phase: C.Phase) -> None:
-    """A phase's account is closed: its children's totals and its gap make its total."""
-    total = (lambda k: stats[k]["total_ms"]) if isinstance(
-        next(iter(stats.values())), dict) else (lambda k: stats[k].total_ms)
-    keys = [k for k in C.CATALOG.timing_keys(phase) if k != phase.key]
-    parts = sum(total(k) for k in keys if k in stats)
-    assert parts == pytest.approx(total(phase.key), rel=1e-6, abs=1e-6), (phase.span, keys)
 
 
 @pytest.fixture
@@ -149,7 +132,7 @@ def test_a_manager_env_in_process(installed: None) -> None:
     for key in C.CATALOG.timing_keys(C.SET_STATE):
         assert key in stats, key
     for phase in (C.SET_STATE, C.DR_RESET, C.RESET_DONE, C.ENV_STEP):  # (those with a gap)
-        closed(stats, phase)
+        assert_closed(stats, phase)
 
 
 def _spans(folder: Path) -> list[dict[str, Any]]:
@@ -194,7 +177,8 @@ def test_a_manager_env_under_resettrace_run(tmp_path: Path, where: str) -> None:
         [sys.executable, "-m", "resettrace.cli", "run", "--instrument", "motrixlab",
          "--stats-json", "job.json", "--", *command],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        env=_env(RESETTRACE="trace", RESETTRACE_EXPORTER=f"file:{tmp_path}/spans.{{pid}}.jsonl"))
+        env=clean_env(RUST_LOG="error", RESETTRACE="trace",
+                      RESETTRACE_EXPORTER=f"file:{tmp_path}/spans.{{pid}}.jsonl"))
     assert r.returncode == 0, r.stderr[-3000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("HAPPENED "))
     resets = json.loads(line.split(" ", 1)[1])["resets"]
@@ -203,7 +187,7 @@ def test_a_manager_env_under_resettrace_run(tmp_path: Path, where: str) -> None:
     assert stats[C.RESET_DONE_COUNT]["total_ms"] == resets
     assert stats["env_step_total_ms"]["count"] == 60
     for phase in (C.SET_STATE, C.DR_RESET, C.RESET_DONE):
-        closed(stats, phase)
+        assert_closed(stats, phase)
     assert "MIXED" not in r.stderr
 
     spans = _spans(tmp_path)

@@ -40,7 +40,7 @@ class Instrumentation:
     name: str
     #: the distribution it instruments (``motrix-env-core``)
     distribution: str
-    #: the versions it was written for: comma-separated ``>=``, ``<``, ``<=``, ``>``, ``==``
+    #: the versions it was written for, as a version specifier (``">=0.4.0,<0.5"``)
     supported: str
     #: the spec (attributes, phases, instrument targets), as a spec file would hold it
     spec: Callable[[], dict[str, Any]]
@@ -78,26 +78,14 @@ def get(name: str) -> Instrumentation:
     return obj
 
 
-def _release(version: str) -> tuple[int, ...]:
-    out = []
-    for part in version.split("."):
-        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
-
-
 def _satisfies(version: str, supported: str) -> bool:
-    have = _release(version)
-    for item in (x.strip() for x in supported.split(",") if x.strip()):
-        op = next(o for o in (">=", "<=", "==", ">", "<") if item.startswith(o))
-        want = _release(item[len(op):].strip())
-        n = max(len(have), len(want))
-        a, b = have + (0,) * (n - len(have)), want + (0,) * (n - len(want))
-        if not {">=": a >= b, "<=": a <= b, "==": a == b, ">": a > b, "<": a < b}[op]:
-            return False
-    return True
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) in SpecifierSet(supported)
+    except (InvalidSpecifier, InvalidVersion):
+        return False
 
 
 def version_problem(inst: Instrumentation) -> tuple[bool, str | None]:

@@ -168,7 +168,7 @@ def current_recorder(default: Recorder | NoopRecorder | None = None
 def recording() -> Recorder | None:
     """The current recorder (as :func:`current_recorder`) when it records, else ``None``
     (tracing off): what a wrapper asks before it opens a scope. Off, with no recorder
-    bound, it costs a context-variable read and an attribute check."""
+    bound, it costs a thread-local read and an attribute check."""
     rec = _get_current()
     if rec is None:
         session = _default
@@ -206,7 +206,6 @@ def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
     for s in reversed(entered):
         s.__exit__(None, None, None)
     return result
-
 
 
 def count_of(value: Any) -> int:
