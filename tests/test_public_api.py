@@ -803,3 +803,67 @@ def test_attributes_set_after_the_first_trace_reach_the_span_file(tmp_path: Path
     session.processor.shutdown()
     spans = [json.loads(line) for line in out.read_text().splitlines()]
     assert [s["attributes"].get(C.ATTR_ENV_COUNT) for s in spans] == [None, 4096]
+
+
+def test_parents_open_and_close_together_and_survive_misuse(
+        session: Tracing, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``parents`` opens its levels at one clock read and closes them at one: they share
+    their times, an exception marks every level, a scope left open inside is closed with
+    them, and a trace that overflows inside one is cut, never grown."""
+    rec = session.thread_recorder()
+    assert isinstance(rec, recorder_module.Recorder)
+    inner: list[str] = []
+
+    @resettrace.traced("set_state", count=1, parents=True)
+    def reset(fail: bool = False, leave_open: bool = False, flood: int = 0) -> str:
+        clock.now += 2 * MS
+        with rec.scope(C.SET_STATE_DATA_RESET):
+            clock.now += 1 * MS
+        if leave_open:
+            rec.scope(C.SET_STATE_FORWARD_KINEMATIC).__enter__()
+            clock.now += 1 * MS
+        for _ in range(flood):
+            with rec.scope(C.SET_STATE_DATA_RESET):
+                pass
+        if fail:
+            raise KeyError("user bug")
+        inner.append("ran")
+        return "ok"
+
+    kept: list[list[list[int]]] = []
+
+    class Keep:
+        def on_trace(self, records: Any, recorder: Any) -> None:
+            kept.append([list(r) for r in records])
+
+    rec._sinks = (*rec._sinks, Keep())
+    with resettrace.use_tracing(session):
+        assert reset() == "ok"
+        (trace,) = kept
+        names = [session.catalog[r[0]].span for r in trace]
+        assert names == ["reset_done", "reset_done.reset_call", "dr_reset", "set_state",
+                         "set_state.data_reset"]
+        assert {(r[2], r[3]) for r in trace[:4]} == {(0, 3 * MS)}  # one read each way
+        assert [r[1] for r in trace] == [-1, 0, 1, 2, 3] and {r[4] for r in trace[:4]} == {1}
+        timing = rec.scope(C.SET_STATE).timing()
+        assert timing["set_state_data_reset_ms"] == 1.0 and timing[C.SET_STATE.gap_key] == 2.0
+
+        with pytest.raises(KeyError):
+            reset(fail=True)
+        assert [r[5] > 0 for r in kept[1]] == [True, True, True, True, False]
+
+        assert reset(leave_open=True) == "ok"
+        assert len(kept[2]) == 6 and kept[2][5][3] == kept[2][0][3]  # closed with them
+
+        with rec.scope(C.ENV_STEP):  # under an open phase: the missing levels only
+            reset()
+        assert [session.catalog[r[0]].span for r in kept[3]][:5] == [
+            "env_step", "reset_done", "reset_done.reset_call", "dr_reset", "set_state"]
+
+        monkeypatch.setattr(recorder_module, "MAX_TRACE_RECORDS", 20)
+        assert reset(flood=50) == "ok"
+        assert max(len(t) for t in kept) <= 20 and not rec._stack
+        assert recorder_module.CURRENT.get() is None
+        assert reset() == "ok" and [len(t) for t in kept][-1] == 5
+    st = session.stats()
+    assert st["reset_done_ms"].count == len(inner) + 1 and inner.count("ran") == len(inner)

@@ -23,7 +23,6 @@ import atexit
 import contextlib
 import functools
 import inspect
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -181,30 +180,23 @@ def recording() -> Recorder | None:
 # -- the decorator ------------------------------------------------------------------------
 def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
                   fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``fn`` under ``phase`` and its parents that are not open (see :func:`traced`)."""
+    """``fn`` under ``phase`` and its parents that are not open (see :func:`traced`),
+    opened and closed together (:meth:`Recorder._open_chain`)."""
     top = rec.innermost()
     if top is None:
         missing = lineage[:-1]  # every parent below the root
     else:
         at = next((i for i, p in enumerate(lineage) if p is top[0]), -1)
         missing = lineage[:at] if at >= 0 else []  # else: recorded where it is (said once)
-    entered = []
+    chain = missing[::-1]
+    chain.append(phase)
+    handle = rec._open_chain(chain, count)
     try:
-        for parent in reversed(missing):
-            s = rec.scope(parent, count)
-            s.__enter__()
-            entered.append(s)
-        s = rec.scope(phase, count)
-        s.__enter__()
-        entered.append(s)
         result = fn(*args, **kwargs)
-    except BaseException:
-        info = sys.exc_info()
-        for s in reversed(entered):
-            s.__exit__(*info)
+    except BaseException as e:
+        rec._close_chain(handle, type(e))
         raise
-    for s in reversed(entered):
-        s.__exit__(None, None, None)
+    rec._close_chain(handle)
     return result
 
 

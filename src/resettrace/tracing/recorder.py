@@ -488,7 +488,10 @@ class Recorder:
                 return False
             rec = cur
         records, index = rec._records, phase.index
-        return any(records[p][0] == index for p in rec._stack)
+        for p in rec._stack:  # a plain loop: a generator costs more than the few entries
+            if records[p][0] == index:
+                return True
+        return False
 
     def innermost(self) -> tuple[Phase, int] | None:
         """The innermost open phase of this thread's trace (this recorder's, or the one
@@ -503,6 +506,91 @@ class Recorder:
             rec = cur
         r = rec._records[rec._stack[-1]]
         return rec.catalog[r[0]], r[4]
+
+    def _target(self) -> Recorder:
+        """The recorder a scope opened here now goes to (as :meth:`scope` routes it):
+        this thread's own one, or the trace this thread has open on another recorder."""
+        ident = _get_ident()
+        if ident != self._owner:
+            return self._other_thread()._target()
+        if not self._stack:
+            cur = _current_get()
+            if (cur is not None and cur is not self and cur.enabled and cur._stack
+                    and cur._owner == ident):
+                return cur
+        return self
+
+    def _open_chain(self, phases: Sequence[Phase], count: int = NO_COUNT
+                   ) -> tuple[Recorder, int, int]:
+        """Open ``phases``, each inside the one before, with one clock read: the levels
+        of the catalog that one call of a stack is at once (a Gymnasium sub-env's reset
+        is ``reset_done`` down to ``set_state``), each a record with ``count``. Returns
+        the handle :meth:`_close_chain` takes; scopes opened meanwhile nest in the last."""
+        rec = self._target()
+        scopes = rec._scopes
+        indices = []
+        for phase in phases:
+            try:
+                indices.append(scopes[phase.index]._index)
+            except IndexError:  # a phase registered after this recorder
+                indices.append(rec._scope_of(phase)._index)
+        stack, records = rec._stack, rec._records
+        base = len(records)
+        if base + len(indices) > MAX_TRACE_RECORDS:
+            rec._overflow()
+            base = 0
+        if stack:
+            parent = stack[-1]
+        else:  # a trace opens: its recorder is the current one until it closes
+            parent = -1
+            rec._token = _current_set(rec)
+        opened = []
+        pos = base
+        for index in indices:
+            r = [index, parent, 0, 0, count, 0]
+            records.append(r)
+            opened.append(r)
+            stack.append(pos)
+            parent = pos
+            pos += 1
+        t = _perf_ns()  # R_START, last: bookkeeping is not timed
+        for r in opened:
+            r[2] = t
+        return rec, base, len(indices)
+
+    def _close_chain(self, handle: tuple[Recorder, int, int],
+                    exc_type: type[BaseException] | None = None) -> None:
+        """Close what :meth:`_open_chain` opened, with one clock read (``exc_type``: the
+        exception that leaves them). Scopes still open inside them are closed with them,
+        as a scope's exit does (said once)."""
+        t = _perf_ns()
+        rec, base, n = handle
+        stack, records = rec._stack, rec._records
+        last = base + n - 1
+        if len(stack) < n or stack[-1] != last or stack[-n] != base:
+            # not on top as opened (scopes left open inside, or the trace overflowed):
+            # each level exits as its scope would, innermost first
+            if len(records) > last:
+                for pos in range(last, base - 1, -1):
+                    rec._scopes[records[pos][0]].__exit__(exc_type, None, None)
+            return
+        code = 0 if exc_type is None else error_code(exc_type.__name__)
+        scopes = rec._scopes
+        for pos in range(base, last + 1):
+            r = records[pos]
+            r[3] = t
+            if code:
+                r[R_ERROR] = code
+            scopes[r[0]]._pos = pos
+        del stack[-n:]
+        if not stack:
+            token, rec._token = rec._token, None
+            if token is not None:
+                try:
+                    _current_reset(token)
+                except ValueError:  # closed in another context than it opened in
+                    pass
+            rec._flush()
 
     def _scope_of(self, phase: Phase | str) -> Scope:
         p = self.catalog.resolve(phase)
