@@ -131,3 +131,27 @@ def test_vector_env_under_resettrace_run(tmp_path: Path, mode: str) -> None:
         per_worker = Counter(s["resource"]["process.pid"] for s in roots)
         assert all(n >= 1 for n in per_worker.values())
     assert np.isfinite([s["start_ns"] for s in spans]).all()
+
+
+def test_bench_stacks_reports_median_and_total_ratios_of_both_stacks(tmp_path: Path) -> None:
+    """``resettrace bench stacks``, small: every mode timed each round, the steps and resets
+    it recorded counted, each ratio as medians and as totals with their intervals."""
+    out = tmp_path / "stacks.json"
+    r = subprocess.run([sys.executable, "-m", "resettrace.cli", "bench", "stacks",
+                        "--rounds", "3", "--block", "2", "--warmup", "1",
+                        "--motrixlab-envs", "16", "--gymnasium-envs", "4", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    assert "timing/off" in r.stdout and "Traceback" not in r.stderr
+    result = json.loads(out.read_text())
+    assert [s["stack"] for s in result["stacks"]] == ["motrixlab", "gymnasium"]
+    for s in result["stacks"]:
+        times = s["samples_us"]
+        assert {len(v) for v in times.values()} == {3}
+        assert s["timing_steps"] == 3 * 2 + 1
+        for key, ratio in s["ratios"].items():
+            a, b = key.split("/")
+            assert ratio["total_ratio"] == pytest.approx(sum(times[a]) / sum(times[b]))
+            assert ratio["ratio"] == pytest.approx(np.median(times[a]) / np.median(times[b]))
+            lo, hi = ratio["total_ci95"]
+            assert lo <= hi
