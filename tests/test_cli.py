@@ -156,10 +156,14 @@ def test_export_bench_json(tmp_path) -> None:
               "--warmup", "1", "--nthread", "1", "--json", str(path)])
     assert r.returncode == 0, r.stderr
     rows = json.loads(path.read_text())["candidates"]
-    assert set(rows) == {"timing", "timing_aa", "child-wire", "child-sdk", "in-process"}
+    assert set(rows) == {"timing", "timing_aa", "child-wire", "child-sdk", "in-process",
+                         "child-file", "child-file-sdk"}
     for name in ("child-wire", "child-sdk"):
         assert rows[name]["spans_delivered"] == rows[name]["spans_received"] \
             == rows[name]["spans_produced"] > 0
+    for name in ("child-file", "child-file-sdk"):
+        assert rows[name]["spans_delivered"] == rows[name]["spans_produced"] > 0
+        assert rows[name]["child_cpu_us_per_span"] is not None  # (clock ticks: may read 0)
     assert rows["in-process"]["spans_received"] == rows["in-process"]["spans_produced"] > 0
     assert rows["timing"]["slowdown"] == 1.0 and "child us/span" in r.stdout
     assert rows["timing"]["slowdown_ci95"] == rows["timing"]["round_median_ci95"] == [1.0, 1.0]

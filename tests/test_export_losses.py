@@ -390,7 +390,7 @@ def test_a_flush_returns_once_acknowledged(tmp_path: Path,
     assert proc._flush_seq == 3 and late == []
 
 
-@pytest.mark.parametrize("encoder", ["wire", "sdk"])
+@pytest.mark.parametrize("encoder", ["records", "sdk"])
 def test_export_calls_carry_full_batches_until_the_delay_or_a_flush(
         encoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Spans that arrive a few at a time go out in full batches: the rest of a wake-up's
@@ -401,12 +401,11 @@ def test_export_calls_carry_full_batches_until_the_delay_or_a_flush(
     from resettrace.testing.receivers import GrpcReceiver
     from resettrace.tracing import export_process
 
-    monkeypatch.setenv("RESETTRACE_OTLP_ENCODER", encoder)
     monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # a pipe write per trace
     with GrpcReceiver() as rx:
         session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=rx.endpoint,
                                  export_batch_size=10,  # 3 whole traces of 3
-                                 export_delay_s=60.0))
+                                 export_delay_s=60.0, span_encoder=encoder))
         for _ in range(10):
             record_traces(session, 1)
             time.sleep(0.02)  # the export process reads each write on its own

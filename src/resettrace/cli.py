@@ -450,7 +450,7 @@ def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from resettrace.bench.export import EXPORTING
+    from resettrace.bench.export import DEFAULT_CANDIDATES, EXPORTING
 
     p = argparse.ArgumentParser(prog="resettrace", description=__doc__.split("\n\n")[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -509,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="env steps per candidate per round (each round ends with a timed "
                         "flush: keep rounds long)")
     x.add_argument("--warmup", type=int, default=20, help="untimed steps per candidate first")
-    x.add_argument("--candidates", nargs="+", default=list(EXPORTING), metavar="NAME",
+    x.add_argument("--candidates", nargs="+", default=list(DEFAULT_CANDIDATES), metavar="NAME",
                    help=f"exporting candidates to run ({', '.join(EXPORTING)}; timing and "
                         "timing_aa always run)")
     x.add_argument("--json", default=None, help="write the result as JSON")

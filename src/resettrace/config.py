@@ -40,6 +40,9 @@ Variables read (all optional):
     ``none`` (default), ``gzip`` or ``deflate``.
 ``OTEL_SDK_DISABLED``
     ``true`` turns ``trace`` into ``timing`` (no span is built).
+``RESETTRACE_SPAN_ENCODER``
+    ``records`` (default): the export process writes every format from the records;
+    ``sdk``: it builds SDK spans first (the reference, for comparison).
 ``OTEL_SERVICE_NAME``
     ``service.name`` of exported spans. Default ``resettrace``.
 
@@ -121,8 +124,10 @@ ENV_RUN_OWNER = "RESETTRACE_RUN_OWNER"
 ENV_INSTRUMENT = "RESETTRACE_INSTRUMENT"
 #: the prefix of ``resettrace run``'s own variables (above)
 ENV_RUN_PREFIX = "RESETTRACE_RUN_"
-#: how the export child encodes OTLP: ``wire`` (from the records, the default) or ``sdk``
-ENV_OTLP_ENCODER = "RESETTRACE_OTLP_ENCODER"
+#: how the export process encodes spans: ``records`` (every format written from the
+#: records, the default) or ``sdk`` (SDK spans built first: the reference the record
+#: encoders are checked against)
+ENV_SPAN_ENCODER = "RESETTRACE_SPAN_ENCODER"
 #: a CA certificate for OTLP over TLS (``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_CERTIFICATE``
 #: first): the signal-specific name is ``ENV_OTLP_CERTIFICATE.format(signal="TRACES_")``
 ENV_OTLP_CERTIFICATE = "OTEL_EXPORTER_OTLP_{signal}CERTIFICATE"
@@ -132,6 +137,7 @@ EXPORTER_KINDS = ("otlp", "file", "perfetto", "otlp-json", "jaeger-json", "memor
 PATH_KINDS = ("file", "perfetto", "otlp-json", "jaeger-json")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 OTLP_COMPRESSIONS = ("none", "gzip", "deflate")
+SPAN_ENCODERS = ("records", "sdk")
 DEFAULT_EXPORTERS = ("file:resettrace-spans.jsonl",)
 DEFAULT_OTLP_ENDPOINT = {"grpc": "http://localhost:4317",
                          "http/protobuf": "http://localhost:4318/v1/traces"}
@@ -235,6 +241,9 @@ class Config:
     export_batch_size: int = 512
     #: seconds a span waits at most for its export call (``OTEL_BSP_SCHEDULE_DELAY``, ms)
     export_delay_s: float = 1.0
+    #: how the export process encodes spans: ``records`` or ``sdk``
+    #: (``RESETTRACE_SPAN_ENCODER``)
+    span_encoder: str = "records"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -264,6 +273,9 @@ class Config:
         if self.otlp_protocol not in OTLP_PROTOCOLS:
             raise ValueError(f"otlp_protocol must be one of {', '.join(OTLP_PROTOCOLS)}, "
                              f"got {self.otlp_protocol!r}")
+        if self.span_encoder not in SPAN_ENCODERS:
+            raise ValueError(f"span_encoder must be one of {', '.join(SPAN_ENCODERS)}, got "
+                             f"{self.span_encoder!r}")
         if self.otlp_compression not in OTLP_COMPRESSIONS:
             raise ValueError("otlp_compression must be one of "
                              f"{', '.join(OTLP_COMPRESSIONS)}, got {self.otlp_compression!r}")
@@ -324,6 +336,7 @@ class Config:
             "otlp_insecure": _flag(env, ENV_OTLP_INSECURE, None),
             "otlp_compression": _choice(env, ENV_OTLP_COMPRESSION, OTLP_COMPRESSIONS,
                                         d.otlp_compression),
+            "span_encoder": _choice(env, (ENV_SPAN_ENCODER,), SPAN_ENCODERS, d.span_encoder),
             "metrics": _metrics(env),
         }
         for name in NUMBERS:

@@ -15,7 +15,11 @@ charged to the candidate, stays small. The candidates:
     the export child encoding OTLP protobuf straight from the packed records (shipped);
 ``child-sdk``
     the export child building SDK spans and encoding them with the SDK's exporter
-    (``RESETTRACE_OTLP_ENCODER=sdk``);
+    (``RESETTRACE_SPAN_ENCODER=sdk``);
+``child-FORMAT`` and ``child-FORMAT-sdk``
+    the export child writing the file format (``file``, ``perfetto``, ``otlp-json``,
+    ``jaeger-json``) into a temporary folder, from the records (shipped) and from SDK
+    spans (``--candidates``: the default runs ``child-file`` and ``child-file-sdk``);
 ``in-process``
     an SDK ``BatchSpanProcessor`` with the OTLP exporter in the training process (spans
     built there by resettrace's materialiser thread).
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -45,15 +50,21 @@ from typing import Any
 import numpy as np
 
 from resettrace.bench._stats import paired_ratio_ci
-from resettrace.config import ENV_OTLP_ENCODER, Config
+from resettrace.config import Config
 from resettrace.contract import MAX_ENVS
 from resettrace.tables import format_table
 from resettrace.testing.receivers import ReceiverProcess
 
 __all__ = ["ExportBenchConfig", "run_export_bench", "render_export_bench"]
 
-CANDIDATES = ("timing", "timing_aa", "child-wire", "child-sdk", "in-process")
+#: the file formats, each a candidate ``child-FORMAT`` (written from the records) and
+#: ``child-FORMAT-sdk`` (from SDK spans)
+FILE_FORMATS = ("file", "perfetto", "otlp-json", "jaeger-json")
+CANDIDATES = ("timing", "timing_aa", "child-wire", "child-sdk", "in-process",
+              *(f"child-{f}{v}" for f in FILE_FORMATS for v in ("", "-sdk")))
 EXPORTING = CANDIDATES[2:]
+#: run when ``--candidates`` is not given
+DEFAULT_CANDIDATES = ("child-wire", "child-sdk", "in-process", "child-file", "child-file-sdk")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +79,7 @@ class ExportBenchConfig:
     nthread: int | None = None
     seed: int = 0
     #: the exporting candidates run (``timing`` and ``timing_aa`` always run)
-    candidates: tuple[str, ...] = EXPORTING
+    candidates: tuple[str, ...] = DEFAULT_CANDIDATES
 
     def __post_init__(self) -> None:
         if self.num_envs < 1 or self.rounds < 1 or self.steps < 1 or self.warmup < 0:
@@ -106,7 +117,13 @@ def _sent(session: Any) -> int:
     return session.process.sent_spans if session.process is not None else 0
 
 
-def _session(name: str, endpoint: str | None) -> Any:
+def _exporter(name: str, folder: str) -> str:
+    """The exporter spec of a ``child-...`` candidate."""
+    fmt = name.removeprefix("child-").removesuffix("-sdk")
+    return "otlp" if fmt in ("wire", "sdk") else f"{fmt}:{folder}/{name}.out"
+
+
+def _session(name: str, endpoint: str | None, folder: str) -> Any:
     from resettrace.tracing.session import Tracing
 
     if name.startswith("timing"):
@@ -124,15 +141,9 @@ def _session(name: str, endpoint: str | None) -> Any:
         session = Tracing(Config(mode="trace", queue_size=100_000), tracer_provider=provider)
         session._bench_provider = provider  # type: ignore[attr-defined]  # ours to shut down
         return session
-    previous = os.environ.get(ENV_OTLP_ENCODER)
-    os.environ[ENV_OTLP_ENCODER] = "sdk" if name == "child-sdk" else "wire"
-    try:  # the child reads it when it starts
-        return Tracing(Config(mode="trace", exporters=("otlp",), otlp_endpoint=endpoint))
-    finally:
-        if previous is None:
-            os.environ.pop(ENV_OTLP_ENCODER, None)
-        else:
-            os.environ[ENV_OTLP_ENCODER] = previous
+    return Tracing(Config(mode="trace", exporters=(_exporter(name, folder),),
+                          otlp_endpoint=endpoint,
+                          span_encoder="sdk" if name.endswith("sdk") else "records"))
 
 
 def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | None = None
@@ -142,10 +153,12 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
     say = progress or (lambda _m: None)
     run = cfg.run
     exporting = [c for c in run if not c.startswith("timing")]
-    receivers = {c: ReceiverProcess(count_only=True) for c in exporting}
+    receivers = {c: ReceiverProcess(count_only=True) for c in exporting
+                 if c == "in-process" or _exporter(c, "") == "otlp"}
+    folder = tempfile.TemporaryDirectory(prefix="resettrace-bench-export-")
     try:
-        sessions = {c: _session(c, receivers[c].endpoint if c in receivers else None)
-                    for c in run}
+        sessions = {c: _session(c, receivers[c].endpoint if c in receivers else None,
+                                folder.name) for c in run}
         options: dict[str, Any] = {} if cfg.nthread is None else {"nthread": cfg.nthread}
         env = resettrace.make_env(cfg.task, backend=cfg.backend, num_envs=cfg.num_envs,
                                   model=cfg.model, seed=cfg.seed, tracing=sessions["timing"],
@@ -199,7 +212,7 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
                 provider.shutdown()
             report = s.export_report()
             produced = (report.get("spans_sent", 0) + report["spans_dropped"]
-                        + report.get("spans_built", 0)) if c in receivers else 0
+                        + report.get("spans_built", 0)) if c in exporting else 0
             out[c] = {"report": report, "steady": steady, "produced": produced}
         for c, rx in receivers.items():
             cpu, start = _cpu_s(rx.pid), rx0[c]
@@ -210,6 +223,7 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
     finally:
         for rx in receivers.values():
             rx.__exit__()
+        folder.cleanup()
     base = spent["timing"]
     steps = cfg.rounds * cfg.steps
     rows = {}
@@ -217,10 +231,11 @@ def run_export_bench(cfg: ExportBenchConfig, progress: Callable[[str], None] | N
         ratios = [t / b for t, b in zip(spent[c], base, strict=True)]
         info = out[c]
         delivered = timed_out = None  # in-process: the SDK's BatchSpanProcessor counts nothing
-        dropped = info["report"].get("spans_dropped") if c in receivers else None
-        if c in receivers and c != "in-process":
-            delivered = info["report"]["exporters"]["otlp"]["delivered"]
-            timed_out = info["report"]["exporters"]["otlp"]["timed_out"]
+        dropped = info["report"].get("spans_dropped") if c in exporting else None
+        if c in exporting and c != "in-process":
+            (sink,) = info["report"]["exporters"].values()
+            delivered = sink["delivered"]
+            timed_out = sink["timed_out"]
         produced = info["produced"]
         steady = info["steady"]
         rows[c] = {

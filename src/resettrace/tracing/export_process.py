@@ -5,9 +5,11 @@ all under the GIL. :class:`ProcessExporter` (the recorder sink, in the training
 process) instead packs each finished trace into one ``struct`` of int64 and writes it
 to a non-blocking pipe; a child process (``python -m
 resettrace.tracing.export_process``) turns the records into spans with their exact
-timestamps and parent links and hands them to the configured exporters in batches:
-OTLP requests encoded straight from the records (:mod:`resettrace.tracing.otlp_wire`)
-when every exporter is ``otlp``, SDK spans for the span file formats.
+timestamps and parent links and hands them to the configured exporters in batches,
+with no SDK span built: OTLP requests encoded straight from the records
+(:mod:`resettrace.tracing.otlp_wire`), and the file formats written from them
+(:mod:`resettrace.tracing.record_spans`), every exporter the same batches with the same
+ids. ``Config.span_encoder = "sdk"`` builds SDK spans instead (the reference).
 
 Nothing here blocks the training thread: bytes the pipe cannot take wait in a
 bounded buffer, and a trace that does not fit is dropped and counted. When the
@@ -56,7 +58,6 @@ from resettrace.catalog import (
     CATALOG,
     Catalog,
 )
-from resettrace.config import ENV_OTLP_ENCODER
 from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, error_name
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ _now = time.monotonic
 #: struct per record count: frame header, trace header and every record field in one call
 _PACKERS: dict[int, struct.Struct] = {}
 _KIND_TRACE = ord("T")
+#: exporters the export process writes from the records (no SDK span built)
+_RECORD_KINDS = frozenset({"file", "perfetto", "otlp-json", "jaeger-json", "otlp"})
 
 _LIVE: weakref.WeakSet[ProcessExporter] = weakref.WeakSet()
 
@@ -577,6 +580,11 @@ class _Child:
         self.collect = _collector()
         #: OTLP encoded straight from the records (every exporter is ``otlp``); else None
         self.wire: Any = None
+        #: every exporter a file format or ``otlp`` (not all ``otlp``): the traces as
+        #: records with their ids, written by each format's record encoder; else None
+        self.queue: Any = None
+        #: per recorder id, its attributes as sent (a key that changes when they do)
+        self.attr_keys: dict[int, str] = {}
         #: traces of one recorder with the same root attributes waiting to be encoded:
         #: (recorder id, dropped count, record bytes, record counts)
         self.run_of: tuple[int, int, list[bytes], list[int]] | None = None
@@ -603,7 +611,7 @@ class _Child:
         for spec in settings["exporters"]:
             self.exported[spec] = self.failed[spec] = self.timed_out[spec] = 0
             self.cut_off[spec] = 0
-        if os.environ.get(ENV_OTLP_ENCODER, "wire") != "sdk" and \
+        if config.span_encoder != "sdk" and \
                 settings["exporters"] and all(x == "otlp" for x in settings["exporters"]):
             from resettrace.tracing.otlp_wire import WireEncoder, make_wire_exporter
 
@@ -622,17 +630,59 @@ class _Child:
                 for spec in settings["exporters"]:
                     self.exporters.append((spec, wire))
                 return
+        records = config.span_encoder != "sdk" and all(
+            x.partition(":")[0] in _RECORD_KINDS for x in settings["exporters"])
         for spec in settings["exporters"]:
             if spec in self.broken:
                 continue
             try:
-                self.exporters.append((spec, make_exporter(
-                    spec, config, pid=settings["parent_pid"],
-                    rank=int(settings["resource"].get(ATTR_WORKER_RANK, config.worker_rank)))))
+                if records and spec == "otlp":
+                    exporter = self._otlp_from_records(config, resource)
+                    if exporter is None:  # the SDK lacks what that needs: SDK spans
+                        records = False
+                        exporter = make_exporter(spec, config)
+                else:
+                    exporter = make_exporter(
+                        spec, config, pid=settings["parent_pid"],
+                        rank=int(settings["resource"].get(ATTR_WORKER_RANK,
+                                                          config.worker_rank)))
+                self.exporters.append((spec, exporter))
             except Exception as e:  # a bad exporter must not stop the others
                 self.broken[spec] = f"cannot create {spec!r}: {e}"
+        if records:  # no SDK span is built: every format is written from the records
+            from resettrace.tracing.record_spans import SpanSource, TraceQueue
+
+            self.queue = TraceQueue(SpanSource(dict(resource.attributes), self.span_name,
+                                               self.error_name))
         for reason in self.broken.values():
             print(f"resettrace export process: {reason}", file=sys.stderr)
+
+    def span_name(self, index: int) -> str:
+        return self.phases.get(index) or f"resettrace.phase.{index}"
+
+    def error_name(self, code: int) -> str:
+        return self.errors.get(code, error_name(code))
+
+    def _otlp_from_records(self, config: Any, resource: Any) -> Any:
+        """The OTLP exporter, sending batches of record traces encoded with their ids;
+        None when the installed SDK lacks what that needs."""
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        from resettrace.tracing.otlp_wire import WireEncoder, make_wire_exporter
+
+        wire = make_wire_exporter(config)
+        if wire is None:
+            return None
+        encoder = WireEncoder(dict(resource.attributes), self.span_name, self.error_name)
+
+        def export_traces(batch: Any) -> Any:
+            for traces in batch:
+                encoder.add_record_traces(traces)
+            payload = encoder.take(1 << 62)
+            return SpanExportResult.SUCCESS if payload is None else wire.export_payload(payload)
+
+        wire.export_traces = export_traces
+        return wire
 
     def handle(self, kind: int, payload: memoryview) -> None:
         if kind == ord("T"):
@@ -640,7 +690,8 @@ class _Child:
             attrs, offset = self.recorders[rid]
             self.received += n
             data = payload[_TRACE.size:_TRACE.size + 8 * RECORD_FIELDS * n]
-            if self.wire is not None:  # encoded with the traces that follow it in the pipe
+            if self.wire is not None or self.queue is not None:
+                # encoded with the traces that follow it in the pipe
                 run = self.run_of
                 if run is not None and (run[0] != rid or run[1] != dropped):
                     self.encode_run()
@@ -662,7 +713,9 @@ class _Child:
         self.encode_run()  # a frame of another kind: the traces before it come first
         if kind == ord("R"):
             rid, offset = _REGISTER.unpack_from(payload)
-            self.recorders[rid] = (json.loads(bytes(payload[_REGISTER.size:])), offset)
+            text = bytes(payload[_REGISTER.size:]).decode()
+            self.recorders[rid] = (json.loads(text), offset)
+            self.attr_keys[rid] = text
             if self.wire is not None:
                 self.wire.set_attributes(rid, self.recorders[rid][0])
         elif kind == ord("P"):
@@ -691,8 +744,12 @@ class _Child:
         if run is not None:
             rid, dropped, data, sizes = run
             records = np.frombuffer(b"".join(data), dtype="<i8").reshape(-1, RECORD_FIELDS)
-            self.wire.add_traces(rid, self.recorders[rid][1], {ATTR_EXPORT_DROPPED: dropped},
-                                 records, sizes)
+            attrs, offset = self.recorders[rid]
+            if self.queue is not None:
+                self.queue.add(attrs, self.attr_keys[rid], offset,
+                               {ATTR_EXPORT_DROPPED: dropped}, records, sizes)
+                return
+            self.wire.add_traces(rid, offset, {ATTR_EXPORT_DROPPED: dropped}, records, sizes)
 
     @property
     def batch_since(self) -> float:
@@ -702,6 +759,8 @@ class _Child:
     @property
     def waiting(self) -> int:
         """Spans received and not yet handed to the exporters."""
+        if self.queue is not None:
+            return int(self.queue.pending)
         return self.wire.pending if self.wire is not None else len(self.collect.spans)
 
     def leave(self, within_s: float) -> None:
@@ -718,12 +777,17 @@ class _Child:
         Every batch's fate is reported as it is known: the status says which batch is
         under way before each call and what it came to after it. Past the deadline, a
         batch is not sent: its spans are counted as cut off."""
+        batches: list[tuple[Any, int]] = []
         if self.wire is not None:  # encoded requests of whole traces
-            batches: list[tuple[Any, int]] = []
             while not (full_only and self.wire.pending < self.batch_size) and \
                     (payload := self.wire.take(self.batch_size)) is not None:
                 batches.append((payload, payload.count))
             send = "export_payload"
+        elif self.queue is not None:  # whole traces as records, written by every exporter
+            while not (full_only and self.queue.pending < self.batch_size) and \
+                    (traces := self.queue.take(self.batch_size)):
+                batches.append((traces, sum(t.spans for t in traces)))
+            send = "export_traces"
         else:  # SDK spans
             spans, self.collect.spans = self.collect.spans, []
             batches = [(b, len(b)) for b in _batches(spans, self.batch_size)]

@@ -35,7 +35,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from resettrace import outputs
 from resettrace.catalog import ATTR_WORKER_RANK
 from resettrace.config import ENV_OTLP_CERTIFICATE, Config
-from resettrace.tracing.file_formats import _BufferedFileExporter
+from resettrace.tracing.file_formats import _BufferedFileExporter, _span_attributes
+from resettrace.tracing.record_spans import Slot, TextTemplates, Traces
+from resettrace.tracing.recorder import R_ERROR, R_PARENT, R_PHASE
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +72,35 @@ class JsonLinesSpanExporter(_BufferedFileExporter):
 
     kind = outputs.SPANS_JSONL
 
+    _templates: TextTemplates | None = None
+
     def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
         data = "".join(json.dumps(span_to_dict(s), separators=(",", ":"), default=str) + "\n"
                        for s in spans).encode()
         return data, _nothing
+
+    def _encode_traces(self, batch: Sequence[Traces]) -> tuple[bytes, Callable[[], None]]:
+        if self._templates is None:
+            self._templates = TextTemplates(_jsonl_trace)
+        return "".join(text for _, _, text in self._templates.traces(batch)).encode(), _nothing
+
+
+def _jsonl_trace(traces: Traces, rows: list[list[int]], counts: list[int], slot: Slot) -> str:
+    """A trace's lines, as :func:`span_to_dict` gives them for its SDK spans."""
+    src = traces.source
+    resource = {k: src.resource[k] for k in _RESOURCE_KEYS if k in src.resource}
+    lines = []
+    for i in reversed(range(len(rows))):  # in the order SDK spans end: children first
+        r = rows[i]
+        d = {"name": src.span_name(r[R_PHASE]), "trace_id": slot.text("t"),
+             "span_id": slot.text(f"s{i}"),
+             "parent_id": slot.text(f"s{r[R_PARENT]}") if r[R_PARENT] >= 0 else None,
+             "start_ns": slot.number(f"b{i}"), "end_ns": slot.number(f"e{i}"),
+             "status": "ERROR" if r[R_ERROR] else "UNSET",
+             "attributes": _span_attributes(traces, r, counts[i], slot.number(f"c{i}")),
+             "resource": resource}
+        lines.append(json.dumps(d, separators=(",", ":"), default=str) + "\n")
+    return "".join(lines)
 
 
 def _nothing() -> None:

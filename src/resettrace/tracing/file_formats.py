@@ -90,6 +90,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
 from resettrace import outputs
+from resettrace.catalog import ATTR_RESET_COUNT
+from resettrace.tracing.record_spans import Slot, TextTemplates, Traces
+from resettrace.tracing.recorder import R_END, R_ERROR, R_PARENT, R_PHASE, R_START
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +165,9 @@ class _BufferedFileExporter(SpanExporter):
         self.error: str | None = None
 
     # -- format hooks ---------------------------------------------------------------------------
-    def _header(self, spans: Sequence[ReadableSpan]) -> bytes:
-        """Bytes at the start of the file; ``spans`` are those of the first write."""
+    def _header(self, first_start: int | None) -> bytes:
+        """Bytes at the start of the file; ``first_start``: the earliest span start of the
+        first write (Unix ns; None: no span)."""
         return b""
 
     def _suffix(self) -> bytes:
@@ -173,6 +177,14 @@ class _BufferedFileExporter(SpanExporter):
     def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
         """The bytes to append for ``spans`` and a commit callback run once they are written."""
         raise NotImplementedError
+
+    def _encode_traces(self, batch: Sequence[Traces]) -> tuple[bytes, Callable[[], None]]:
+        """As :meth:`_encode`, for whole traces given as records (the export process)."""
+        raise NotImplementedError
+
+    def _first_start(self, batch: Sequence[Traces]) -> int | None:
+        starts = [int(t.records[:, R_START].min()) for t in batch if len(t.records)]
+        return min(starts) if starts else None
 
     # -- SpanExporter ---------------------------------------------------------------------------
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -185,6 +197,19 @@ class _BufferedFileExporter(SpanExporter):
             if due and not self._write_pending():
                 return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
+
+    def export_traces(self, batch: Sequence[Traces]) -> SpanExportResult:
+        """Write whole traces given as records (:mod:`~resettrace.tracing.record_spans`),
+        at once, after any spans waiting: the export process's path, with no SDK span."""
+        if self._closed:
+            return SpanExportResult.FAILURE
+        spans = sum(t.spans for t in batch)
+        with self._lock:
+            if self._pending:
+                self._write_pending()
+            ok = self._write(spans, lambda: self._first_start(batch),
+                             lambda: self._encode_traces(batch))
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         with self._lock:
@@ -212,6 +237,16 @@ class _BufferedFileExporter(SpanExporter):
     # -- writing (lock held) --------------------------------------------------------------------
     def _write_pending(self) -> bool:
         spans, self._pending = self._pending, []
+        return self._write(
+            len(spans),
+            lambda: min((s.start_time for s in spans if s.start_time is not None),
+                        default=None),
+            (lambda: self._encode(spans)) if spans else None)
+
+    def _write(self, n: int, first_start: Callable[[], int | None],
+               encode: Callable[[], tuple[bytes, Callable[[], None]]] | None) -> bool:
+        """Open the file if it is not (its header: ``first_start`` is the earliest start
+        of this first write), then append what ``encode`` gives for ``n`` spans."""
         self._last_write = self._clock()
         try:
             if self._file is None:
@@ -224,26 +259,26 @@ class _BufferedFileExporter(SpanExporter):
                 self.opened, self.error = True, None
                 try:
                     self._end = 0
-                    self._append(f, self._header(spans))
+                    self._append(f, self._header(first_start()))
                 except OSError:
                     f.close()
                     raise
                 self._file = f
-            if spans:
-                data, commit = self._encode(spans)
+            if encode is not None:
+                data, commit = encode()
                 self._append(self._file, data)
                 commit()
         except OSError as e:
-            self.dropped_spans += len(spans)
+            self.dropped_spans += n
             self._failures += 1
             level = logging.ERROR if self._failures == 1 else logging.DEBUG
             if isinstance(e, outputs.OutputRefused):  # its message names the path and why
-                log.log(level, "resettrace: %s (%d spans not written)", e, len(spans))
+                log.log(level, "resettrace: %s (%d spans not written)", e, n)
             else:
-                log.log(level, "resettrace: cannot write %d spans to %s: %s", len(spans),
+                log.log(level, "resettrace: cannot write %d spans to %s: %s", n,
                         self.path, e)
             return False
-        self.exported_spans += len(spans)
+        self.exported_spans += n
         return True
 
     def _append(self, f: IO[bytes], data: bytes) -> None:
@@ -307,13 +342,14 @@ class ChromeTraceSpanExporter(_BufferedFileExporter):
         self._tids: dict[tuple[int, int], int] = {}  # (pid, trace_id) -> tid, insertion order
         self._next_tid = 1
         self._named_pids: set[int] = set()
+        self._templates = TextTemplates(_perfetto_trace)
 
-    def _header(self, spans: Sequence[ReadableSpan]) -> bytes:
+    def _header(self, first_start: int | None) -> bytes:
         if self._fixed_origin is not None:
             origin = self._fixed_origin
         else:
-            origin = min([self._created_ns] + [s.start_time for s in spans
-                                               if s.start_time is not None])
+            origin = self._created_ns if first_start is None else min(self._created_ns,
+                                                                      first_start)
         self.time_origin_ns = origin
         other = {"producer": _PRODUCER, "time_origin_unix_ns": str(origin),
                  "ts_unit": "microseconds since time_origin_unix_ns"}
@@ -372,15 +408,92 @@ class ChromeTraceSpanExporter(_BufferedFileExporter):
         return data, commit
 
 
-def _process_of(span: ReadableSpan) -> tuple[int, str]:
-    """The span's process id (resource ``process.pid``, else ours) and service name."""
-    attrs = span.resource.attributes if span.resource is not None else {}
+    def _encode_traces(self, batch: Sequence[Traces]) -> tuple[bytes, Callable[[], None]]:
+        assert self.time_origin_ns is not None
+        origin = self.time_origin_ns
+        events: list[str] = []
+        new_pids: set[int] = set()
+        tids = [self._next_tid]  # each trace is a new track
+
+        def extra(values: dict[str, Any], rows: list[list[int]]) -> None:
+            tid = tids[0]
+            tids[0] = tid + 1
+            values["tid"] = tid
+            values["tn"] = f"trace {tid}"
+            for i, r in enumerate(rows):
+                values[f"T{i}"] = (r[R_START] - origin) / 1000
+                values[f"U{i}"] = (r[R_END] - r[R_START]) / 1000
+
+        templates = self._templates
+        for traces in batch:
+            pid, service = _process_of_resource(traces.source.resource)
+            if pid not in self._named_pids and pid not in new_pids:
+                new_pids.add(pid)
+                events.append(_dumps({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                                      "args": {"name": f"{_PRODUCER} {service}"}}).decode())
+            for _, _, text in templates.traces([traces], extra):
+                events.append(text)
+        sep = ",\n" if self._events else "\n"
+        data = (sep + ",\n".join(events)).encode()
+        added = len(events)
+        next_tid = tids[0]
+
+        def commit() -> None:
+            self._events += added
+            self._named_pids |= new_pids
+            self._next_tid = next_tid
+
+        return data, commit
+
+
+def _perfetto_trace(traces: Traces, rows: list[list[int]], counts: list[int],
+                    slot: Slot) -> str:
+    """A trace's events in Chrome trace JSON: its track's name, then one per span."""
+    src = traces.source
+    pid, _ = _process_of_resource(src.resource)
+    out = [_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": slot.number("tid"),
+                   "args": {"name": slot.text("tn")}})]
+    for i in reversed(range(len(rows))):  # in the order SDK spans end: children first
+        r = rows[i]
+        name = src.span_name(r[R_PHASE])
+        args = {k: _json_value(v) for k, v in _span_attributes(traces, r, counts[i],
+                                                               slot.number(f"c{i}")).items()}
+        args["trace_id"] = slot.text("t")
+        args["span_id"] = slot.text(f"s{i}")
+        args["parent_id"] = slot.text(f"s{r[R_PARENT]}") if r[R_PARENT] >= 0 else None
+        if r[R_ERROR]:
+            args["status"] = StatusCode.ERROR.name
+        out.append(_dumps({"ph": "X", "name": name, "cat": name.partition(".")[0] or _PRODUCER,
+                           "ts": slot.number(f"T{i}"), "dur": slot.number(f"U{i}"),
+                           "pid": pid, "tid": slot.number("tid"), "args": args}))
+    return b",\n".join(out).decode()
+
+
+def _span_attributes(traces: Traces, row: list[int], count: int, count_value: Any
+                     ) -> dict[str, Any]:
+    """A span's attributes as :func:`~resettrace.tracing.materialise.build_spans` sets
+    them: the recorder's, its reset count (``count_value`` when it has one), and on a
+    root the trace's root attributes."""
+    attrs = dict(traces.attrs)
+    if count >= 0:
+        attrs[ATTR_RESET_COUNT] = count_value
+    if row[R_PARENT] < 0 and traces.root_attrs:
+        attrs.update(traces.root_attrs)
+    return attrs
+
+
+def _process_of_resource(attrs: Any) -> tuple[int, str]:
     pid: Any = attrs.get(PROCESS_PID)
     try:
         pid = int(pid)
     except (TypeError, ValueError):
         pid = os.getpid()
     return pid, str(attrs.get(SERVICE_NAME, _UNKNOWN_SERVICE))
+
+
+def _process_of(span: ReadableSpan) -> tuple[int, str]:
+    """The span's process id (resource ``process.pid``, else ours) and service name."""
+    return _process_of_resource(span.resource.attributes if span.resource is not None else {})
 
 
 # --- OTLP-JSON -----------------------------------------------------------------------------------
@@ -418,10 +531,72 @@ class OtlpJsonSpanExporter(_BufferedFileExporter):
         self._to_dict = MessageToDict
         self._encode_spans = encode_spans
 
+        self._templates = TextTemplates(self._trace_template)
+        #: per span source: the request's text before and after its spans
+        self._frame: tuple[int, bytes, bytes] | None = None
+
+    def _request(self, spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+        return self._to_dict(self._encode_spans(spans), use_integers_for_enums=True)
+
     def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
-        request = self._to_dict(self._encode_spans(spans), use_integers_for_enums=True)
-        line = _dumps(otlp_json_ids_to_hex(request)) + b"\n"
+        line = _dumps(otlp_json_ids_to_hex(self._request(spans))) + b"\n"
         return line, _nothing
+
+    def _encode_traces(self, batch: Sequence[Traces]) -> tuple[bytes, Callable[[], None]]:
+        texts = [text for _, _, text in self._templates.traces(batch)]
+        if not texts:
+            return b"", _nothing
+        source = batch[0].source
+        if self._frame is None or self._frame[0] != id(source):
+            self._frame = (id(source), *self._around_spans(batch[0]))
+        _, head, tail = self._frame
+        return head + ",".join(texts).encode() + tail, _nothing
+
+    def _sample(self, traces: Traces, rows: list[list[int]]) -> list[ReadableSpan]:
+        """SDK spans of one trace of ``traces`` (``rows``), built as the export process
+        builds them: what the format's own encoder renders a shape from."""
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+        from resettrace.catalog import INSTRUMENTATION_SCOPE
+        from resettrace.tracing.materialise import build_spans
+
+        ended: list[ReadableSpan] = []
+
+        class _Keep(SpanProcessor):
+            def on_end(self, span: ReadableSpan) -> None:
+                ended.append(span)
+
+        provider = TracerProvider(resource=Resource(dict(traces.source.resource)))
+        provider.add_span_processor(_Keep())
+        build_spans(provider.get_tracer(INSTRUMENTATION_SCOPE), rows, traces.attrs, 0,
+                    traces.source.error_name, traces.source.span_name, traces.root_attrs)
+        return ended
+
+    def _around_spans(self, traces: Traces) -> tuple[bytes, bytes]:
+        rows = traces.records[:traces.starts[1]].tolist()
+        request = self._request(self._sample(traces, rows))
+        mark = "rt-spans-" + os.urandom(6).hex()
+        request["resourceSpans"][0]["scopeSpans"][0]["spans"] = [mark]
+        head, _, tail = _dumps(request).partition(f'"{mark}"'.encode())
+        return head, tail + b"\n"
+
+    def _trace_template(self, traces: Traces, rows: list[list[int]], counts: list[int],
+                        slot: Slot) -> str:
+        """A trace's spans as the SDK encoder renders them, with slots for its values."""
+        request = self._request(self._sample(traces, rows))
+        spans = request["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        for span, i in zip(spans, reversed(range(len(rows))), strict=True):  # children first
+            span["traceId"] = slot.text("t")
+            span["spanId"] = slot.text(f"s{i}")
+            if rows[i][R_PARENT] >= 0:
+                span["parentSpanId"] = slot.text(f"s{rows[i][R_PARENT]}")
+            span["startTimeUnixNano"] = slot.text(f"b{i}")
+            span["endTimeUnixNano"] = slot.text(f"e{i}")
+            for kv in span.get("attributes", ()):
+                if kv["key"] == ATTR_RESET_COUNT:
+                    kv["value"] = {"intValue": slot.text(f"c{i}")}
+        return ",".join(_dumps(span).decode() for span in spans)
 
 
 def _nothing() -> None:
@@ -436,6 +611,8 @@ def _jaeger_tag(key: str, value: Any) -> dict[str, Any]:
     if isinstance(value, int):
         return {"key": key, "type": "int64", "value": value}
     if isinstance(value, float):
+        if not math.isfinite(value):  # JSON has no NaN or infinity: written as text
+            return {"key": key, "type": "string", "value": str(value)}
         return {"key": key, "type": "float64", "value": value}
     return {"key": key, "type": "string", "value": str(_json_value(value))}
 
@@ -459,8 +636,9 @@ class JaegerJsonSpanExporter(_BufferedFileExporter):
         super().__init__(path, max_pending=max_pending, write_interval_s=write_interval_s,
                          clock=clock, pid=pid)
         self._entries = 0
+        self._templates = TextTemplates(_jaeger_trace)
 
-    def _header(self, spans: Sequence[ReadableSpan]) -> bytes:
+    def _header(self, first_start: int | None) -> bytes:
         self._entries = 0
         return b'{"data":['
 
@@ -514,3 +692,51 @@ class JaegerJsonSpanExporter(_BufferedFileExporter):
             self._entries += added
 
         return data, commit
+
+    def _encode_traces(self, batch: Sequence[Traces]) -> tuple[bytes, Callable[[], None]]:
+        entries = [text for _, _, text in self._templates.traces(batch, _jaeger_times)]
+        sep = ",\n" if self._entries else "\n"
+        data = (sep + ",\n".join(entries)).encode()
+        added = len(entries)
+
+        def commit() -> None:
+            self._entries += added
+
+        return data, commit
+
+
+def _jaeger_times(values: dict[str, Any], rows: list[list[int]]) -> None:
+    for i, r in enumerate(rows):
+        values[f"B{i}"] = r[R_START] // 1000
+        values[f"D{i}"] = (r[R_END] - r[R_START]) // 1000
+
+
+_COUNT = object()  # where a span's reset count goes
+
+
+def _jaeger_trace(traces: Traces, rows: list[list[int]], counts: list[int], slot: Slot) -> str:
+    """A trace's entry in Jaeger UI JSON (one process: the training process)."""
+    src = traces.source
+    attrs = src.resource
+    processes = {"p1": {"serviceName": str(attrs.get(SERVICE_NAME, _UNKNOWN_SERVICE)),
+                        "tags": [_jaeger_tag(k, v) for k, v in attrs.items()
+                                 if k != SERVICE_NAME]}}
+    out = []
+    for i in reversed(range(len(rows))):  # in the order SDK spans end: children first
+        r = rows[i]
+        tags = [{"key": k, "type": "int64", "value": slot.number(f"c{i}")} if v is _COUNT
+                else _jaeger_tag(k, v)
+                for k, v in _span_attributes(traces, r, counts[i], _COUNT).items()]
+        if r[R_ERROR]:
+            tags.append(_jaeger_tag("error", True))
+            description = src.error_name(r[R_ERROR])
+            if description:
+                tags.append(_jaeger_tag("otel.status_description", description))
+        refs = [] if r[R_PARENT] < 0 else [
+            {"refType": "CHILD_OF", "traceID": slot.text("t"),
+             "spanID": slot.text(f"s{r[R_PARENT]}")}]
+        out.append({"traceID": slot.text("t"), "spanID": slot.text(f"s{i}"),
+                    "operationName": src.span_name(r[R_PHASE]), "references": refs,
+                    "startTime": slot.number(f"B{i}"), "duration": slot.number(f"D{i}"),
+                    "tags": tags, "logs": [], "processID": "p1", "warnings": None})
+    return _dumps({"traceID": slot.text("t"), "spans": out, "processes": processes}).decode()

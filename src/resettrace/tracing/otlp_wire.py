@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from resettrace.catalog import ATTR_RESET_COUNT, INSTRUMENTATION_SCOPE
+from resettrace.tracing.record_spans import Traces
 from resettrace.tracing.recorder import (
     R_COUNT,
     R_END,
@@ -116,7 +117,7 @@ class _Shape:
 
     __slots__ = ("template", "pos8", "src", "cpos", "crow", "cshift", "ccont")
 
-    def __init__(self, enc: WireEncoder, rid: int, records: np.ndarray, lengths: np.ndarray,
+    def __init__(self, enc: WireEncoder, rid: Any, records: np.ndarray, lengths: np.ndarray,
                  root_attrs: bytes) -> None:
         n = len(records)
         attrs = enc._attrs.get(rid, b"")
@@ -201,13 +202,13 @@ class WireEncoder:
         self._span_name = span_name
         self._error_name = error_name
         self._names: dict[int, bytes] = {}
-        self._attrs: dict[int, bytes] = {}
+        self._attrs: dict[Any, bytes] = {}
         self._shapes: dict[tuple[Any, ...], _Shape] = {}
         self._rand = random.Random().getrandbits
         self._traces: deque[tuple[bytes, int]] = deque()  # (encoded spans, span count)
         self._pending = 0
 
-    def set_attributes(self, rid: int, attrs: Mapping[str, Any]) -> None:
+    def set_attributes(self, rid: Any, attrs: Mapping[str, Any]) -> None:
         """The span attributes of recorder ``rid`` (sent again when they change)."""
         self._attrs[rid] = _attributes(9, attrs)
         self._shapes.clear()
@@ -222,19 +223,36 @@ class WireEncoder:
         a = np.asarray(records, dtype=np.int64).reshape(-1, RECORD_FIELDS)
         self.add_traces(rid, offset, root_attrs, a, [len(a)])
 
-    def add_traces(self, rid: int, offset: int, root_attrs: Mapping[str, Any],
-                   records: np.ndarray, sizes: Sequence[int]) -> None:
+    def add_record_traces(self, traces: Traces) -> None:
+        """Encode :class:`~resettrace.tracing.record_spans.Traces` with the ids they
+        were given (the same spans in every format the export process writes)."""
+        key = traces.attrs_key
+        if key not in self._attrs:
+            self.set_attributes(key, traces.attrs)
+        halves = b"".join(t.to_bytes(16, "big") for t in traces.trace_ids)
+        trace_words = np.frombuffer(halves, dtype=_U64).reshape(-1, 2)
+        sizes = np.diff(np.asarray(traces.starts)).tolist()
+        self.add_traces(key, 0, traces.root_attrs, traces.records, sizes,
+                        ids=(trace_words, traces.span_ids.byteswap()))
+
+    def add_traces(self, rid: Any, offset: int, root_attrs: Mapping[str, Any],
+                   records: np.ndarray, sizes: Sequence[int],
+                   ids: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """Encode traces of recorder ``rid`` with the same root attributes: ``records``
         (int64, ``(sum(sizes), RECORD_FIELDS)``) holds them one after another, ``sizes``
-        their record counts. The traces of one shape are encoded in one pass."""
+        their record counts. The traces of one shape are encoded in one pass. ``ids``:
+        the words of each trace's id (``(traces, 2)``) and of each record's span id, as
+        written (little-endian words of the big-endian ids); else drawn here."""
         lengths = np.searchsorted(_VARINT_LIMITS, records[:, R_COUNT], side="right")
         structure = np.concatenate((records[:, (R_PHASE, R_PARENT, R_ERROR)],
                                     lengths[:, None]), axis=1)
         groups: dict[bytes, list[int]] = {}
+        trace_of: dict[int, int] = {}  # first record -> trace index
         at = 0
-        for n in sizes:
+        for t, n in enumerate(sizes):
             if n:
                 groups.setdefault(structure[at:at + n].tobytes(), []).append(at)
+                trace_of[at] = t
             at += n
         root = tuple(root_attrs.items())
         for key_bytes, starts in groups.items():
@@ -251,14 +269,20 @@ class WireEncoder:
             k = len(starts)
             recs = records[first:first + n][None] if k == 1 else records[
                 (np.array(starts)[:, None] + np.arange(n)).ravel()].reshape(k, n, RECORD_FIELDS)
-            words = k * (2 + n)
-            ids = np.frombuffer(self._rand(64 * words).to_bytes(8 * words, "little"),
-                                dtype=_U64).reshape(k, 2 + n)
+            if ids is None:
+                words = k * (2 + n)
+                group_ids = np.frombuffer(self._rand(64 * words).to_bytes(8 * words, "little"),
+                                          dtype=_U64).reshape(k, 2 + n)
+            else:
+                rows = (np.array(starts)[:, None] + np.arange(n)).ravel()
+                group_ids = np.concatenate(
+                    (ids[0][[trace_of[a] for a in starts]], ids[1][rows].reshape(k, n)),
+                    axis=1)
             times = (recs[:, :, R_START:R_END + 1] + offset).astype(_U64).reshape(k, 2 * n)
             size = len(shape.template)
             out = np.empty((k, size), dtype=np.uint8)
             out[:] = shape.template
-            values = np.concatenate((ids, times), axis=1)
+            values = np.concatenate((group_ids, times), axis=1)
             out[:, shape.pos8] = np.ascontiguousarray(values[:, shape.src]).view(np.uint8)
             if len(shape.cpos):
                 out[:, shape.cpos] = (recs[:, shape.crow, R_COUNT] >> shape.cshift) & 0x7F \
