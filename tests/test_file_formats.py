@@ -24,23 +24,12 @@ from resettrace.tracing.exporters import make_exporter
 from resettrace.tracing.file_formats import (
     ChromeTraceSpanExporter,
     OtlpJsonSpanExporter,
-    _BufferedFileExporter,
 )
 
 SERVICE = "ff-test"
 PID = 4242
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
-
-
-class FakeClock:
-    """time.monotonic stand-in for the exporters' write interval."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _provider(exporter: Any, resource: Resource | None = None) -> TracerProvider:
@@ -90,7 +79,7 @@ def _hex_id(span: Any) -> str:
 
 def test_chrome_trace_has_one_nested_complete_event_per_span(tmp_path) -> None:
     path = tmp_path / "deep" / "trace.json"
-    exporter = ChromeTraceSpanExporter(path, max_pending=3, clock=FakeClock())
+    exporter = ChromeTraceSpanExporter(path)
     provider = _provider(exporter)
     t0 = _future_t0()
     traces = [_trace(provider, t0 + i * 20_000_000, resets=i + 1) for i in range(3)]
@@ -144,44 +133,23 @@ def test_chrome_trace_time_origin_can_be_pinned(tmp_path) -> None:
     assert any(m["args"]["name"] == "resettrace unknown_service" for m in ms)
 
 
-def test_chrome_trace_is_valid_json_after_a_flush_midway_and_after_shutdown(tmp_path) -> None:
+def test_chrome_trace_is_valid_json_after_every_export_and_after_shutdown(tmp_path) -> None:
     path = tmp_path / "trace.json"
-    clock = FakeClock()
-    exporter = ChromeTraceSpanExporter(path, max_pending=100, write_interval_s=1.0,
-                                       clock=clock)
+    exporter = ChromeTraceSpanExporter(path)
     provider = _provider(exporter)
     t0 = _future_t0()
     _trace(provider, t0)
-    assert len(_events(path)[1]) == 1  # the first export is written at once
-    assert exporter.force_flush()
-    assert len(_events(path)[1]) == 2
+    assert len(_events(path)[1]) == 2  # each export is written at once
     _trace(provider, t0 + 50_000_000)
-    assert len(_events(path)[1]) == 2  # pending: not due yet, but the file stays valid
-    clock.now += 1.0
-    _trace(provider, t0 + 90_000_000)  # the interval passed: the child's export writes
-    assert len(_events(path)[1]) == 5  # ... and its parent waits for the next write
-    _trace(provider, t0 + 130_000_000)
+    assert len(_events(path)[1]) == 4
+    assert exporter.force_flush()
     provider.shutdown()
     _, xs, _ = _events(path)
-    assert len(xs) == 8 and exporter.exported_spans == 8
-    assert len({e["args"]["span_id"] for e in xs}) == 8
+    assert len(xs) == 4 and exporter.exported_spans == 4
+    assert len({e["args"]["span_id"] for e in xs}) == 4
     late = provider.get_tracer(__name__).start_span(C.SET_STATE.span)
     late.end()
     assert exporter.export([late]) is SpanExportResult.FAILURE
-
-
-def test_chrome_trace_writes_when_max_pending_spans_wait(tmp_path) -> None:
-    path = tmp_path / "trace.json"
-    exporter = ChromeTraceSpanExporter(path, max_pending=4, write_interval_s=60.0,
-                                       clock=FakeClock())
-    provider = _provider(exporter)
-    t0 = _future_t0()
-    _trace(provider, t0)  # writes the first span; one pending
-    _trace(provider, t0 + 50_000_000)  # 3 pending
-    assert len(_events(path)[1]) == 1
-    _trace(provider, t0 + 90_000_000)  # the 4th pending span triggers a write
-    assert len(_events(path)[1]) == 5
-    provider.shutdown()
 
 
 class _FailingOnce:
@@ -206,7 +174,7 @@ class _FailingOnce:
 @pytest.mark.parametrize("cls", [ChromeTraceSpanExporter, OtlpJsonSpanExporter])
 def test_a_failed_write_drops_its_spans_and_leaves_no_garbage(tmp_path, caplog, cls) -> None:
     path = tmp_path / "out.json"
-    exporter = cls(path, max_pending=1)
+    exporter = cls(path)
     provider = _provider(exporter)
     t0 = _future_t0()
     _trace(provider, t0)
@@ -227,7 +195,7 @@ def test_a_failed_write_drops_its_spans_and_leaves_no_garbage(tmp_path, caplog, 
 
 def test_otlp_json_lines_hold_hex_ids_string_times_and_typed_attributes(tmp_path) -> None:
     path = tmp_path / "deep" / "trace.jsonl"
-    exporter = OtlpJsonSpanExporter(path, max_pending=2, clock=FakeClock())
+    exporter = OtlpJsonSpanExporter(path)
     provider = _provider(exporter)
     t0 = _future_t0()
     traces = [_trace(provider, t0 + i * 20_000_000, resets=i + 1) for i in range(3)]
@@ -276,7 +244,7 @@ def _hex_to_b64(request: dict[str, Any]) -> dict[str, Any]:
 
 def test_otlp_json_round_trips_into_export_trace_service_request(tmp_path) -> None:
     path = tmp_path / "trace.jsonl"
-    exporter = OtlpJsonSpanExporter(path, max_pending=3, clock=FakeClock())
+    exporter = OtlpJsonSpanExporter(path)
     provider = _provider(exporter)
     t0 = _future_t0()
     spans: list[Any] = [s for i in range(2) for s in _trace(provider, t0 + i * 20_000_000)]
@@ -299,23 +267,17 @@ def test_otlp_json_round_trips_into_export_trace_service_request(tmp_path) -> No
         assert pb.parent_span_id == want_parent
 
 
-def test_otlp_json_is_valid_after_a_flush_midway_and_after_shutdown(tmp_path) -> None:
+def test_otlp_json_is_valid_after_every_export_and_after_shutdown(tmp_path) -> None:
     path = tmp_path / "trace.jsonl"
-    clock = FakeClock()
-    exporter = OtlpJsonSpanExporter(path, max_pending=100, write_interval_s=1.0, clock=clock)
+    exporter = OtlpJsonSpanExporter(path)
     provider = _provider(exporter)
     t0 = _future_t0()
     _trace(provider, t0)
-    assert exporter.force_flush()
-    assert len(_otlp_spans(path)) == 2
+    assert len(_otlp_spans(path)) == 2  # every line parses after each export
     _trace(provider, t0 + 50_000_000)
-    assert len(_otlp_spans(path)) == 2  # still pending, every line still parses
-    clock.now += 1.5
-    _trace(provider, t0 + 90_000_000)  # the child's export writes, its parent waits
-    assert len(_otlp_spans(path)) == 5
-    _trace(provider, t0 + 130_000_000)
+    assert len(_otlp_spans(path)) == 4
     provider.shutdown()
-    assert len({s["spanId"] for s in _otlp_spans(path)}) == 8
+    assert len({s["spanId"] for s in _otlp_spans(path)}) == 4
     assert path.read_text().endswith("}\n")
 
 
@@ -344,5 +306,3 @@ def test_make_exporter_builds_the_file_format_exporters(tmp_path) -> None:
     assert isinstance(chrome, ChromeTraceSpanExporter)
     assert isinstance(otlp, OtlpJsonSpanExporter)
     assert chrome.path == tmp_path / "a.json" and otlp.path == tmp_path / "b.jsonl"
-    with pytest.raises(ValueError, match="max_pending"):
-        _BufferedFileExporter(tmp_path / "c", max_pending=0)

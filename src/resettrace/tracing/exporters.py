@@ -35,7 +35,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from resettrace import outputs
 from resettrace.catalog import ATTR_WORKER_RANK
 from resettrace.config import ENV_OTLP_CERTIFICATE, Config
-from resettrace.tracing.file_formats import _BufferedFileExporter, _span_attributes
+from resettrace.tracing.file_formats import _FileExporter, _span_attributes
 from resettrace.tracing.record_spans import Slot, TextTemplates, Traces
 from resettrace.tracing.recorder import R_ERROR, R_PARENT, R_PHASE
 
@@ -65,7 +65,7 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
 _RESOURCE_KEYS = ("service.name", "host.name", "process.pid", ATTR_WORKER_RANK)
 
 
-class JsonLinesSpanExporter(_BufferedFileExporter):
+class JsonLinesSpanExporter(_FileExporter):
     """Spans as JSON lines, written in complete lines: a write that fails (a full disk)
     is counted as not delivered and truncated away, so the file always ends on a whole
     line. The file belongs to one process (see :func:`resettrace.outputs.open_output`)."""
@@ -125,25 +125,22 @@ def make_exporter(spec: str, config: Config | None = None, *, pid: int | None = 
         rank = config.worker_rank if config is not None else 0
     if arg:
         arg = expand_path(arg, pid=pid, rank=rank)
-    # every export call is written at once: its spans count as delivered only when on disk
-    # (the export process already hands them over in batches)
-    whole = {"pid": pid, "max_pending": 1, "write_interval_s": 0.0}
     if kind == "file":
-        return JsonLinesSpanExporter(arg, **whole)  # type: ignore[arg-type]
+        return JsonLinesSpanExporter(arg, pid=pid)
     if kind == "memory":
         return InMemorySpanExporter()
     if kind == "perfetto":
         from resettrace.tracing.file_formats import ChromeTraceSpanExporter
 
-        return ChromeTraceSpanExporter(arg, **whole)  # type: ignore[arg-type]
+        return ChromeTraceSpanExporter(arg, pid=pid)
     if kind == "otlp-json":
         from resettrace.tracing.file_formats import OtlpJsonSpanExporter
 
-        return OtlpJsonSpanExporter(arg, **whole)  # type: ignore[arg-type]
+        return OtlpJsonSpanExporter(arg, pid=pid)
     if kind == "jaeger-json":
         from resettrace.tracing.file_formats import JaegerJsonSpanExporter
 
-        return JaegerJsonSpanExporter(arg, **whole)  # type: ignore[arg-type]
+        return JaegerJsonSpanExporter(arg, pid=pid)
     if kind == "otlp":
         return make_otlp_exporter(config if config is not None else Config())
     raise ValueError(f"unknown exporter {spec!r}")

@@ -1,6 +1,10 @@
-"""Span exporters that write files for trace viewers: Chrome trace JSON and OTLP-JSON.
+"""Span exporters that write files for trace viewers: Chrome trace JSON, OTLP-JSON and
+Jaeger UI JSON (JSON lines are in :mod:`resettrace.tracing.exporters`).
 
-Both exporters share one contract (:class:`_BufferedFileExporter`):
+Every file exporter takes SDK spans (``export``) and whole traces given as records
+(``export_traces``: the export process's path, see
+:mod:`resettrace.tracing.record_spans`), and writes the same bytes for both. They share
+one contract (:class:`_FileExporter`):
 
 * The file (and its parent folders) is created, emptied, on the first ``export()``; that
   first call writes at once, so an unwritable path is reported by the first export. The
@@ -9,22 +13,17 @@ Both exporters share one contract (:class:`_BufferedFileExporter`):
   a file that is not a span file of the exporter's format is left as it is and the spans go
   to ``NAME.1.SUFFIX`` beside it, and a file another process writes to ``NAME.pPID.SUFFIX``;
   ``path`` is then the file written.
-* Later spans wait in memory and are written when ``max_pending`` spans are waiting, when
-  ``write_interval_s`` has passed since the last write (checked at the next ``export()``:
-  there is no timer thread), on ``force_flush()`` and on ``shutdown()``. Memory is bounded
-  by ``max_pending`` spans plus what one ``export()`` call hands in.
+* Every ``export()`` call is written at once: its spans count as delivered only when on
+  disk (the export process hands them over in batches, and an SDK span processor in
+  front of the exporter may batch them too).
 * Every write rewrites the file's tail from the end of the last good write (seek, write,
   truncate, flush), so the file is complete and valid after every write, flush and
   shutdown, and a failed write (disk full) cannot leave garbage before the next good one.
   Only a process killed in the middle of a write can leave a torn tail.
-* An ``OSError`` is logged (the first at ERROR, then DEBUG) and ``export()`` /
-  ``force_flush()`` return ``FAILURE`` / ``False``; the spans of that write are dropped and
+* An ``OSError`` is logged (the first at ERROR, then DEBUG) and ``export()`` returns
+  ``FAILURE``; the spans of that write are dropped and
   counted in ``dropped_spans``. ``exported_spans`` counts spans written to the file.
   Nothing here raises ``OSError`` to the caller.
-
-Note that the SDK's ``SimpleSpanProcessor.force_flush`` does not call the exporter's
-``force_flush``: behind it, the file lags at most ``max_pending`` spans or
-``write_interval_s`` while spans flow, and is completed by ``shutdown()``.
 
 :class:`ChromeTraceSpanExporter` (``perfetto:PATH``)
     The Chrome trace event JSON object format, which Perfetto (ui.perfetto.dev) and
@@ -101,14 +100,8 @@ __all__ = [
     "JaegerJsonSpanExporter",
     "OtlpJsonSpanExporter",
     "otlp_json_ids_to_hex",
-    "DEFAULT_MAX_PENDING",
-    "DEFAULT_WRITE_INTERVAL_S",
 ]
 
-#: Spans kept in memory before a write.
-DEFAULT_MAX_PENDING = 512
-#: Seconds after which the next ``export()`` writes whatever is pending.
-DEFAULT_WRITE_INTERVAL_S = 1.0
 #: Traces whose Chrome track number is remembered (oldest forgotten first).
 DEFAULT_MAX_TRACKS = 65536
 
@@ -126,8 +119,8 @@ def write_all(f: IO[bytes], data: bytes) -> None:
         view = view[n:]
 
 
-class _BufferedFileExporter(SpanExporter):
-    """Buffers spans and appends them to one file in robust, complete writes.
+class _FileExporter(SpanExporter):
+    """Appends spans to one file in robust, complete writes.
 
     Subclasses set ``kind`` (their format, :mod:`resettrace.outputs`), implement
     :meth:`_encode` (the bytes appended for some spans, and the state to commit once they
@@ -138,23 +131,12 @@ class _BufferedFileExporter(SpanExporter):
     #: the output kind: which existing file at the path is this format's, to replace
     kind: outputs.OutputKind
 
-    def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
-                 write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, pid: int | None = None) -> None:
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
-        if not write_interval_s >= 0:
-            raise ValueError(f"write_interval_s must be >= 0, got {write_interval_s}")
+    def __init__(self, path: str | os.PathLike[str], *, pid: int | None = None) -> None:
         self.path = Path(path)
         self._pid = pid
-        self.max_pending = max_pending
-        self.write_interval_s = write_interval_s
-        self._clock = clock
         self._lock = threading.Lock()
         self._file: IO[bytes] | None = None
         self._end = 0  # bytes of complete content; the suffix starts here
-        self._pending: list[ReadableSpan] = []
-        self._last_write = clock()
         self._closed = False
         self._failures = 0
         self.exported_spans = 0
@@ -191,38 +173,30 @@ class _BufferedFileExporter(SpanExporter):
         if self._closed:
             return SpanExportResult.FAILURE
         with self._lock:
-            self._pending.extend(spans)
-            due = (self._file is None or len(self._pending) >= self.max_pending
-                   or self._clock() - self._last_write >= self.write_interval_s)
-            if due and not self._write_pending():
-                return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
+            ok = self._write(
+                len(spans),
+                lambda: min((s.start_time for s in spans if s.start_time is not None),
+                            default=None),
+                (lambda: self._encode(spans)) if spans else None)
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def export_traces(self, batch: Sequence[Traces]) -> SpanExportResult:
-        """Write whole traces given as records (:mod:`~resettrace.tracing.record_spans`),
-        at once, after any spans waiting: the export process's path, with no SDK span."""
+        """Write whole traces given as records (:mod:`~resettrace.tracing.record_spans`):
+        the export process's path, with no SDK span."""
         if self._closed:
             return SpanExportResult.FAILURE
-        spans = sum(t.spans for t in batch)
         with self._lock:
-            if self._pending:
-                self._write_pending()
-            ok = self._write(spans, lambda: self._first_start(batch),
+            ok = self._write(sum(t.spans for t in batch), lambda: self._first_start(batch),
                              lambda: self._encode_traces(batch))
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        with self._lock:
-            if self._closed or not self._pending:
-                return True
-            return self._write_pending()
+        return True  # every export is written at once
 
     def shutdown(self) -> None:
         with self._lock:
             if self._closed:
                 return
-            if self._pending:
-                self._write_pending()
             self._closed = True
             if self._file is not None:
                 try:
@@ -235,19 +209,10 @@ class _BufferedFileExporter(SpanExporter):
                         self.path)
 
     # -- writing (lock held) --------------------------------------------------------------------
-    def _write_pending(self) -> bool:
-        spans, self._pending = self._pending, []
-        return self._write(
-            len(spans),
-            lambda: min((s.start_time for s in spans if s.start_time is not None),
-                        default=None),
-            (lambda: self._encode(spans)) if spans else None)
-
     def _write(self, n: int, first_start: Callable[[], int | None],
                encode: Callable[[], tuple[bytes, Callable[[], None]]] | None) -> bool:
         """Open the file if it is not (its header: ``first_start`` is the earliest start
         of this first write), then append what ``encode`` gives for ``n`` spans."""
-        self._last_write = self._clock()
         try:
             if self._file is None:
                 try:
@@ -320,18 +285,15 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str).encode()
 
 
-class ChromeTraceSpanExporter(_BufferedFileExporter):
+class ChromeTraceSpanExporter(_FileExporter):
     """Writes spans as Chrome trace events, loadable in Perfetto (see the module docstring)."""
 
     kind = outputs.PERFETTO
     _SUFFIX = b"\n]}\n"
 
-    def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
-                 write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
-                 time_origin_ns: int | None = None, max_tracks: int = DEFAULT_MAX_TRACKS,
-                 clock: Callable[[], float] = time.monotonic, pid: int | None = None) -> None:
-        super().__init__(path, max_pending=max_pending, write_interval_s=write_interval_s,
-                         clock=clock, pid=pid)
+    def __init__(self, path: str | os.PathLike[str], *, time_origin_ns: int | None = None,
+                 max_tracks: int = DEFAULT_MAX_TRACKS, pid: int | None = None) -> None:
+        super().__init__(path, pid=pid)
         if max_tracks < 1:
             raise ValueError(f"max_tracks must be >= 1, got {max_tracks}")
         self.max_tracks = max_tracks
@@ -514,16 +476,13 @@ def otlp_json_ids_to_hex(request: dict[str, Any]) -> dict[str, Any]:
     return request
 
 
-class OtlpJsonSpanExporter(_BufferedFileExporter):
+class OtlpJsonSpanExporter(_FileExporter):
     """Writes spans as OTLP-JSON lines, loadable in Jaeger's UI (see the module docstring)."""
 
     kind = outputs.OTLP_JSON
 
-    def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
-                 write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, pid: int | None = None) -> None:
-        super().__init__(path, max_pending=max_pending, write_interval_s=write_interval_s,
-                         clock=clock, pid=pid)
+    def __init__(self, path: str | os.PathLike[str], *, pid: int | None = None) -> None:
+        super().__init__(path, pid=pid)
         # The OTLP encoder pulls in protobuf: loaded only when this exporter is used.
         from google.protobuf.json_format import MessageToDict
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -617,7 +576,7 @@ def _jaeger_tag(key: str, value: Any) -> dict[str, Any]:
     return {"key": key, "type": "string", "value": str(_json_value(value))}
 
 
-class JaegerJsonSpanExporter(_BufferedFileExporter):
+class JaegerJsonSpanExporter(_FileExporter):
     """Writes Jaeger UI JSON: ``{"data": [{traceID, spans, processes}, ...]}``.
 
     Jaeger's UI loads such a file with its JSON upload and converts it in the browser, so
@@ -630,11 +589,8 @@ class JaegerJsonSpanExporter(_BufferedFileExporter):
     kind = outputs.JAEGER_JSON
     _SUFFIX = b"\n]}\n"
 
-    def __init__(self, path: str | os.PathLike[str], *, max_pending: int = DEFAULT_MAX_PENDING,
-                 write_interval_s: float = DEFAULT_WRITE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, pid: int | None = None) -> None:
-        super().__init__(path, max_pending=max_pending, write_interval_s=write_interval_s,
-                         clock=clock, pid=pid)
+    def __init__(self, path: str | os.PathLike[str], *, pid: int | None = None) -> None:
+        super().__init__(path, pid=pid)
         self._entries = 0
         self._templates = TextTemplates(_jaeger_trace)
 
