@@ -320,7 +320,7 @@ def test_a_long_run_never_stalls_on_the_status_pipe(monkeypatch: pytest.MonkeyPa
     never block on a status pipe the training process reads seldom (it used to, after 64
     KiB, and from then on every trace was dropped)."""
     from resettrace.testing.receivers import GrpcReceiver
-    from resettrace.tracing import export_process
+    from resettrace.tracing.export import parent as export_process
 
     monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # a write per trace ...
     with GrpcReceiver(count_only=True) as rx:
@@ -346,7 +346,7 @@ def test_a_flush_acknowledged_into_a_full_status_pipe_still_arrives(
     out although everything was exported)."""
     import time
 
-    from resettrace.tracing import export_process
+    from resettrace.tracing.export import parent as export_process
 
     monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # a write per trace ...
     session = Tracing(Config(mode="trace", exporters=(f"file:{tmp_path / 's.jsonl'}",),
@@ -399,7 +399,7 @@ def test_export_calls_carry_full_batches_until_the_delay_or_a_flush(
     import time
 
     from resettrace.testing.receivers import GrpcReceiver
-    from resettrace.tracing import export_process
+    from resettrace.tracing.export import parent as export_process
 
     monkeypatch.setattr(export_process, "_WRITE_DELAY_S", 0.0)  # a pipe write per trace
     with GrpcReceiver() as rx:
@@ -420,7 +420,7 @@ def test_held_traces_are_pending_until_packed_and_a_flush_delivers_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from resettrace.tracing import export_process as X
+    from resettrace.tracing.export import parent as X
 
     monkeypatch.setattr(X, "_WRITE_DELAY_S", 1e9)  # only the trace count packs
     out = tmp_path / "spans.jsonl"

@@ -20,8 +20,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
 from resettrace import catalog as C
-from resettrace.tracing.exporters import make_exporter
-from resettrace.tracing.file_formats import (
+from resettrace.tracing.export.exporters import make_exporter
+from resettrace.tracing.export.file_formats import (
     ChromeTraceSpanExporter,
     OtlpJsonSpanExporter,
 )

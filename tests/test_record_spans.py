@@ -21,9 +21,9 @@ from resettrace import catalog as C
 from resettrace.catalog import ATTR_EXPORT_DROPPED, INSTRUMENTATION_SCOPE
 from resettrace.config import Config
 from resettrace.testing.receivers import GrpcReceiver
-from resettrace.tracing.exporters import make_exporter
+from resettrace.tracing.export.exporters import make_exporter
+from resettrace.tracing.export.records import SpanSource, TraceQueue, Traces
 from resettrace.tracing.materialise import build_spans
-from resettrace.tracing.record_spans import SpanSource, TraceQueue, Traces
 from resettrace.tracing.session import Tracing
 
 FORMATS = ("file", "perfetto", "otlp-json", "jaeger-json")

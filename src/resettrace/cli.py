@@ -189,7 +189,7 @@ def _collector_outputs(args: argparse.Namespace, cfg: Config) -> list[tuple[str 
         files += [(out / "timing.json", outputs.JSON), (out / "timing.csv", outputs.CSV)]
         files += [(out / "report.html", outputs.REPORT_HTML)] if args.report else []
     if cfg.mode == "trace":  # span files, {pid} and {rank} filled as the export process does
-        from resettrace.tracing.exporters import expand_path
+        from resettrace.tracing.export.exporters import expand_path
 
         for spec in cfg.exporters or DEFAULT_EXPORTERS:
             kind, _, path = spec.partition(":")

@@ -85,7 +85,7 @@ def _first_line(head: bytes) -> bytes | None:
 
 
 def _is_span_line(head: bytes) -> bool:
-    # the first line of resettrace.tracing.exporters.JsonLinesSpanExporter's file
+    # the first line of resettrace.tracing.export.exporters.JsonLinesSpanExporter's file
     line = _first_line(head)
     if line is None:
         return False

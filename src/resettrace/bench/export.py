@@ -133,7 +133,7 @@ def _session(name: str, endpoint: str | None, folder: str) -> Any:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        from resettrace.tracing.exporters import make_otlp_exporter
+        from resettrace.tracing.export.exporters import make_otlp_exporter
 
         cfg = Config(mode="trace", otlp_endpoint=endpoint)
         provider = TracerProvider(resource=Resource.create({"service.name": "resettrace"}))

@@ -1,8 +1,8 @@
 """Tracing core: hot-path recorder, timing processor, span materialiser, exporters.
 
 Only the recorder and the session are imported here; the OpenTelemetry SDK parts
-(:mod:`.processor`, :mod:`.materialise`, :mod:`.exporters`) load when a session
-that needs them is created.
+(:mod:`.processor`, :mod:`.materialise`, the export wing :mod:`.export`) load when a
+session that needs them is created.
 """
 
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder

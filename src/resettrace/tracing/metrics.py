@@ -197,7 +197,7 @@ class MetricsExport:
             # refused endpoint is never replaced); headers and certificates as the SDK
             # reads them (OTEL_EXPORTER_OTLP_METRICS_*, else the generic variables)
             from resettrace.config import metrics_endpoint
-            from resettrace.tracing.exporters import otlp_arguments
+            from resettrace.tracing.export.exporters import otlp_arguments
 
             args = otlp_arguments(cfg, timeout_s=cfg.metrics_push_timeout_s, metrics=True)
             args["endpoint"], insecure = metrics_endpoint(cfg)

@@ -6,7 +6,7 @@ out :data:`~resettrace.tracing.recorder.NOOP_RECORDER`. ``timing`` adds a
 ``trace`` also exports spans, behind a :class:`~resettrace.tracing.sampling.TraceSampler`:
 
 - file and OTLP exporters (``otlp``, ``file:``, ``perfetto:``, ``otlp-json:``) run in
-  a child process (:mod:`resettrace.tracing.export_process`): the training process
+  a child process (:mod:`resettrace.tracing.export`): the training process
   only packs each trace into a pipe;
 - ``memory`` and a caller's ``tracer_provider`` get SDK spans built on a background
   thread of this process (:mod:`resettrace.tracing.materialise`). resettrace never
@@ -49,7 +49,7 @@ from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from resettrace.tracing.export_process import ProcessExporter
+    from resettrace.tracing.export.parent import ProcessExporter
     from resettrace.tracing.materialise import SpanMaterializer
     from resettrace.tracing.processor import KeyStats, TimingSpanProcessor
     from resettrace.tracing.sampling import TraceSampler
@@ -188,7 +188,7 @@ class Tracing:
                                                  catalog=self.catalog)
             sinks.append(self.materializer)
         if remote:
-            from resettrace.tracing.export_process import ProcessExporter
+            from resettrace.tracing.export.parent import ProcessExporter
 
             settings = {"config": _jsonable(cfg), "exporters": remote,
                         "resource": self.resource_attributes()}
@@ -225,7 +225,7 @@ class Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-        from resettrace.tracing.exporters import make_exporter
+        from resettrace.tracing.export.exporters import make_exporter
 
         provider = TracerProvider(resource=Resource.create(self.resource_attributes()))
         for spec in specs:

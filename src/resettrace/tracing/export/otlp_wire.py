@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from resettrace.catalog import ATTR_RESET_COUNT, INSTRUMENTATION_SCOPE
-from resettrace.tracing.record_spans import Traces
+from resettrace.tracing.export.records import Traces
 from resettrace.tracing.recorder import (
     R_COUNT,
     R_END,
@@ -224,7 +224,7 @@ class WireEncoder:
         self.add_traces(rid, offset, root_attrs, a, [len(a)])
 
     def add_record_traces(self, traces: Traces) -> None:
-        """Encode :class:`~resettrace.tracing.record_spans.Traces` with the ids they
+        """Encode :class:`~resettrace.tracing.export.records.Traces` with the ids they
         were given (the same spans in every format the export process writes)."""
         key = traces.attrs_key
         if key not in self._attrs:
@@ -378,7 +378,7 @@ def _grpc_exporter(config: Any) -> Any:
             self.timed_out = False
             return self._export(payload)  # type: ignore[arg-type]
 
-    from resettrace.tracing.exporters import otlp_arguments
+    from resettrace.tracing.export.exporters import otlp_arguments
 
     return WireGrpcExporter(**otlp_arguments(config))
 
@@ -387,7 +387,7 @@ def _http_exporter(config: Any) -> Any:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    from resettrace.tracing.exporters import otlp_arguments
+    from resettrace.tracing.export.exporters import otlp_arguments
 
     exporter = OTLPSpanExporter(**otlp_arguments(config))
     client = getattr(exporter, "_client", None)

@@ -1,9 +1,9 @@
 """Span exporters that write files for trace viewers: Chrome trace JSON, OTLP-JSON and
-Jaeger UI JSON (JSON lines are in :mod:`resettrace.tracing.exporters`).
+Jaeger UI JSON (JSON lines are in :mod:`resettrace.tracing.export.exporters`).
 
 Every file exporter takes SDK spans (``export``) and whole traces given as records
 (``export_traces``: the export process's path, see
-:mod:`resettrace.tracing.record_spans`), and writes the same bytes for both. They share
+:mod:`resettrace.tracing.export.records`), and writes the same bytes for both. They share
 one contract (:class:`_FileExporter`):
 
 * The file (and its parent folders) is created, emptied, on the first ``export()``; that
@@ -90,7 +90,7 @@ from opentelemetry.trace import StatusCode
 
 from resettrace import outputs
 from resettrace.catalog import ATTR_RESET_COUNT
-from resettrace.tracing.record_spans import Slot, TextTemplates, Traces
+from resettrace.tracing.export.records import Slot, TextTemplates, Traces
 from resettrace.tracing.recorder import R_END, R_ERROR, R_PARENT, R_PHASE, R_START
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class _FileExporter(SpanExporter):
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def export_traces(self, batch: Sequence[Traces]) -> SpanExportResult:
-        """Write whole traces given as records (:mod:`~resettrace.tracing.record_spans`):
+        """Write whole traces given as records (:mod:`~resettrace.tracing.export.records`):
         the export process's path, with no SDK span."""
         if self._closed:
             return SpanExportResult.FAILURE

@@ -13,7 +13,7 @@ file is refused (the exporter writes nothing and its spans count as not delivere
 existing file that is not a span file of the same format is left as it is, the spans going
 to ``NAME.1.SUFFIX`` beside it.
 ``perfetto:PATH`` / ``otlp-json:PATH`` / ``jaeger-json:PATH``
-    :mod:`resettrace.tracing.file_formats`: Chrome trace JSON, OTLP-JSON, Jaeger UI JSON.
+    :mod:`resettrace.tracing.export.file_formats`: Chrome trace JSON, OTLP-JSON, Jaeger UI JSON.
 ``otlp``
     OpenTelemetry's OTLP exporter (gRPC or HTTP/protobuf) to a collector.
 ``memory``
@@ -35,8 +35,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from resettrace import outputs
 from resettrace.catalog import ATTR_WORKER_RANK
 from resettrace.config import ENV_OTLP_CERTIFICATE, Config
-from resettrace.tracing.file_formats import _FileExporter, _span_attributes
-from resettrace.tracing.record_spans import Slot, TextTemplates, Traces
+from resettrace.tracing.export.file_formats import _FileExporter, _span_attributes
+from resettrace.tracing.export.records import Slot, TextTemplates, Traces
 from resettrace.tracing.recorder import R_ERROR, R_PARENT, R_PHASE
 
 log = logging.getLogger(__name__)
@@ -130,15 +130,15 @@ def make_exporter(spec: str, config: Config | None = None, *, pid: int | None = 
     if kind == "memory":
         return InMemorySpanExporter()
     if kind == "perfetto":
-        from resettrace.tracing.file_formats import ChromeTraceSpanExporter
+        from resettrace.tracing.export.file_formats import ChromeTraceSpanExporter
 
         return ChromeTraceSpanExporter(arg, pid=pid)
     if kind == "otlp-json":
-        from resettrace.tracing.file_formats import OtlpJsonSpanExporter
+        from resettrace.tracing.export.file_formats import OtlpJsonSpanExporter
 
         return OtlpJsonSpanExporter(arg, pid=pid)
     if kind == "jaeger-json":
-        from resettrace.tracing.file_formats import JaegerJsonSpanExporter
+        from resettrace.tracing.export.file_formats import JaegerJsonSpanExporter
 
         return JaegerJsonSpanExporter(arg, pid=pid)
     if kind == "otlp":
