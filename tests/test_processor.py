@@ -177,3 +177,44 @@ def test_traces_of_several_shapes_keep_arrival_order_and_exact_totals(clock: Fak
     assert st["reset_done_count"].count == 100
     assert st["reset_done_count"].total_ms == sum(range(0, 300, 3))
     assert st["env_step_other_ms"].total_ms == sum(expected) - 100.0
+
+
+def test_a_closed_account_of_ones_own_is_one_catalog_flag(clock: FakeClock) -> None:
+    """``closed=True`` makes a phase of one's own a closed account like ``set_state``'s:
+    each call samples every registered child's key (0.0 when it did not run) and the gap,
+    from recorder traces and SDK spans alike."""
+    cat = C.CATALOG.copy()
+    top = cat.register("my_reset", parent=None, gap_key="my_reset_gap_ms", closed=True)
+    a = cat.register("my_reset.a", parent=top)
+    cat.register("my_reset.b", parent=top)
+    assert top.closed and not a.closed
+    assert cat.timing_keys(top) == ("my_reset_a_ms", "my_reset_b_ms", "my_reset_gap_ms")
+    with pytest.raises(ValueError, match="closed account needs a gap_key"):
+        cat.register("my_other", parent=None, closed=True)
+    with pytest.raises(ValueError, match="closed False"):
+        cat.register("my_reset", parent=None, gap_key="my_reset_gap_ms")
+
+    proc = TimingSpanProcessor(catalog=cat)
+    rec = Recorder([proc], catalog=cat)
+    for ms in (3, 5):
+        with rec.scope(top):
+            with rec.scope(a):
+                clock.now += ms * MS
+            clock.now += MS
+    provider = TracerProvider()
+    sdk = TimingSpanProcessor(catalog=cat)
+    provider.add_span_processor(sdk)
+    tracer = provider.get_tracer("user.code")
+    parent = tracer.start_span("my_reset", start_time=0)
+    child = tracer.start_span("my_reset.a", context=trace.set_span_in_context(parent),
+                              start_time=MS)
+    child.end(end_time=4 * MS)
+    parent.end(end_time=5 * MS)
+    for st, calls, a_ms, gap_ms in ((proc.stats(), 2, 8.0, 2.0), (sdk.stats(), 1, 3.0, 2.0)):
+        assert {k: st[k].count for k in cat.timing_keys(top)} == dict.fromkeys(
+            cat.timing_keys(top), calls)
+        assert st["my_reset_a_ms"].total_ms == a_ms and st["my_reset_b_ms"].total_ms == 0.0
+        assert st["my_reset_gap_ms"].total_ms == gap_ms
+    assert rec.scope(top).timing() == {"my_reset_a_ms": 5.0, "my_reset_b_ms": 0.0,
+                                       "my_reset_gap_ms": 1.0}
+    provider.shutdown()

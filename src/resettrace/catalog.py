@@ -51,6 +51,10 @@ class Phase:
     parent: str | None = None  # span name of the enclosing phase
     gap_key: str | None = None  # key of "self minus sum of children", if accounted
     description: str = ""
+    #: a closed account: each call gives a sample of every registered child's key (0.0
+    #: for a child that did not run) and of the gap, together, from the call's own
+    #: children (``set_state``'s timing dict); needs a gap key
+    closed: bool = False
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -214,7 +218,8 @@ class Catalog:
 
     # -- registration -----------------------------------------------------------------------
     def register(self, span: str, *, parent: Phase | str | None, key: str | None = None,
-                 gap_key: str | None = None, description: str = "") -> Phase:
+                 gap_key: str | None = None, description: str = "",
+                 closed: bool = False) -> Phase:
         """Add a phase (or return the same one registered before with the same arguments).
 
         ``parent`` is a :class:`Phase`, a span name or ``None`` (a root phase); ``key``
@@ -222,7 +227,10 @@ class Catalog:
         arguments, or a key or gap key already in use, raises ``ValueError`` naming the
         conflict; so does a span name, key or gap key that is not text every exporter
         can write (:func:`text_problem`; a span name also without surrounding spaces).
+        ``closed``: a closed account (:attr:`Phase.closed`), which needs a ``gap_key``.
         """
+        if closed and gap_key is None:
+            raise ValueError(f"phase {span!r}: a closed account needs a gap_key")
         problem = text_problem(span)
         if problem is None and (not span.strip() or span != span.strip()):
             problem = "has surrounding spaces"
@@ -247,7 +255,7 @@ class Catalog:
         with self._lock:
             old = self.by_span.get(span)
             if old is not None:
-                return self._same(old, parent_span, key, gap_key, description)
+                return self._same(old, parent_span, key, gap_key, description, closed)
             taken = set(self.by_key) | set(self.gap_parent) | {RESET_DONE_COUNT}
             for what, value in (("key", key), ("gap_key", gap_key)):
                 if value in taken:
@@ -257,7 +265,8 @@ class Catalog:
                                      f"already the timing key{whose}")
             if gap_key is not None and gap_key == key:
                 raise ValueError(f"phase {span!r}: key and gap_key are both {key!r}")
-            phase = Phase(len(self._phases), span, key, parent_span, gap_key, description)
+            phase = Phase(len(self._phases), span, key, parent_span, gap_key, description,
+                          closed)
             self._phases.append(phase)
             self.by_span[span] = phase
             self.by_key[key] = phase
@@ -268,10 +277,10 @@ class Catalog:
 
     @staticmethod
     def _same(old: Phase, parent: str | None, key: str, gap_key: str | None,
-              description: str) -> Phase:
+              description: str, closed: bool) -> Phase:
         diffs = [f"{name} {new!r} (registered: {was!r})" for name, new, was in (
             ("parent", parent, old.parent), ("key", key, old.key),
-            ("gap_key", gap_key, old.gap_key)) if new != was]
+            ("gap_key", gap_key, old.gap_key), ("closed", closed, old.closed)) if new != was]
         if description and description != old.description:
             diffs.append(f"description {description!r} (registered: {old.description!r})")
         if diffs:
@@ -285,7 +294,8 @@ CATALOG = Catalog()
 
 
 def register_phase(span: str, *, parent: Phase | str | None, key: str | None = None,
-                   gap_key: str | None = None, description: str = "") -> Phase:
+                   gap_key: str | None = None, description: str = "",
+                   closed: bool = False) -> Phase:
     """Add a phase of your own to :data:`CATALOG`; see :meth:`Catalog.register`.
 
     Its timing key appears in stats, tables, CSV and ``timing.json`` like a built-in
@@ -293,13 +303,13 @@ def register_phase(span: str, *, parent: Phase | str | None, key: str | None = N
     (before the gap key).
     """
     return CATALOG.register(span, parent=parent, key=key, gap_key=gap_key,
-                            description=description)
+                            description=description, closed=closed)
 
 
 def _phase(span: str, key: str, parent: Phase | None = None, *, gap_key: str | None = None,
-           description: str = "") -> Phase:
+           description: str = "", closed: bool = False) -> Phase:
     return CATALOG.register(span, parent=parent, key=key, gap_key=gap_key,
-                            description=description)
+                            description=description, closed=closed)
 
 
 #: Counts (not milliseconds) aggregated alongside the timing keys.
@@ -337,7 +347,7 @@ DR_RESET_PLAN = _phase("dr_reset.plan", "dr_reset_plan_ms", DR_RESET,
 DR_RESET_PAYLOAD_FILTER = _phase("dr_reset.payload_filter", "dr_reset_payload_filter_ms",
                                  DR_RESET, description="select the randomization rows")
 SET_STATE = _phase("set_state", "dr_reset_set_state_ms", DR_RESET,
-                   gap_key="set_state_internal_gap_ms",
+                   gap_key="set_state_internal_gap_ms", closed=True,
                    description="backend.set_state: the authoritative set_state total")
 DR_RESET_BUILD_OBSERVATION = _phase("dr_reset.build_observation",
                                     "dr_reset_build_observation_ms", DR_RESET,

@@ -213,7 +213,7 @@ class _Plan:
             p = parent_of[i]
             parent = phases[p] if p >= 0 else None
             if parent is not None and phase.parent == parent.span:
-                if parent is SET_STATE:
+                if parent.closed:
                     continue  # a sample of its parent's closed account below
             elif parent is not None:
                 note_once(f"nesting:{phase.span}:{parent.span}",
@@ -222,7 +222,7 @@ class _Plan:
                           phase.span, parent.span, phase.parent)
             rows.append((phase.key, [i], []))
             kids = declared[i]
-            if phase is SET_STATE:
+            if phase.closed:
                 _, key_of, zeros = catalog.layout(phase)
                 sums: dict[str, list[int]] = {k: [] for k in zeros}
                 for j in kids:
@@ -457,7 +457,7 @@ class TimingSpanProcessor(SpanProcessor):
         """Remember open spans that close an account, so that only their children wait."""
         try:
             phase = self.catalog.get(span.name)
-            if phase is None or (phase.gap_key is None and phase is not SET_STATE):
+            if phase is None or phase.gap_key is None:
                 return
             scope = span.instrumentation_scope
             if self._skip_scope is not None and scope is not None and \
@@ -495,8 +495,9 @@ class TimingSpanProcessor(SpanProcessor):
             if phase is None:
                 self._add(self._derived_key(span.name), d_ms)
                 return
-            # a declared child of an open set_state is added with set_state's account
-            self._account(phase, d_ms, kids, deferred=declared and parent is SET_STATE)
+            # a declared child of an open closed account is added with that account
+            self._account(phase, d_ms, kids,
+                          deferred=declared and parent is not None and parent.closed)
             if phase is RESET_DONE:
                 count = (span.attributes or {}).get(ATTR_RESET_COUNT)
                 if count is not None:
@@ -506,7 +507,8 @@ class TimingSpanProcessor(SpanProcessor):
                 if len(self._open_children) > _MAX_OPEN_PARENTS:
                     _, orphans = self._open_children.popitem(last=False)
                     for kid, ms in orphans:  # the parent never ended here
-                        if kid.parent == SET_STATE.span:
+                        owner = self.catalog.get(kid.parent) if kid.parent else None
+                        if owner is not None and owner.closed:
                             self._add(kid.key, ms)
 
     def _account(self, phase: Phase, d_ms: float, kids: list[tuple[Phase, float]] | None,
@@ -514,18 +516,18 @@ class TimingSpanProcessor(SpanProcessor):
         """One ended SDK span of ``phase``: its key, and its gap or closed account."""
         if not deferred:
             self._add(phase.key, d_ms)
-        if phase.gap_key is None and phase is not SET_STATE:
+        if phase.gap_key is None:
             return
         declared = [(k, ms) for k, ms in (kids or ()) if k.parent == phase.span]
-        if phase is SET_STATE:
+        if phase.closed:
             out = self.catalog.layout(phase)[2].copy()
             for kid, ms in declared:
                 out[kid.key] += ms
-            out[phase.gap_key] = d_ms - sum(ms for _, ms in declared)  # type: ignore[index]
+            out[phase.gap_key] = d_ms - sum(ms for _, ms in declared)
             for key, value in out.items():
                 self._add(key, value)
         else:
-            self._add(phase.gap_key, d_ms - sum(ms for _, ms in declared))  # type: ignore[arg-type]
+            self._add(phase.gap_key, d_ms - sum(ms for _, ms in declared))
 
     def _derived_key(self, name: str) -> str:
         key = self._unregistered.get(name)
