@@ -38,10 +38,18 @@ def test_tracing_off_loads_no_sdk() -> None:
     assert _heavy(mods) == set()
 
 
-def test_timing_mode_loads_the_sdk_processor_only_when_asked() -> None:
+def test_timing_mode_aggregates_without_the_otel_sdk() -> None:
+    """The aggregation engine imports no OpenTelemetry: ``timing`` mode records and
+    aggregates without the SDK (it used to load it for its span processor)."""
     mods = _modules_after("""
         import resettrace
-        resettrace.configure(mode="timing")
+        t = resettrace.configure(mode="timing")
+        rec = t.recorder(backend="mujoco")
+        with rec.scope("env_step"):
+            pass
+        assert t.stats()["env_step_total_ms"].count == 1
     """)
-    assert "opentelemetry.sdk.trace" in mods
+    assert not any(m.startswith("opentelemetry") for m in mods)
     assert not any(m.split(".")[0] == "mujoco" for m in mods)
+    asked = _modules_after("from resettrace import TimingSpanProcessor")
+    assert "opentelemetry.sdk.trace" in asked

@@ -758,7 +758,7 @@ def test_recursion_is_transparent_and_accounts_close(session: Tracing, clock: Fa
 
 
 def test_trace_shapes_and_open_sdk_parents_stay_bounded(session: Tracing) -> None:
-    from resettrace.tracing import processor as processor_module
+    from resettrace.tracing import aggregate as aggregate_module
 
     rec = resettrace.recorder(tracing=session)
     for k in range(1, 400):  # 399 shapes
@@ -773,7 +773,7 @@ def test_trace_shapes_and_open_sdk_parents_stay_bounded(session: Tracing) -> Non
     st = proc.stats()
     assert st["dr_reset_total_ms"].count == 399 and st["dr_reset_plan_ms"].count == sum(
         k % 97 + 1 for k in range(1, 400))
-    assert len(proc._plans) <= processor_module._MAX_PLANS
+    assert len(proc._plans) <= aggregate_module._MAX_PLANS
 
     sdk = resettrace.TimingSpanProcessor()
     provider = TracerProvider()

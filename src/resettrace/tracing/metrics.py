@@ -43,7 +43,7 @@ from resettrace.distribution import SCALE, Distribution
 
 if TYPE_CHECKING:
     from resettrace.config import Config
-    from resettrace.tracing.processor import TimingSpanProcessor
+    from resettrace.tracing.aggregate import Aggregator
 
 __all__ = ["MetricsExport", "PROMETHEUS_SCALE"]
 
@@ -76,7 +76,7 @@ class MetricsExport:
     the resource attributes (rank and the OTLP resource) and ``label(key)``, the backend
     and task names the spans carry (:meth:`resettrace.tracing.session.Tracing.label`)."""
 
-    def __init__(self, processor: TimingSpanProcessor | None, config: Config,
+    def __init__(self, processor: Aggregator | None, config: Config,
                  resource: Mapping[str, Any],
                  label: Callable[[str], str] | None = None) -> None:
         self.processor = processor

@@ -1,23 +1,15 @@
-"""Aggregate phase durations into run statistics per timing key.
+"""Aggregate SDK spans as recorder traces are: the ``SpanProcessor`` adapter over the
+aggregation engine (:mod:`resettrace.tracing.aggregate`).
 
 :class:`TimingSpanProcessor` is an OpenTelemetry ``SpanProcessor``: attach it to any
 ``TracerProvider`` and it aggregates every ended span whose name is in the catalog,
-including spans that user code creates itself. It is also the recorder's sink
-(:meth:`on_trace`), so resettrace's own phases are aggregated straight from the
-hot-path records, without building SDK spans.
-
-The spans that resettrace materialises from those same records carry the
-instrumentation scope :data:`~resettrace.catalog.INSTRUMENTATION_SCOPE`; ``on_end``
-skips them so nothing is counted twice.
-
-Both paths aggregate alike: a phase adds its duration under its key; a phase with
-a gap key adds ``duration - sum(declared children)`` under it (a child of another
-phase nested under it stays inside that gap); every ``set_state`` adds its whole
-closed timing dict (the 16 canonical keys, registered children's keys, the gap;
-0.0 for what did not run), so each of those keys has one sample per call. A phase
-nested inside itself counts once, for the outermost call. An SDK span whose name
-is not in the catalog is aggregated under its :func:`~resettrace.catalog.default_key`
-and listed by :meth:`TimingSpanProcessor.unregistered_spans`.
+including spans that user code creates itself, by the engine's rule. It is also a
+recorder sink (:meth:`on_trace`, the engine's). The spans that resettrace materialises
+from records carry the instrumentation scope
+:data:`~resettrace.catalog.INSTRUMENTATION_SCOPE`; ``on_end`` skips them so nothing is
+counted twice. An SDK span whose name is not in the catalog is aggregated under its
+:func:`~resettrace.catalog.default_key` and listed by
+:meth:`TimingSpanProcessor.unregistered_spans`.
 
 Contract (as for every SDK processor): ``on_end`` runs on the thread that ended
 the span; it never blocks on I/O and never raises.
@@ -26,45 +18,28 @@ the span; it never blocks on I/O and never raises.
 from __future__ import annotations
 
 import logging
-import math
-import os
-import random
-import threading
-import time
-import weakref
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from resettrace.catalog import (
     ATTR_RESET_COUNT,
     CATALOG,
-    ENV_STEP,
     INSTRUMENTATION_SCOPE,
     RESET_DONE,
     RESET_DONE_COUNT,
-    SET_STATE,
     Catalog,
     Phase,
     default_key,
 )
-from resettrace.costmodel import FitSums
-from resettrace.distribution import Distribution
-from resettrace.tracing.recorder import (
-    R_COUNT,
-    R_END,
-    R_PARENT,
-    R_PHASE,
-    R_START,
-    Record,
-    note_once,
-)
+from resettrace.tracing.aggregate import Aggregator, KeyStats, percentile
+from resettrace.tracing.recorder import Record, note_once
 
 if TYPE_CHECKING:
+    from resettrace.costmodel import FitSums
+    from resettrace.distribution import Distribution
     from resettrace.tracing.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -72,205 +47,6 @@ log = logging.getLogger(__name__)
 __all__ = ["KeyStats", "TimingSpanProcessor", "percentile"]
 
 _MAX_OPEN_PARENTS = 10_000
-#: queued traces that wake the aggregation thread
-_DRAIN_BATCH = 32
-#: traces aggregated between two GIL hand-backs of the aggregation thread
-_DRAIN_CHUNK = 32
-#: buffered records that are folded into samples at once (and at every read)
-_FOLD_RECORDS = 32_768
-#: trace shapes whose plans are kept (traces of more shapes: the plans start afresh)
-_MAX_PLANS = 256
-
-_LIVE: weakref.WeakSet[TimingSpanProcessor] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for processor in list(_LIVE):
-        processor._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default) of already sorted values."""
-    n = len(sorted_values)
-    if n == 0:
-        return math.nan
-    pos = (n - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, n - 1)
-    frac = pos - lo
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
-
-
-@dataclass(frozen=True)
-class KeyStats:
-    """Statistics of one timing key over a run (milliseconds, or envs for counts)."""
-
-    count: int
-    mean_ms: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    max_ms: float
-    total_ms: float
-    share_of_parent: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class _Series:
-    """Exact count/total/max plus a bounded reservoir of samples for percentiles."""
-
-    __slots__ = ("count", "total", "max", "samples", "_cap", "_rng")
-
-    def __init__(self, cap: int, rng: random.Random) -> None:
-        self.count = 0
-        self.total = 0.0
-        self.max = -math.inf
-        self.samples: list[float] = []
-        self._cap = cap
-        self._rng = rng
-
-    def add(self, v: float) -> None:
-        self.count += 1
-        self.total += v
-        if v > self.max:
-            self.max = v
-        if len(self.samples) < self._cap:
-            self.samples.append(v)
-        else:  # reservoir sampling keeps a uniform sample of every value seen
-            j = self._rng.randrange(self.count)
-            if j < self._cap:
-                self.samples[j] = v
-
-
-    def add_many(self, values: np.ndarray) -> None:
-        """``add`` of every value in order (one numpy pass; same reservoir rule)."""
-        m = len(values)
-        if not m:
-            return
-        self.total += float(values.sum())
-        self.max = max(self.max, float(values.max()))
-        free = self._cap - len(self.samples)
-        if free > 0:
-            head = values[:free].tolist()
-            self.samples.extend(head)
-            self.count += len(head)
-            values = values[free:]
-            m = len(values)
-            if not m:
-                return
-        # item i (0-based, after count items) replaces slot randrange(count + i + 1)
-        slots = [self._rng.randrange(self.count + i + 1) for i in range(m)]
-        self.count += m
-        cap, samples = self._cap, self.samples
-        for slot, v in zip(slots, values.tolist(), strict=True):
-            if slot < cap:
-                samples[slot] = v
-
-
-_K_ZERO = -2  # _Plan.k_at of an env step that reset nothing
-
-
-class _Plan:
-    """How one shape of trace (its phases and parent links) becomes samples.
-
-    Traces from one code path share a shape, so the rules of the module docstring are
-    worked out once per shape: each sample row is one sample of one key, a sum of some
-    of the trace's record durations minus some others. A trace then costs a list of
-    durations; folding many of them is a few numpy column sums per row.
-
-    A phase entered inside itself is transparent: it adds no sample, and its children
-    count as children of its own parent.
-    """
-
-    __slots__ = ("version", "keys", "plus", "minus", "count_at", "k_at", "rows", "seqs",
-                 "counts", "ks")
-
-    def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
-        self.version = catalog.version
-        n = len(records)
-        phases = [catalog[r[R_PHASE]] for r in records]
-        skip = _recursive(records, phases) if len(set(phases)) < n else [False] * n
-        parent_of = [-1] * n  # the effective parent: recursive records are skipped over
-        for i in range(n):
-            p = records[i][R_PARENT]
-            parent_of[i] = parent_of[p] if p >= 0 and skip[p] else p
-        declared: list[list[int]] = [[] for _ in range(n)]  # declared children per record
-        for i in range(n):
-            p = parent_of[i]
-            if p >= 0 and not skip[i] and phases[i].parent == phases[p].span:
-                declared[p].append(i)
-        rows: list[tuple[str, list[int], list[int]]] = []
-        self.count_at: list[int] = []
-        for i in range(n):
-            if skip[i]:
-                continue  # a phase inside itself: its time is in the outer call's
-            phase = phases[i]
-            p = parent_of[i]
-            parent = phases[p] if p >= 0 else None
-            if parent is not None and phase.parent == parent.span:
-                if parent.closed:
-                    continue  # a sample of its parent's closed account below
-            elif parent is not None:
-                note_once(f"nesting:{phase.span}:{parent.span}",
-                          "phase %r was recorded under %r, not under its "
-                          "registered parent %r; its time stays in that phase's gap",
-                          phase.span, parent.span, phase.parent)
-            rows.append((phase.key, [i], []))
-            kids = declared[i]
-            if phase.closed:
-                _, key_of, zeros = catalog.layout(phase)
-                sums: dict[str, list[int]] = {k: [] for k in zeros}
-                for j in kids:
-                    sums[key_of[records[j][R_PHASE]]].append(j)
-                rows.extend((key, cols, []) for key, cols in sums.items()
-                            if key != phase.gap_key)
-                rows.append((phase.gap_key, [i], kids))  # type: ignore[arg-type]
-            elif phase.gap_key is not None:
-                rows.append((phase.gap_key, [i], kids))
-            if phase is RESET_DONE:
-                self.count_at.append(i)
-        # the trace's k (envs reset) for the cost model: its reset_done's count, else the
-        # first set_state's (a set_state called on its own); an env step without either
-        # reset nothing (k = 0, :data:`_K_ZERO`); else none (-1)
-        at = self.count_at or [i for i in range(n) if phases[i] is SET_STATE][:1]
-        self.k_at = at[0] if at else _K_ZERO if n and phases[0] is ENV_STEP else -1
-        self.keys = [k for k, _, _ in rows]
-        self.plus = [np.array(c, dtype=np.intp) for _, c, _ in rows]
-        self.minus = [np.array(c, dtype=np.intp) for _, _, c in rows]
-        self.rows: list[list[int]] = []
-        self.seqs: list[int] = []
-        self.counts: list[tuple[int, int]] = []
-        self.ks: list[int] = []
-
-    def values(self) -> Iterator[tuple[str, np.ndarray]]:
-        """Per sample row: its key and its values (ms) for every buffered trace."""
-        d = np.array(self.rows, dtype=np.int64)
-        m = len(d)
-        for key, plus, minus in zip(self.keys, self.plus, self.minus, strict=True):
-            v = d[:, plus].sum(axis=1) if len(plus) else np.zeros(m, np.int64)
-            if len(minus):
-                v = v - d[:, minus].sum(axis=1)
-            yield key, v * 1e-6
-
-
-def _recursive(records: Sequence[Record], phases: Sequence[Phase]) -> list[bool]:
-    """Per record: does its phase also open one of its ancestors?"""
-    out = [False] * len(records)
-    for i, r in enumerate(records):
-        j = r[R_PARENT]
-        while j >= 0:
-            if records[j][R_PHASE] == r[R_PHASE]:
-                out[i] = True
-                note_once("recursion", "phase %r was entered inside itself; it counts "
-                          "once, for the outermost call", phases[i].span)
-                break
-            j = records[j][R_PARENT]
-    return out
 
 
 class TimingSpanProcessor(SpanProcessor):
@@ -287,170 +63,55 @@ class TimingSpanProcessor(SpanProcessor):
     def __init__(self, *, max_samples: int = 100_000,
                  skip_scope: str | None = INSTRUMENTATION_SCOPE, seed: int = 0,
                  catalog: Catalog = CATALOG) -> None:
+        self.engine = Aggregator(max_samples=max_samples, seed=seed, catalog=catalog)
         self.catalog = catalog
-        self._unregistered: dict[str, str] = {}
-        self._max_samples = max_samples
         self._skip_scope = skip_scope
-        self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-        self._series: dict[str, _Series] = {}
-        #: per key, the sums of the cost model ``ms = a + b * k`` over its calls (recorder
-        #: traces with a reset count; see :mod:`resettrace.costmodel`)
-        self._fits: dict[str, FitSums] = {}
-        #: per key, every call's value in mergeable exponential buckets (see
-        #: :mod:`resettrace.distribution`): percentiles that combine across workers
-        self._dists: dict[str, Distribution] = {}
-        # open SDK spans that close an account (a gap or set_state's dict) by span id, and
+        self._unregistered: dict[str, str] = {}
+        # open SDK spans that close an account (a gap or a closed account) by span id, and
         # the ended declared children of those: span id -> [(phase, ms)]
         self._accounts: OrderedDict[int, Phase] = OrderedDict()
         self._open_children: OrderedDict[int, list[tuple[Phase, float]]] = OrderedDict()
-        #: recorder traces and records aggregated so far
-        self.traces_seen = 0
-        self.records_seen = 0
-        self._pending: deque[Sequence[Record]] = deque()
-        # traces of one shape share a plan; their durations wait in it until folded
-        self._plans: dict[tuple[int, ...], _Plan] = {}
-        self._seq = 0
-        self._buffered = 0
-        self._wake = threading.Event()
-        self._worker: threading.Thread | None = None
-        self._stopped = False
-        _LIVE.add(self)
+        self.engine.on_clear.append(self._clear_open)
 
-    def _after_fork_in_child(self) -> None:
-        """A forked worker counts its own calls only: nothing of the parent's is kept
-        (queue, buffered traces, samples), and threads, which do not survive a fork, are
-        started afresh when needed."""
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._worker = None
-        self._pending = deque()
-        self._plans = {}
-        self._buffered = 0
-        self._series = {}
-        self._fits = {}
-        self._dists = {}
-        self._open_children = OrderedDict()
+    def _clear_open(self) -> None:
         self._accounts = OrderedDict()
-        self.traces_seen = self.records_seen = 0
+        self._open_children = OrderedDict()
 
-    # -- aggregation ------------------------------------------------------------------------
-    def _add(self, key: str, value: float) -> None:
-        s = self._series.get(key)
-        if s is None:
-            s = self._series[key] = _Series(self._max_samples, self._rng)
-        s.add(value)
-        d = self._dists.get(key)
-        if d is None:
-            d = self._dists[key] = Distribution()
-        d.add_one(value)
-
+    # -- the engine's ---------------------------------------------------------------------------
     def on_trace(self, records: Sequence[Record], recorder: Recorder | None = None) -> None:
-        """Queue one finished recorder trace (training thread: O(1), no aggregation).
+        self.engine.on_trace(records, recorder)
 
-        A daemon thread aggregates queued traces in batches, mostly while the
-        training thread is inside the engine with the GIL released; every read
-        (``stats``, ``samples``, ``force_flush``) first aggregates what is queued.
-        """
-        if self._stopped:
-            return  # a shut-down session keeps nothing (its recorders may live on)
-        pending = self._pending
-        pending.append(records)
-        if len(pending) >= _DRAIN_BATCH and not self._wake.is_set():
-            if self._worker is None:
-                self._start_worker()
-            self._wake.set()
+    @property
+    def traces_seen(self) -> int:
+        return self.engine.traces_seen
 
-    def _start_worker(self) -> None:
-        with self._lock:
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, daemon=True,
-                                                name="resettrace-aggregate")
-                self._worker.start()
+    @property
+    def records_seen(self) -> int:
+        return self.engine.records_seen
 
-    def _work(self) -> None:
-        while not self._stopped:
-            self._wake.wait(0.5)
-            self._wake.clear()
-            self._drain()
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.engine.force_flush(timeout_millis)
 
-    def _drain(self) -> None:
-        pending = self._pending
-        while pending:
-            with self._lock:
-                for _ in range(min(len(pending), _DRAIN_CHUNK)):
-                    self._aggregate(pending.popleft())
-            if threading.current_thread() is self._worker:
-                time.sleep(0)  # hand the GIL back to the training thread between chunks
+    def shutdown(self) -> None:
+        self.engine.shutdown()
 
-    def _aggregate(self, records: Sequence[Record]) -> None:
-        """Buffer one trace's durations under the plan of its shape (see :class:`_Plan`)."""
-        n = len(records)
-        self.traces_seen += 1
-        self.records_seen += n
-        shape = tuple([r[R_PHASE] << 32 | (r[R_PARENT] + 1) for r in records])
-        plan = self._plans.get(shape)
-        if plan is None or plan.version != self.catalog.version:
-            if plan is not None or len(self._plans) >= _MAX_PLANS:
-                self._fold()  # a phase was registered, or too many shapes: start afresh
-                self._plans.clear()
-            plan = self._plans[shape] = _Plan(records, self.catalog)
-        seq = self._seq = self._seq + 1
-        plan.seqs.append(seq)
-        plan.rows.append([r[R_END] - r[R_START] for r in records])
-        if plan.k_at >= 0:
-            plan.ks.append(records[plan.k_at][R_COUNT])
-        elif plan.k_at == _K_ZERO:
-            plan.ks.append(0)
-        for i in plan.count_at:
-            c = records[i][R_COUNT]
-            if c >= 0:
-                plan.counts.append((seq, c))
-        self._buffered += n
-        if self._buffered >= _FOLD_RECORDS:
-            self._fold()
+    def stats(self, keys: Iterable[str] | None = None) -> dict[str, KeyStats]:
+        return self.engine.stats(keys)
 
-    def _fold(self) -> None:
-        """Turn the buffered traces into samples, in arrival order (caller holds the lock)."""
-        if not self._buffered:
-            return
-        self._buffered = 0
-        parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-        for plan in self._plans.values():
-            if not plan.rows:
-                continue
-            seqs = np.array(plan.seqs, dtype=np.int64)
-            ks = np.array(plan.ks, dtype=np.float64) if plan.ks else None
-            counted = None if ks is None else ks >= 0
-            for key, values in plan.values():
-                parts.setdefault(key, []).append((seqs, values))
-                if ks is not None:
-                    fit = self._fits.get(key)
-                    if fit is None:
-                        fit = self._fits[key] = FitSums()
-                    fit.add(ks[counted], values[counted])
-            if plan.counts:
-                cs = np.array(plan.counts, dtype=np.int64)
-                parts.setdefault(RESET_DONE_COUNT, []).append((cs[:, 0], cs[:, 1] * 1.0))
-            plan.rows.clear()
-            plan.seqs.clear()
-            plan.counts.clear()
-            plan.ks.clear()
-        for key, chunks in parts.items():
-            if len(chunks) == 1:
-                ordered = chunks[0][1]
-            else:
-                seqs = np.concatenate([c[0] for c in chunks])
-                ordered = np.concatenate([c[1] for c in chunks])[np.argsort(seqs,
-                                                                            kind="stable")]
-            s = self._series.get(key)
-            if s is None:
-                s = self._series[key] = _Series(self._max_samples, self._rng)
-            s.add_many(ordered)
-            d = self._dists.get(key)
-            if d is None:
-                d = self._dists[key] = Distribution()
-            d.add(ordered)
+    def totals(self) -> dict[str, tuple[int, float, float]]:
+        return self.engine.totals()
+
+    def fit_sums(self) -> dict[str, FitSums]:
+        return self.engine.fit_sums()
+
+    def distributions(self) -> dict[str, Distribution]:
+        return self.engine.distributions()
+
+    def samples(self) -> dict[str, list[float]]:
+        return self.engine.samples()
+
+    def clear(self) -> None:
+        self.engine.clear()
 
     # -- SpanProcessor ------------------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -463,7 +124,7 @@ class TimingSpanProcessor(SpanProcessor):
             if self._skip_scope is not None and scope is not None and \
                     scope.name == self._skip_scope:
                 return
-            with self._lock:
+            with self.engine.lock:
                 self._accounts[span.get_span_context().span_id] = phase
                 if len(self._accounts) > _MAX_OPEN_PARENTS:
                     self._accounts.popitem(last=False)
@@ -486,14 +147,14 @@ class TimingSpanProcessor(SpanProcessor):
         d_ms = (span.end_time - span.start_time) * 1e-6
         ctx = span.get_span_context()
         parent_id = span.parent.span_id if span.parent is not None else -1
-        with self._lock:
+        with self.engine.lock:
             sid = ctx.span_id if ctx else -1
             kids = self._open_children.pop(sid, None)
             self._accounts.pop(sid, None)
             parent = self._accounts.get(parent_id)
             declared = phase is not None and parent is not None and phase.parent == parent.span
             if phase is None:
-                self._add(self._derived_key(span.name), d_ms)
+                self.engine.add(self._derived_key(span.name), d_ms)
                 return
             # a declared child of an open closed account is added with that account
             self._account(phase, d_ms, kids,
@@ -501,7 +162,7 @@ class TimingSpanProcessor(SpanProcessor):
             if phase is RESET_DONE:
                 count = (span.attributes or {}).get(ATTR_RESET_COUNT)
                 if count is not None:
-                    self._add(RESET_DONE_COUNT, float(count))  # type: ignore[arg-type]
+                    self.engine.add(RESET_DONE_COUNT, float(count))  # type: ignore[arg-type]
             if declared:
                 self._open_children.setdefault(parent_id, []).append((phase, d_ms))
                 if len(self._open_children) > _MAX_OPEN_PARENTS:
@@ -509,13 +170,13 @@ class TimingSpanProcessor(SpanProcessor):
                     for kid, ms in orphans:  # the parent never ended here
                         owner = self.catalog.get(kid.parent) if kid.parent else None
                         if owner is not None and owner.closed:
-                            self._add(kid.key, ms)
+                            self.engine.add(kid.key, ms)
 
     def _account(self, phase: Phase, d_ms: float, kids: list[tuple[Phase, float]] | None,
                  *, deferred: bool) -> None:
         """One ended SDK span of ``phase``: its key, and its gap or closed account."""
         if not deferred:
-            self._add(phase.key, d_ms)
+            self.engine.add(phase.key, d_ms)
         if phase.gap_key is None:
             return
         declared = [(k, ms) for k, ms in (kids or ()) if k.parent == phase.span]
@@ -525,9 +186,9 @@ class TimingSpanProcessor(SpanProcessor):
                 out[kid.key] += ms
             out[phase.gap_key] = d_ms - sum(ms for _, ms in declared)
             for key, value in out.items():
-                self._add(key, value)
+                self.engine.add(key, value)
         else:
-            self._add(phase.gap_key, d_ms - sum(ms for _, ms in declared))
+            self.engine.add(phase.gap_key, d_ms - sum(ms for _, ms in declared))
 
     def _derived_key(self, name: str) -> str:
         key = self._unregistered.get(name)
@@ -539,91 +200,5 @@ class TimingSpanProcessor(SpanProcessor):
 
     def unregistered_spans(self) -> dict[str, str]:
         """SDK span names seen that are not in the catalog, with the key they went under."""
-        with self._lock:
+        with self.engine.lock:
             return dict(self._unregistered)
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        self._drain()
-        with self._lock:
-            self._fold()
-        return True
-
-    def shutdown(self) -> None:
-        self._drain()
-        with self._lock:
-            self._fold()
-        self._stopped = True
-        self._wake.set()
-
-    # -- results ----------------------------------------------------------------------------
-    def stats(self, keys: Iterable[str] | None = None) -> dict[str, KeyStats]:
-        """Statistics per key seen so far (in catalog order, then the rest)."""
-        self._drain()
-        with self._lock:
-            self._fold()
-            snapshot = {k: (s.count, s.total, s.max, sorted(s.samples))
-                        for k, s in self._series.items()}
-        out: dict[str, KeyStats] = {}
-        order = self._order()
-        for k in _ordered(snapshot if keys is None else [k for k in keys if k in snapshot],
-                          order):
-            count, total, mx, ordered = snapshot[k]
-            pk = self.catalog.parent_key(k)
-            share = None
-            if pk is not None and pk in snapshot and snapshot[pk][1] > 0:
-                share = total / snapshot[pk][1]
-            out[k] = KeyStats(count=count, mean_ms=total / count, p50_ms=percentile(ordered, 50),
-                              p90_ms=percentile(ordered, 90), p99_ms=percentile(ordered, 99),
-                              max_ms=mx, total_ms=total, share_of_parent=share)
-        return out
-
-    def totals(self) -> dict[str, tuple[int, float, float]]:
-        """Per key, the exact ``(count, total, max)`` so far, without the percentiles (no
-        sorting: cheap enough for every metrics scrape)."""
-        self._drain()
-        with self._lock:
-            self._fold()
-            return {k: (s.count, s.total, s.max) for k, s in self._series.items()}
-
-    def fit_sums(self) -> dict[str, FitSums]:
-        """Per key, the sums of its cost model over every call with a reset count k (a
-        copy; :meth:`FitSums.fit` gives ``a + b * k``), in catalog order."""
-        self._drain()
-        with self._lock:
-            self._fold()
-            return {k: self._fits[k].copy() for k in _ordered(self._fits, self._order())}
-
-    def distributions(self) -> dict[str, Distribution]:
-        """Per key, every call in mergeable exponential buckets (copies), in catalog order."""
-        self._drain()
-        with self._lock:
-            self._fold()
-            return {k: Distribution.merged([self._dists[k]])
-                    for k in _ordered(self._dists, self._order())}
-
-    def samples(self) -> dict[str, list[float]]:
-        """The kept samples per key, in arrival order (all of them below ``max_samples``)."""
-        self._drain()
-        with self._lock:
-            self._fold()
-            return {k: list(self._series[k].samples)
-                    for k in _ordered(self._series, self._order())}
-
-    def clear(self) -> None:
-        self._drain()
-        with self._lock:
-            self._fold()
-            self._series.clear()
-            self._fits.clear()
-            self._dists.clear()
-            self._open_children.clear()
-            self._accounts.clear()
-            self.traces_seen = self.records_seen = 0
-
-
-    def _order(self) -> dict[str, int]:
-        return {k: i for i, k in enumerate(self.catalog.all_keys())}
-
-
-def _ordered(keys: Iterable[str] | Mapping[str, Any], order: Mapping[str, int]) -> list[str]:
-    return sorted(keys, key=lambda k: (order.get(k, len(order)), k))

@@ -3,7 +3,7 @@
 ``with recorder.scope(PHASE):`` costs two ``perf_counter_ns`` reads and a list
 append; no OpenTelemetry call is made on the training thread. When the outermost
 scope closes, the finished tree of records (a *trace*) is handed to the sinks:
-the :class:`~resettrace.tracing.processor.TimingSpanProcessor` aggregates it, and
+the :class:`~resettrace.tracing.aggregate.Aggregator` aggregates it, and
 in ``trace`` mode the span sinks export it.
 
 With tracing off every component gets :data:`NOOP_RECORDER`, whose ``scope()``

@@ -2,7 +2,7 @@
 
 ``Tracing(config)`` with mode ``off`` imports nothing from OpenTelemetry and hands
 out :data:`~resettrace.tracing.recorder.NOOP_RECORDER`. ``timing`` adds a
-:class:`~resettrace.tracing.processor.TimingSpanProcessor` fed by the recorders.
+:class:`~resettrace.tracing.aggregate.Aggregator` fed by the recorders.
 ``trace`` also exports spans, behind a :class:`~resettrace.tracing.sampling.TraceSampler`:
 
 - file and OTLP exporters (``otlp``, ``file:``, ``perfetto:``, ``otlp-json:``) run in
@@ -49,9 +49,9 @@ from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
+    from resettrace.tracing.aggregate import Aggregator, KeyStats
     from resettrace.tracing.export.parent import ProcessExporter
     from resettrace.tracing.materialise import SpanMaterializer
-    from resettrace.tracing.processor import KeyStats, TimingSpanProcessor
     from resettrace.tracing.sampling import TraceSampler
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class Tracing:
         self.config = config if config is not None else Config.from_env()
         self.catalog = CATALOG if catalog is None else catalog
         self._local = threading.local()
-        self.processor: TimingSpanProcessor | None = None
+        self.processor: Aggregator | None = None
         self.materializer: SpanMaterializer | None = None
         self.process: ProcessExporter | None = None
         self.sampler: TraceSampler | None = None
@@ -151,10 +151,10 @@ class Tracing:
         self._labels: dict[str, set[str]] = {ATTR_BACKEND: set(), ATTR_TASK: set()}
         if not self.config.enabled:
             return
-        from resettrace.tracing.processor import TimingSpanProcessor
+        from resettrace.tracing.aggregate import Aggregator
 
-        self.processor = TimingSpanProcessor(max_samples=self.config.max_samples,
-                                             catalog=self.catalog)
+        # the aggregation engine alone: a session aggregates records, no SDK span
+        self.processor = Aggregator(max_samples=self.config.max_samples, catalog=self.catalog)
         for hook in ON_SESSION:
             hook(self)
         if self.config.exports_spans:
