@@ -218,3 +218,45 @@ def test_a_closed_account_of_ones_own_is_one_catalog_flag(clock: FakeClock) -> N
     assert rec.scope(top).timing() == {"my_reset_a_ms": 5.0, "my_reset_b_ms": 0.0,
                                        "my_reset_gap_ms": 1.0}
     provider.shutdown()
+
+
+def test_one_fork_hook_resets_every_tracked_part_in_order() -> None:
+    """Each part with per-process state tracks itself with the one at-fork hook
+    (``tracing.lifecycle``); a forked child resets them in the order they were made, and
+    an engine forked with traces queued counts only its own."""
+    import os
+
+    from resettrace.tracing import lifecycle
+    from resettrace.tracing.aggregate import Aggregator
+
+    order: list[str] = []
+
+    class Part:
+        def __init__(self, name: str) -> None:
+            self.name = name
+            lifecycle.track(self)
+
+        def _after_fork_in_child(self) -> None:
+            order.append(self.name)
+
+    parts = [Part("first"), Part("second"), Part("third")]
+    engine = Aggregator()
+    rec = Recorder([engine])
+    with rec.scope(C.ENV_STEP):
+        pass
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave at once
+        try:
+            with rec.scope(C.ENV_STEP):
+                pass
+            seen = engine.stats()["env_step_total_ms"].count
+            os.write(w, f"{','.join(order)};{seen}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 1000).decode()
+    os.waitpid(pid, 0)
+    os.close(r)
+    assert got == "first,second,third;1"
+    assert engine.stats()["env_step_total_ms"].count == 1 and len(parts) == 3

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -45,6 +43,7 @@ from resettrace.catalog import (
 )
 from resettrace.costmodel import FitSums
 from resettrace.distribution import Distribution
+from resettrace.tracing import lifecycle
 from resettrace.tracing.recorder import (
     R_COUNT,
     R_END,
@@ -71,15 +70,7 @@ _FOLD_RECORDS = 32_768
 #: trace shapes whose plans are kept (traces of more shapes: the plans start afresh)
 _MAX_PLANS = 256
 
-_LIVE: weakref.WeakSet[Aggregator] = weakref.WeakSet()
 
-
-def _after_fork_in_child() -> None:
-    for processor in list(_LIVE):
-        processor._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -295,7 +286,7 @@ class Aggregator:
         self._wake = threading.Event()
         self._worker: threading.Thread | None = None
         self._stopped = False
-        _LIVE.add(self)
+        lifecycle.track(self)
 
     def _after_fork_in_child(self) -> None:
         """A forked worker counts its own calls only: nothing of the parent's is kept

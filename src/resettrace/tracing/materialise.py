@@ -13,10 +13,8 @@ the subtree of a reset, the number of envs it reset.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from resettrace.catalog import ATTR_RESET_COUNT, CATALOG, INSTRUMENTATION_SCOPE, Catalog
+from resettrace.tracing import lifecycle
 from resettrace.tracing.recorder import (
     R_COUNT,
     R_END,
@@ -77,15 +76,7 @@ def build_spans(tracer: Any, records: Sequence[Record], attrs: Mapping[str, Any]
         span.end(end_time=r[R_END] + offset)  # children end before their parents
 
 
-_LIVE: weakref.WeakSet[SpanMaterializer] = weakref.WeakSet()
 
-
-def _after_fork_in_child() -> None:
-    for materializer in list(_LIVE):
-        materializer._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class SpanMaterializer:
@@ -103,7 +94,7 @@ class SpanMaterializer:
         self.dropped_spans = 0
         self.materialised_spans = 0
         self._start_thread()
-        _LIVE.add(self)
+        lifecycle.track(self)
 
     def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._run, name="resettrace-materialise",

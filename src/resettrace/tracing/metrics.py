@@ -30,16 +30,15 @@ that reads the statistics at each scrape.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from resettrace import catalog as C
 from resettrace.config import prometheus_address
 from resettrace.distribution import SCALE, Distribution
+from resettrace.tracing import lifecycle
 
 if TYPE_CHECKING:
     from resettrace.config import Config
@@ -93,7 +92,7 @@ class MetricsExport:
         self._start_ns = time.time_ns()
         self.prometheus_port: int | None = None
         self.prometheus_host: str | None = None
-        _LIVE.add(self)
+        lifecycle.track(self)
         for spec in self.specs:
             kind, _, arg = spec.partition(":")
             if kind == "otlp":
@@ -309,15 +308,7 @@ class MetricsExport:
             self._server = None
 
 
-_LIVE: weakref.WeakSet[MetricsExport] = weakref.WeakSet()
 
-
-def _after_fork_in_child() -> None:
-    for m in list(_LIVE):
-        m._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _PromCollector:

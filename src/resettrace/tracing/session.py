@@ -44,6 +44,7 @@ from resettrace.catalog import (
     text_problem,
 )
 from resettrace.config import DEFAULT_EXPORTERS, Config
+from resettrace.tracing import lifecycle
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
 
 if TYPE_CHECKING:
@@ -651,7 +652,7 @@ def _unwatch_after_fork() -> None:
         _WATCH.update(pid=None, sockets=())
 
 
-os.register_at_fork(after_in_child=_unwatch_after_fork)
+lifecycle.at_fork(_unwatch_after_fork)
 
 
 def _arm_worker_exit() -> None:

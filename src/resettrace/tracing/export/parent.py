@@ -33,6 +33,7 @@ from typing import Any
 
 from resettrace._run import helper_environment
 from resettrace.catalog import ATTR_PARENT_PID, ATTR_WORKER_RANK, CATALOG, Catalog
+from resettrace.tracing import lifecycle
 from resettrace.tracing.export.protocol import FRAME, Kind, frame, trace_packer
 from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder
 
@@ -54,7 +55,6 @@ _REPORT_MARGIN_S = 0.2
 _HOLD_TRACES = 32
 _now = time.monotonic
 
-_LIVE: weakref.WeakSet[ProcessExporter] = weakref.WeakSet()
 
 
 class ProcessExporter:
@@ -76,7 +76,7 @@ class ProcessExporter:
         self._dead = False
         self._forked = False
         self._reset_counters()
-        _LIVE.add(self)
+        lifecycle.track(self)
         self._start()
 
     @property
@@ -450,10 +450,3 @@ class ProcessExporter:
             if proc.stdout is not None:
                 proc.stdout = None
 
-
-def _after_fork_in_child() -> None:
-    for sink in list(_LIVE):
-        sink._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
