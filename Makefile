@@ -7,7 +7,7 @@ DEMO_OUT ?= out/demo
 # `RESETTRACE_EXPORTER=otlp make demo` streams the demo's spans to a collector instead
 RESETTRACE_EXPORTER ?= file:$(DEMO_OUT)/spans.jsonl
 
-.PHONY: demo test system-deps lint bench-overhead clean
+.PHONY: demo test docs system-deps lint bench-overhead clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,9 +30,14 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq chromium chromium-driver prometheus; }
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps docs
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q examples/own_env
+	$(BIN)/python -m pytest -q -p no:cacheprovider --markdown-docs README.md docs
+
+# the docs site (mkdocs, material theme) into build/site; a broken link or page fails it
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples

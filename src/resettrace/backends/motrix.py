@@ -45,9 +45,9 @@ refresh_pose_cache 0.0: the qpos_convert pass marks the rows' pose cache stale; 
 =================  ====================================================================
 
 Eager kinematics with no randomization payload is fused into the reset call
-(``sub.reset(model, q, v, forward_kinematic=True)``): measured interleaved (400 calls
-each, 1024-4096 envs, k = 20-82) that saves 28-39 us against reset, controls, then a
-separate FK call (18% at k = 20). The forward_kinematic key then reads 0.0 and
+(``sub.reset(model, q, v, forward_kinematic=True)``): one engine call instead of two
+(what it saves: "Lazy kinematics" in docs/reference.md). The forward_kinematic key then
+reads 0.0 and
 ``data_reset`` carries the kinematics. With a payload FK stays a call of its own, after
 the overrides, under its own key.
 

@@ -46,9 +46,9 @@ random order per round, with the same inputs:
 
 Every call of every variant follows ``idle_us`` of busy Python (:func:`_busy`, default
 1 ms): in training the physics step ends ~2 ms before ``set_state``'s first engine call,
-and an engine call right after another is faster (a k = 20 MotrixSim reset: 183 us back
-to back, 265 us after 1 ms), which ``set_state``'s, coming after its own checks, never
-is. ``idle_us=0`` runs the calls back to back.
+and an engine call right after another is faster (figures in docs/benchmarks.md), which
+``set_state``'s, coming after its own checks, never is. ``idle_us=0`` runs the calls back
+to back.
 
 Sweeps backends x ``num_envs`` x reset ratios (k = round(ratio * num_envs)), ``warmup``
 untimed then ``calls`` timed calls per variant and cell, or more where the warmup rounds

@@ -1,12 +1,13 @@
 """OTLP protobuf encoded straight from recorder records, for the span export process.
 
-Building an SDK span and then encoding it costs the export process about 90 us of CPU
-per span; writing the protobuf wire format of ``ExportTraceServiceRequest`` from the
-packed records costs a few. :class:`WireEncoder` does the latter: every byte string
-that repeats (a phase's name field, a recorder's attributes, the resource, a reset
-count) is encoded once and reused, so a span is one ``bytes.join`` of its ids, times
-and those pieces. The result decodes, field for field, to what the SDK exporter sends
-for the same spans (a test checks it with the official protobuf classes).
+Building an SDK span and then encoding it costs the export process tens of times what
+writing the protobuf wire format of ``ExportTraceServiceRequest`` from the packed records
+costs (``resettrace bench export``; figures in docs/benchmarks.md). :class:`WireEncoder`
+does the latter: every byte string that repeats (a phase's name field, a recorder's
+attributes, the resource, a reset count) is encoded once and reused, so a span is one
+``bytes.join`` of its ids, times and those pieces. The result decodes, field for field,
+to what the SDK exporter sends for the same spans (a test checks it with the official
+protobuf classes).
 
 :func:`make_wire_exporter` gives the SDK's OTLP exporter (gRPC or HTTP) a way to send
 such a request as it is, with its own transport, retries, headers and timeout; it
