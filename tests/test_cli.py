@@ -226,3 +226,31 @@ def test_export_slowdown_interval_is_a_paired_bootstrap_of_the_total_ratio() -> 
     assert lo < sum(noisy) / sum(base) < hi and hi - lo < 0.04
     assert _total_ci(base, base) == [1.0, 1.0] and _total_ci(base[:2], base[:2]) == [1.0, 1.0]
     assert _total_ci([1.0, 2.0], [1.0, 1.0]) is None
+
+
+def test_the_collector_policy_lives_with_the_collector(tmp_path) -> None:
+    """What a collector run does with the environment's tracing settings (and which files
+    it will write) is the collector's, a function the CLI and its workers share."""
+    from resettrace import outputs
+    from resettrace.bench.collector import CollectorConfig, planned_outputs, session_config
+    from resettrace.config import Config
+
+    cfg = CollectorConfig(num_envs=8, steps=1, warmup=0, out=str(tmp_path))
+    off = session_config(cfg, Config(mode="off"), {})
+    assert off.mode == "timing"
+    assert off.resource_attributes == {"resettrace.task.name": "g1_walk_flat",
+                                       "resettrace.backend.name": "mujoco",
+                                       "resettrace.env.count": 8}
+    trace = session_config(cfg, Config(mode="trace"), {})
+    assert trace.exporters == (f"file:{tmp_path / 'spans.jsonl'}",)
+    theirs = session_config(cfg, Config(mode="trace", exporters=("otlp",)),
+                            {"RESETTRACE_EXPORTER": "otlp"})
+    assert theirs.exporters == ("otlp",)
+    ab = CollectorConfig(num_envs=8, steps=1, warmup=0, numba_ab=True)
+    assert session_config(ab, Config(mode="trace"), {}).mode == "timing"
+    files = planned_outputs(cfg, Config(mode="trace", exporters=(
+        f"perfetto:{tmp_path}/t.{{pid}}.json", "otlp")), report=True)
+    assert files == [(tmp_path / "timing.json", outputs.JSON),
+                     (tmp_path / "timing.csv", outputs.CSV),
+                     (tmp_path / "report.html", outputs.REPORT_HTML),
+                     (f"{tmp_path}/t.{os.getpid()}.json", outputs.PERFETTO)]

@@ -31,8 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from resettrace.catalog import ATTR_BACKEND, ATTR_ENV_COUNT, ATTR_TASK
-from resettrace.config import DEFAULT_EXPORTERS, ENV_EXPORTER, Config
+from resettrace.config import Config
 
 log = logging.getLogger("resettrace")
 
@@ -73,29 +72,17 @@ def _collector(args: argparse.Namespace) -> int:
     stop = StopRequest()
     signal.signal(signal.SIGTERM, stop.handler)
     signal.signal(signal.SIGINT, stop.handler)
-    overrides: dict[str, Any] = {}
     try:
         env_cfg = Config.from_env()
         if _refused_endpoint(env_cfg):
             print(f"resettrace: {env_cfg.otlp_refused}", file=sys.stderr)
             return 2
-        if env_cfg.mode == "off":
-            overrides["mode"] = "timing"  # the breakdown needs timings
-        if cfg.numba_ab and env_cfg.mode == "trace":
-            log.warning("--numba-ab runs in mode 'timing': exporting spans would load the "
-                        "numpy and numba variants differently")
-            overrides["mode"] = "timing"
-        elif env_cfg.mode == "trace" and not os.environ.get(ENV_EXPORTER) and cfg.out:
-            overrides["exporters"] = (f"file:{Path(cfg.out) / 'spans.jsonl'}",)
-        # the environment read once (its warnings said once), then the CLI's overrides
-        run_cfg = dataclasses.replace(
-            env_cfg, **overrides, resource_attributes={
-                ATTR_TASK: cfg.task, ATTR_BACKEND: cfg.backend, ATTR_ENV_COUNT: cfg.num_envs})
+        run_cfg = collector.session_config(cfg, env_cfg)
     except ValueError as e:  # contradictory settings
         print(f"resettrace: {e}", file=sys.stderr)
         return 2
-    if _refused(_collector_outputs(args, run_cfg)):  # said now, not after the run
-        return 2
+    if _refused(collector.planned_outputs(cfg, run_cfg, report=args.report)):
+        return 2  # said now, not after the run
     tracing = Tracing(run_cfg)
     try:
         result = collector.run_collector(cfg, tracing, progress=progress_printer(), stop=stop)
@@ -177,26 +164,6 @@ def _write_error(path: str | Path, e: OSError) -> str:
     from resettrace.outputs import OutputRefused
 
     return str(e) if isinstance(e, OutputRefused) else f"cannot write {path}: {e.strerror or e}"
-
-
-def _collector_outputs(args: argparse.Namespace, cfg: Config) -> list[tuple[str | Path, Any]]:
-    """The files ``bench collector`` will write (each with its output kind)."""
-    from resettrace import outputs
-
-    files: list[tuple[str | Path, Any]] = []
-    if args.out:
-        out = Path(args.out)
-        files += [(out / "timing.json", outputs.JSON), (out / "timing.csv", outputs.CSV)]
-        files += [(out / "report.html", outputs.REPORT_HTML)] if args.report else []
-    if cfg.mode == "trace":  # span files, {pid} and {rank} filled as the export process does
-        from resettrace.tracing.export.exporters import expand_path
-
-        for spec in cfg.exporters or DEFAULT_EXPORTERS:
-            kind, _, path = spec.partition(":")
-            if kind in outputs.SPAN_KINDS:
-                files.append((expand_path(path, pid=os.getpid(), rank=cfg.worker_rank),
-                              outputs.SPAN_KINDS[kind]))
-    return files
 
 
 def _save_json(path: str | None, result: Any) -> int:

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from resettrace import catalog as C
+from resettrace.config import Config
 from resettrace.contract import MAX_ENVS
 from resettrace.record import record_of_session
 from resettrace.tables import exporter_outcome, format_table, write_csv, write_json
@@ -85,6 +86,55 @@ class CollectorConfig:
         if self.control_dt is not None:
             options["control_dt"] = self.control_dt
         return options
+
+
+def session_config(cfg: CollectorConfig, env_cfg: Config,
+                   environ: Mapping[str, str] | None = None) -> Config:
+    """The tracing config of a collector run: the environment's (``env_cfg``, read once so
+    its warnings are said once), with the run's policy on top. The breakdown needs
+    timings, so ``off`` runs as ``timing``; ``--numba-ab`` runs in ``timing`` (exporting
+    spans would load the numpy and numba variants differently); ``trace`` with no
+    ``RESETTRACE_EXPORTER`` writes the spans beside the run's other outputs; the spans
+    carry the run's task, backend and env count. Contradictory settings raise
+    ``ValueError``."""
+    import dataclasses
+
+    from resettrace.config import ENV_EXPORTER
+
+    env = os.environ if environ is None else environ
+    overrides: dict[str, Any] = {}
+    if env_cfg.mode == "off":
+        overrides["mode"] = "timing"
+    if cfg.numba_ab and env_cfg.mode == "trace":
+        log.warning("--numba-ab runs in mode 'timing': exporting spans would load the "
+                    "numpy and numba variants differently")
+        overrides["mode"] = "timing"
+    elif env_cfg.mode == "trace" and not env.get(ENV_EXPORTER) and cfg.out:
+        overrides["exporters"] = (f"file:{Path(cfg.out) / 'spans.jsonl'}",)
+    return dataclasses.replace(env_cfg, **overrides, resource_attributes={
+        C.ATTR_TASK: cfg.task, C.ATTR_BACKEND: cfg.backend, C.ATTR_ENV_COUNT: cfg.num_envs})
+
+
+def planned_outputs(cfg: CollectorConfig, run_cfg: Config, *, report: bool = False
+                    ) -> list[tuple[str | Path, Any]]:
+    """The files a collector run will write, each with its output kind
+    (:mod:`resettrace.outputs`): checked before the work that fills them."""
+    from resettrace import outputs
+    from resettrace.config import DEFAULT_EXPORTERS
+    from resettrace.tracing.export.exporters import expand_path
+
+    files: list[tuple[str | Path, Any]] = []
+    if cfg.out:
+        out = Path(cfg.out)
+        files += [(out / "timing.json", outputs.JSON), (out / "timing.csv", outputs.CSV)]
+        files += [(out / "report.html", outputs.REPORT_HTML)] if report else []
+    if run_cfg.mode == "trace":  # span files, {pid} and {rank} filled as the export does
+        for spec in run_cfg.exporters or DEFAULT_EXPORTERS:
+            kind, _, path = spec.partition(":")
+            if kind in outputs.SPAN_KINDS:
+                files.append((expand_path(path, pid=os.getpid(), rank=run_cfg.worker_rank),
+                              outputs.SPAN_KINDS[kind]))
+    return files
 
 
 def simulated_time(env: Any) -> dict[str, Any]:
