@@ -197,3 +197,26 @@ def test_metric_labels_name_the_backend_and_task_of_user_code(
     for point in metrics[C.METRIC_PHASE_DURATION].exponential_histogram.data_points:
         attrs = _attrs(point)
         assert attrs[C.ATTR_BACKEND] == "mujoco" and attrs[C.ATTR_TASK] == "g1_walk_flat"
+
+
+def test_a_phase_of_the_sessions_own_catalog_is_named_by_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The phase label came from the process's catalog, not the session's: a phase
+    registered in a session's own catalog went out under its key, not its span name."""
+    catalog = C.CATALOG.copy()
+    mine = catalog.register("dr_reset.my_own_stage", parent="dr_reset")
+    with GrpcMetricsReceiver() as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", rx.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_INSECURE", "true")
+        session = Tracing(Config(mode="timing", metrics=("otlp",), metrics_interval_s=60.0),
+                          catalog=catalog)
+        rec = session.recorder(backend="mine", task="own")
+        with rec.scope("dr_reset", 3), rec.scope(mine):
+            pass
+        session.shutdown()
+        request = rx.last()
+    assert request is not None
+    metrics = {m.name: m for m in request.resource_metrics[0].scope_metrics[0].metrics}
+    phases = {_attrs(p)[C.ATTR_PHASE]
+              for p in metrics[C.METRIC_PHASE_DURATION].exponential_histogram.data_points}
+    assert "dr_reset.my_own_stage" in phases and mine.key not in phases

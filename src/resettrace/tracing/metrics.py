@@ -119,7 +119,7 @@ class MetricsExport:
         for key, dist in dists.items():
             if not key.endswith("_ms") or key not in totals or not dist.count:
                 continue
-            yield C.CATALOG.label(key), dist, totals[key]
+            yield proc.catalog.label(key), dist, totals[key]
 
     def _counters(self) -> tuple[int, int]:
         proc = self.processor
