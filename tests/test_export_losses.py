@@ -470,3 +470,26 @@ def test_a_killed_export_child_counts_every_held_and_queued_span(tmp_path: Path)
     [file_report] = report["exporters"].values()
     assert file_report["delivered"] == len(lines) == 300
     assert file_report["undelivered"] == produced - 300
+
+
+def test_closing_the_export_leaves_no_fd_to_be_closed_twice() -> None:
+    """The pipes were closed with ``os.close`` on their numbers while their file objects
+    stayed open: collecting those objects later closed the numbers again, by then maybe
+    another fd (a new ``subprocess.Popen`` pipe failed with EBADF that way)."""
+    import gc
+    import os
+
+    session = Tracing(Config(mode="trace", exporters=("otlp",),
+                             otlp_endpoint="http://127.0.0.1:9"))
+    proc = session.process
+    assert proc is not None and proc._proc is not None
+    streams = [proc._proc.stdin, proc._proc.stdout]
+    numbers = [s.fileno() for s in streams if s is not None]
+    session.shutdown(1.0)
+    reused = [os.open(os.devnull, os.O_RDONLY) for _ in range(8)]  # take the freed numbers
+    assert set(numbers) <= set(reused)
+    del streams
+    gc.collect()
+    for fd in reused:
+        os.fstat(fd)  # still ours: nothing closed it
+        os.close(fd)

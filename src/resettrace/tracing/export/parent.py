@@ -141,9 +141,7 @@ class ProcessExporter:
         self._proc = None
         if proc is not None:
             for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        os.close(stream.fileno())
+                _close_stream(stream)
             proc.stdin = proc.stdout = None
             proc.returncode = 0  # not this process's child: never wait for it
         self._in = self._out_fd = -1  # the parent's fd numbers: never ours to write
@@ -430,8 +428,7 @@ class ProcessExporter:
             self.dropped_spans += self._held_spans  # held when the child had died
             self._held = []
             self._held_spans = 0
-            with contextlib.suppress(OSError):
-                os.close(self._in)  # EOF: the child exports what it has and leaves
+            _close_stream(proc.stdin)  # EOF: the child exports what it has and leaves
             self._in = -1  # the fd number may be reused by anything: never write to it again
             while proc.poll() is None and time.monotonic() < deadline:
                 self._read_status()
@@ -442,11 +439,19 @@ class ProcessExporter:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(0.5)
             self._read_status()
-            with contextlib.suppress(OSError):
-                os.close(self._out_fd)
+            _close_stream(proc.stdout)
             self._out_fd = -1
             if proc.stdin is not None:
                 proc.stdin = None
             if proc.stdout is not None:
                 proc.stdout = None
 
+
+def _close_stream(stream: Any) -> None:
+    """Close a pipe through the file object that owns its fd, never with ``os.close`` on
+    the number: the object would close the number again when it is collected (at any
+    later allocation, on any thread), by then maybe someone else's fd (a new pipe of
+    ``subprocess.Popen`` failed with EBADF that way)."""
+    if stream is not None:
+        with contextlib.suppress(OSError, ValueError):  # (its raw fd is closed even so)
+            stream.close()
