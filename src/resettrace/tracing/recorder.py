@@ -267,14 +267,7 @@ class Scope:
         if exc_type is not None:
             r[R_ERROR] = error_code(exc_type.__name__)
         if not stack:
-            rec = self._rec
-            token, rec._token = rec._token, None
-            if token is not None:
-                try:
-                    _current_reset(token)
-                except ValueError:  # closed in another context than it opened in
-                    pass
-            rec._flush()
+            self._rec._close_trace()
 
     def _unwind(self, t: int) -> bool:
         """This scope exits while inner ones are still open: close those at ``t`` too.
@@ -584,13 +577,7 @@ class Recorder:
             scopes[r[0]]._pos = pos
         del stack[-n:]
         if not stack:
-            token, rec._token = rec._token, None
-            if token is not None:
-                try:
-                    _current_reset(token)
-                except ValueError:  # closed in another context than it opened in
-                    pass
-            rec._flush()
+            rec._close_trace()
 
     def _scope_of(self, phase: Phase | str) -> Scope:
         p = self.catalog.resolve(phase)
@@ -610,11 +597,16 @@ class Recorder:
             self._records[pos][3] = t
         self._stack.clear()
         self._laps.clear()
+        self._close_trace()
+
+    def _close_trace(self) -> None:
+        """The trace's outermost scope closed: the thread's current recorder is again the
+        one before it opened, and the trace goes to the sinks."""
         token, self._token = self._token, None
         if token is not None:
             try:
                 _current_reset(token)
-            except ValueError:
+            except ValueError:  # closed in another context than it opened in
                 pass
         self._flush()
 
