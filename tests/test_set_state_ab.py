@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from resettrace import catalog as C
-from resettrace.backends import make_backend
+from resettrace.backends import make_backend, published
 from resettrace.bench import set_state_ab as ab
 from resettrace.tracing.recorder import Recorder
 
@@ -37,19 +37,19 @@ def test_variants_leave_identical_state(name: str, k: int) -> None:
         be = _moved_backend(name)
         ids, q, v = ab.make_inputs(be, k, np.random.default_rng(k))
         other = np.setdiff1d(np.arange(N), ids)
-        before = ab.final_state(be, other)
+        before = published.final_state(be, other)
         if variant == "baseline":
-            out = ab.baseline_set_state(be, ids, q, v)
+            out = published.baseline_set_state(be, ids, q, v)
             assert out is not None and tuple(out["timing"]) == C.SET_STATE_KEYS
         elif variant in ("optimized", "lazy"):
             be.lazy_kinematics = variant == "lazy"  # eager, or as shipped
             be.set_state(ids, q, v)
         else:
-            ab.make_floor(be, ids, q, v)()
-        untouched = ab.final_state(be, other)
+            published.make_floor(be, ids, q, v)()
+        untouched = published.final_state(be, other)
         for field in before:  # the other rows keep every bit
             np.testing.assert_array_equal(untouched[field], before[field], err_msg=field)
-        after[variant] = ab.final_state(be, ids)
+        after[variant] = published.final_state(be, ids)
         be.close()
     ref = after["baseline"]
     assert not np.allclose(ref["qvel"], 0.0)  # the inputs were really written
@@ -87,7 +87,7 @@ def test_baseline_validates_like_the_shipped_path() -> None:
     v = np.zeros((2, be.nv))
     for ids in ([3, 3], [0, 16], np.array([True, False])):
         with pytest.raises(ValueError):
-            ab.baseline_set_state(be, ids, q, v)
+            published.baseline_set_state(be, ids, q, v)
         with pytest.raises(ValueError):
             be.set_state(ids, q, v)
     be.close()
