@@ -342,7 +342,7 @@ def test_engine_panics_become_runtime_errors(exc, expected) -> None:
 
 def _swap_handle(b, ids: np.ndarray, sub) -> None:
     """Put ``sub`` where set_state keeps its handle on ``ids`` (written before)."""
-    held = b._passes[len(ids)][-1]
+    held = b._passes[len(ids)].held
     (slot,) = np.flatnonzero((held.ids == ids).all(axis=1))
     held.subs[slot] = sub
 
@@ -524,7 +524,7 @@ def test_kept_handles_write_the_rows_of_their_own_ids(timing_session) -> None:
                 b.step(ctrl)
                 ref.step(ctrl)
         assert hits > 20 and misses > 20
-        assert ref._passes[5][-1].subs == []
+        assert ref._passes[5].held.subs == []
     finally:
         b.close()
         ref.close()
@@ -546,7 +546,7 @@ def test_a_handle_that_failed_to_build_is_built_at_the_next_reset(monkeypatch) -
         monkeypatch.setattr(b, "_slice", failing)
         with pytest.raises(RuntimeError, match="boom"):
             b.set_state(np.array([1, 5]), *stand_rows(b, 2, rng))
-        held = b._passes[2][-1]
+        held = b._passes[2].held
         np.testing.assert_array_equal(held.ids[:2], [[0, 2], [-1, -1]])
         assert held.subs[0] is not None and held.subs[1] is None
         monkeypatch.setattr(b, "_slice", real)

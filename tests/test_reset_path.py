@@ -377,7 +377,7 @@ def test_scratch_the_pass_cannot_bind_takes_the_dispatcher(name, monkeypatch) ->
     ref = _make(name)
     q, v = stand_rows(ref, 5, rng)
     ref.set_state(ids, q, v)
-    assert ref._passes[5][4] is not None  # bound
+    assert ref._passes[5].bound is not None  # bound
     monkeypatch.setattr(_base, "bind_pass", lambda *a: None)
     got = _make(name)
     dispatched = []
@@ -389,7 +389,7 @@ def test_scratch_the_pass_cannot_bind_takes_the_dispatcher(name, monkeypatch) ->
 
     monkeypatch.setattr(_base, "prepare_rows", spy)
     got.set_state(ids, q, v)
-    assert got._passes[5][4] is None and dispatched == [22]
+    assert got._passes[5].bound is None and dispatched == [22]
     for x, y in zip(_state(ref), _state(got), strict=True):
         np.testing.assert_array_equal(x, y)
 

@@ -36,7 +36,7 @@ once the engine is ready.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import mujoco
 import numpy as np
@@ -99,15 +99,6 @@ class Scratch:
 #: what :meth:`RowBackend._reset_rows` gives the compiled pass: output rows, the engine
 #: state rows it scatters them to (or None), their warning counters (or None)
 PassTarget = tuple[OutRows, np.ndarray | None, np.ndarray | None]
-#: what :meth:`RowBackend._pass_rows` keeps for k rows: the int32 ids, the output rows,
-#: the state rows and warning counters as the pass takes them, the pass bound to them for
-#: int64 ids and float64 rows of any layout, its context and the arrays bound to it
-#: (:func:`bind_pass`; None, None, () for arrays it does not bind), the shapes of qpos and
-#: qvel, and the engine's handles on the id sets of k rows written last
-PassRows = tuple[np.ndarray, OutRows, np.ndarray, np.ndarray, Any, Any, tuple[int, int],
-                 tuple[int, int], tuple[np.ndarray, ...], "KeptHandles"]
-
-
 class KeptHandles:
     """An engine's handles on the last ``size`` id sets of k rows that ``set_state`` wrote
     (the first kept goes first when one more comes): ``ids`` holds each set as sorted
@@ -128,6 +119,43 @@ class KeptHandles:
             self.ids[i] = ids
             self.subs[i] = sub
             self._next = (i + 1) % len(self.subs)
+
+
+class PassRows(NamedTuple):
+    """What :meth:`RowBackend._pass_rows` keeps for k rows (a tuple: the hot path unpacks
+    it by position, at a tuple's cost)."""
+
+    #: the int32 ids, as the engine indexes rows
+    ids_out: np.ndarray
+    #: the output rows (:data:`OutRows`)
+    out: OutRows
+    #: the state rows and warning counters as the pass takes them (empty: none)
+    state: np.ndarray
+    warning: np.ndarray
+    #: the pass bound to them for int64 ids and float64 rows of any layout, its context
+    #: and the arrays bound to it (:func:`bind_pass`; None, None, () when not bound)
+    bound: Any
+    ctx: Any
+    #: the shapes qpos and qvel must have
+    q_shape: tuple[int, int]
+    v_shape: tuple[int, int]
+    pinned: tuple[np.ndarray, ...]
+    #: the engine's handles on the id sets of k rows written last
+    held: KeptHandles
+
+
+class PassConstants(NamedTuple):
+    """The arrays every pass of a backend reads besides its k-row scratch, in the order
+    :func:`prepare_rows`, :func:`finish_pass` and :func:`bind_pass` take them (pass them
+    with ``*``). Bound passes hold their addresses: none of them is ever rebound while
+    the backend lives, only written in place."""
+
+    act_qadr: np.ndarray
+    ctrl_lo: np.ndarray
+    ctrl_hi: np.ndarray
+    xyzw: bool
+    fresh: np.ndarray
+    stale: np.ndarray
 
 
 _NDARRAY = np.ndarray
@@ -179,6 +207,8 @@ class RowBackend:
         self._passes: dict[int, PassRows] = {}
         #: rows whose kinematics have not been computed since their set_state
         self._kin_stale = np.zeros(self.num_envs, dtype=bool)
+        #: what every pass reads besides its scratch (made with the first pass)
+        self._consts: PassConstants | None = None
 
     def _start_at_keyframe(self) -> None:
         """Every env at the keyframe, its actuators holding it (untraced)."""
@@ -250,9 +280,8 @@ class RowBackend:
                     q, oq, v, ov, c, oc = out[:6]
                     code, slot, col = prepare_rows(
                         ids_in, self.num_envs, ids_out, qpos, qvel, NO_ORDER, q, oq, v, ov,
-                        c, oc, self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
-                        self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics),
-                        state, warning, held.ids)
+                        c, oc, *cast(PassConstants, self._consts),
+                        bool(self.lazy_kinematics), state, warning, held.ids)
             if code is not None:
                 if code == OK:  # slot: where the engine's handle on these ids is kept
                     ids, order = ids_out, None
@@ -280,11 +309,10 @@ class RowBackend:
                 qvel: np.ndarray, rows: PassRows) -> tuple[np.ndarray, np.ndarray | None]:
         """After a first pass that did not return OK (unsorted ids, or a bad id or row):
         :func:`finish_pass` on this backend's scratch."""
-        ids_out, out, state, warning = rows[:4]
-        return finish_pass(code, row, col, ids_in, self.num_envs, ids_out, qpos, qvel, out,
-                           self._act_qadr, self._ctrl_lo, self._ctrl_hi, self._xyzw,
-                           self.poses.fresh, self._kin_stale, bool(self.lazy_kinematics),
-                           state, warning)
+        return finish_pass(code, row, col, ids_in, self.num_envs, rows.ids_out, qpos, qvel,
+                           rows.out, *cast(PassConstants, self._consts),
+                           bool(self.lazy_kinematics), rows.state,
+                           rows.warning)
 
     def _pass_rows(self, k: int) -> PassRows:
         """The k-row scratch of the pass (:meth:`_reset_rows`' and the int32 ids), checked
@@ -297,16 +325,18 @@ class RowBackend:
         out, state, warning = self._reset_rows(k)
         state, warning = check_pass_target(k, self.num_envs, out, self._ctrl_lo,
                                            self.poses.fresh, self._kin_stale, state, warning)
+        if self._consts is None:  # the pose cache is the subclass's: set by now
+            self._consts = PassConstants(self._act_qadr, self._ctrl_lo, self._ctrl_hi,
+                                         self._xyzw, self.poses.fresh, self._kin_stale)
         ids_out = self._ids.rows(k)[0]
         q, oq, v, ov, c, oc = out[:6]
         held = KeptHandles(k, self._kept_handles)
-        bound = bind_pass(k, self.num_envs, ids_out, q, oq, v, ov, c, oc, self._act_qadr,
-                          self._ctrl_lo, self._ctrl_hi, self._xyzw, self.poses.fresh,
-                          self._kin_stale, state, warning, held.ids, self.nq, self.nv)
+        bound = bind_pass(k, self.num_envs, ids_out, q, oq, v, ov, c, oc, *self._consts,
+                          state, warning, held.ids, self.nq, self.nv)
         # pinned: the bound arrays, kept alive with their context (whatever is reassigned)
         call, ctx, pinned = (None, None, ()) if bound is None else bound
-        rows = (ids_out, out, state, warning, call, ctx, (k, self.nq), (k, self.nv), pinned,
-                held)
+        rows = PassRows(ids_out, out, state, warning, call, ctx, (k, self.nq), (k, self.nv),
+                        pinned, held)
         if len(self._passes) >= _PASSES:
             self._passes.clear()
         self._passes[k] = rows
