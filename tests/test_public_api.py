@@ -867,3 +867,44 @@ def test_parents_open_and_close_together_and_survive_misuse(
         assert reset() == "ok" and [len(t) for t in kept][-1] == 5
     st = session.stats()
     assert st["reset_done_ms"].count == len(inner) + 1 and inner.count("ran") == len(inner)
+
+
+def test_an_extension_function_is_recorded_in_place_and_adopts_what_it_calls_back(
+        session: Tracing, clock: FakeClock) -> None:
+    """A traced built-in (an engine's ``mj_forward``) takes no turn on the stack; a Python
+    callback it runs that opens scopes (an engine's control callback) still nests them
+    under its record, and an exception it raises is recorded on it."""
+    rec = session.thread_recorder()
+    assert isinstance(rec, recorder_module.Recorder)
+
+    @resettrace.traced(C.SET_STATE_DATA_RESET)
+    def callback(x: int) -> int:
+        clock.now += 1 * MS
+        return -x
+
+    forward = resettrace.traced(C.SET_STATE_FORWARD_KINEMATIC, within="set_state")(sorted)
+    assert forward([3, 1]) == [1, 3]  # outside set_state: not recorded, not broken
+    kept: list[list[list[int]]] = []
+
+    class Keep:
+        def on_trace(self, records: Any, recorder: Any) -> None:
+            kept.append([list(r) for r in records])
+
+    rec._sinks = (*rec._sinks, Keep())
+    with resettrace.use_tracing(session), rec.scope(C.SET_STATE, 2):
+        clock.now += 1 * MS
+        assert forward([1, 2, 3], key=callback) == [3, 2, 1]
+        with pytest.raises(TypeError):
+            forward([1, "a"])
+    (trace,) = kept
+    names = [session.catalog[r[0]].span for r in trace]
+    assert names == ["set_state", "set_state.forward_kinematic", "set_state.data_reset",
+                     "set_state.data_reset", "set_state.data_reset",
+                     "set_state.forward_kinematic"]
+    assert [r[1] for r in trace] == [-1, 0, 1, 1, 1, 0]  # the callbacks under the call
+    assert trace[1][3] - trace[1][2] == 3 * MS and trace[1][5] == 0
+    assert trace[5][5] > 0  # the TypeError
+    timing = rec.scope(C.SET_STATE).timing()
+    assert timing["set_state_forward_kinematic_ms"] == 3.0
+    assert timing[C.SET_STATE.gap_key] == 1.0
+

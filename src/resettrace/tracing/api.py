@@ -24,6 +24,7 @@ import contextlib
 import functools
 import inspect
 import threading
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -179,25 +180,23 @@ def recording() -> Recorder | None:
 
 # -- the decorator ------------------------------------------------------------------------
 def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
-                  fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                  fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                  chains: dict[int, tuple[int, ...]]) -> Any:
     """``fn`` under ``phase`` and its parents that are not open (see :func:`traced`),
-    opened and closed together (:meth:`Recorder._open_chain`)."""
-    top = rec.innermost()
-    if top is None:
-        missing = lineage[:-1]  # every parent below the root
-    else:
-        at = next((i for i, p in enumerate(lineage) if p is top[0]), -1)
-        missing = lineage[:at] if at >= 0 else []  # else: recorded where it is (said once)
-    chain = missing[::-1]
-    chain.append(phase)
-    handle = rec._open_chain(chain, count)
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException as e:
-        rec._close_chain(handle, type(e))
-        raise
-    rec._close_chain(handle)
-    return result
+    opened and closed together (:meth:`Recorder.call_chain`). ``chains``: the levels to
+    open under each innermost open phase (-1: none), worked out once per wrapper."""
+    stack = rec._stack  # this thread's open trace is rec's (rec is the current one)
+    key = rec._records[stack[-1]][0] if stack else -1
+    chain = chains.get(key)
+    if chain is None:
+        top = rec.innermost()
+        if top is None:
+            missing = lineage[:-1]  # every parent below the root
+        else:
+            at = next((i for i, p in enumerate(lineage) if p is top[0]), -1)
+            missing = lineage[:at] if at >= 0 else []  # else: recorded where it is
+        chain = chains[key] = tuple(p.index for p in [*missing[::-1], phase])
+    return rec.call_chain(chain, count, fn, args, kwargs)
 
 
 def count_of(value: Any) -> int:
@@ -335,6 +334,8 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
         read_envs = argument_reader(fn, env_count, "env_count")
         # a plain positional argument is read in place (the common case: ``env_ids``)
         at = getattr(read_count, "position", -1)
+        chains: dict[int, tuple[int, ...]] = {}  # see _with_parents
+        leaf = isinstance(fn, types.BuiltinFunctionType)  # an extension's: see call_leaf
         from resettrace.catalog import ATTR_ENV_COUNT
 
         @functools.wraps(fn)
@@ -344,11 +345,18 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 session = _default
                 if session is not None and session.processor is None:
                     return fn(*args, **kwargs)  # tracing off, nothing bound: the fast path
-                rec = current_recorder()
+                if session is None:
+                    session = get_tracing()
+                rec = getattr(session._local, "recorder", None)  # thread_recorder(), inline
+                if rec is None or session._closed:
+                    rec = session.thread_recorder()
             if not rec.enabled:
                 return fn(*args, **kwargs)
-            if inside is not None and not rec.is_open(inside):
-                return fn(*args, **kwargs)  # not on the path it is recorded on
+            if inside is not None:
+                stack = rec._stack  # the innermost open scope first: the usual place
+                if not (stack and rec._records[stack[-1]][0] == inside.index) \
+                        and not rec.is_open(inside):
+                    return fn(*args, **kwargs)  # not on the path it is recorded on
             c = NO_COUNT if fixed is None else fixed
             if read_count is not None:
                 try:
@@ -366,9 +374,10 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                     note_once(f"env_count:{resolved.span}", "cannot read the env count of "
                               "%r (%s: %s)", resolved.span, type(e).__name__, e)
             if lineage:
-                return _with_parents(rec, lineage, resolved, c, fn, args, kwargs)
-            with rec.scope(resolved, c):
-                return fn(*args, **kwargs)
+                return _with_parents(rec, lineage, resolved, c, fn, args, kwargs, chains)
+            if leaf:
+                return rec.call_leaf(resolved, c, fn, args, kwargs)
+            return rec.call(resolved, c, fn, args, kwargs)
 
         wrapper.__resettrace_phase__ = resolved  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]

@@ -120,8 +120,9 @@ class ThreadCurrent:
 
 CURRENT = ThreadCurrent()
 _current_get = CURRENT.get
-_current_set = CURRENT.set
-_current_reset = CURRENT.reset
+#: the slot itself: a trace's opening and closing set it in place (what ``set`` and
+#: ``reset`` do, without their frames)
+_SLOT = CURRENT._slot
 
 
 class TraceSink(Protocol):
@@ -226,7 +227,8 @@ class Scope:
             r = [self._index, stack[-1], 0, 0, self._count, 0]
         else:  # a trace opens: its recorder is the current one until it closes
             r = [self._index, -1, 0, 0, self._count, 0]
-            self._rec._token = _current_set(self._rec)
+            self._rec._token = (_SLOT.value,)
+            _SLOT.value = self._rec
         stack.append(pos)
         records.append(r)
         first = self._first
@@ -513,30 +515,135 @@ class Recorder:
                 return cur
         return self
 
-    def _open_chain(self, phases: Sequence[Phase], count: int = NO_COUNT
-                   ) -> tuple[Recorder, int, int]:
-        """Open ``phases``, each inside the one before, with one clock read: the levels
-        of the catalog that one call of a stack is at once (a Gymnasium sub-env's reset
-        is ``reset_done`` down to ``set_state``), each a record with ``count``. Returns
-        the handle :meth:`_close_chain` takes; scopes opened meanwhile nest in the last."""
-        rec = self._target()
-        scopes = rec._scopes
-        indices = []
-        for phase in phases:
-            try:
-                indices.append(scopes[phase.index]._index)
-            except IndexError:  # a phase registered after this recorder
-                indices.append(rec._scope_of(phase)._index)
+    def call(self, phase: Phase, count: int, fn: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+        """``fn(*args, **kwargs)`` inside a scope of ``phase`` with ``count``, routed as
+        :meth:`scope` routes it: what :func:`~resettrace.tracing.api.traced` runs.
+
+        The same records as ``with self.scope(phase, count): fn(...)``, in one frame where
+        that is three: a traced call records between stretches of training code that
+        have pushed the recorder's code and data out of the CPU caches, so each
+        instruction saved here counts several times over in a training step. A scope that
+        is not on top when ``fn`` returns (left open inside it, a lap of its own, an
+        overflow) exits as a ``with`` scope's would."""
+        ident = _get_ident()
+        if ident != self._owner:
+            return self._other_thread().call(phase, count, fn, args, kwargs)
+        stack = self._stack
+        if not stack:  # join a trace this thread has open (another recorder's)
+            cur = _current_get()
+            if (cur is not None and cur is not self and cur.enabled and cur._stack
+                    and cur._owner == ident):
+                return cur.call(phase, count, fn, args, kwargs)
+        index = phase.index
+        if index >= len(self._scopes):  # a phase registered after this recorder
+            index = self._scope_of(phase)._index
+        records = self._records
+        pos = len(records)
+        if pos >= MAX_TRACE_RECORDS:
+            self._overflow()
+            pos = 0
+        if stack:
+            r = [index, stack[-1], 0, 0, count, 0]
+        else:  # a trace opens: its recorder is the current one until it closes
+            r = [index, -1, 0, 0, count, 0]
+            self._token = (_SLOT.value,)
+            _SLOT.value = self
+        stack.append(pos)
+        records.append(r)
+        exc_type = None
+        r[2] = _perf_ns()  # R_START, last: bookkeeping is not timed
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            exc_type = type(e)
+            raise
+        finally:
+            t = _perf_ns()
+            if stack and stack[-1] == pos and records[pos] is r:
+                r[3] = t  # R_END
+                if exc_type is not None:
+                    r[R_ERROR] = error_code(exc_type.__name__)
+                stack.pop()
+                s = self._scopes[index]  # it remembers the run: its timing(), its count
+                s._pos = pos
+                s._count = count
+                if not stack:
+                    self._close_trace()
+            else:  # not on top: it exits as a ``with`` scope's would
+                self._scopes[index].__exit__(exc_type, None, None)
+
+    def call_leaf(self, phase: Phase, count: int, fn: Callable[..., Any],
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """:meth:`call` for a function of an extension (``mujoco.mj_forward``): inside an
+        open trace of this thread, its record goes in without a turn on the stack, as
+        nothing it runs is expected to open scopes. If something does (a Python callback
+        the engine calls), the scopes it opened are moved under this record afterwards,
+        so the tree is the same as :meth:`call` makes."""
+        stack = self._stack
+        if not stack or _get_ident() != self._owner:
+            return self.call(phase, count, fn, args, kwargs)
+        index = phase.index
+        if index >= len(self._scopes):  # a phase registered after this recorder
+            index = self._scope_of(phase)._index
+        records = self._records
+        pos = len(records)
+        if pos >= MAX_TRACE_RECORDS:
+            return self.call(phase, count, fn, args, kwargs)
+        parent = stack[-1]
+        r = [index, parent, 0, 0, count, 0]
+        records.append(r)
+        exc_type = None
+        r[2] = _perf_ns()
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            exc_type = type(e)
+            raise
+        finally:
+            r[3] = _perf_ns()
+            if exc_type is not None:
+                r[R_ERROR] = error_code(exc_type.__name__)
+            if len(records) != pos + 1:  # scopes opened inside it: its children
+                if pos < len(records) and records[pos] is r:
+                    for j in range(pos + 1, len(records)):
+                        if records[j][R_PARENT] == parent:
+                            records[j][R_PARENT] = pos
+                else:  # its trace closed or overflowed meanwhile: as a ``with`` scope's
+                    note_once("leaf-lost", "a call of %r outlived its trace; not recorded",
+                              self.catalog[index].span)
+
+    def call_chain(self, indices: Sequence[int], count: int, fn: Callable[..., Any],
+                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``fn(*args, **kwargs)`` inside the phases at catalog ``indices``, each inside
+        the one before, all opened with one clock read and closed with one: the levels of
+        the catalog that one call of a stack is at once (a Gymnasium sub-env's reset is
+        ``reset_done`` down to ``set_state``), each a record with ``count``. Scopes opened
+        meanwhile nest in the last; scopes left open inside them are closed with them, as
+        a scope's exit does (said once)."""
+        ident = _get_ident()
+        if ident != self._owner:
+            return self._other_thread().call_chain(indices, count, fn, args, kwargs)
+        rec = self
+        if not self._stack:  # join a trace this thread has open (another recorder's)
+            cur = _current_get()
+            if (cur is not None and cur is not self and cur.enabled and cur._stack
+                    and cur._owner == ident):
+                rec = cur
+        n = len(indices)
+        if max(indices) >= len(rec._scopes):  # a phase registered after this recorder
+            rec._grow()
         stack, records = rec._stack, rec._records
         base = len(records)
-        if base + len(indices) > MAX_TRACE_RECORDS:
+        if base + n > MAX_TRACE_RECORDS:
             rec._overflow()
             base = 0
         if stack:
             parent = stack[-1]
         else:  # a trace opens: its recorder is the current one until it closes
             parent = -1
-            rec._token = _current_set(rec)
+            rec._token = (_SLOT.value,)
+            _SLOT.value = rec
         opened = []
         pos = base
         for index in indices:
@@ -546,38 +653,38 @@ class Recorder:
             stack.append(pos)
             parent = pos
             pos += 1
+        exc_type = None
         t = _perf_ns()  # R_START, last: bookkeeping is not timed
         for r in opened:
             r[2] = t
-        return rec, base, len(indices)
-
-    def _close_chain(self, handle: tuple[Recorder, int, int],
-                    exc_type: type[BaseException] | None = None) -> None:
-        """Close what :meth:`_open_chain` opened, with one clock read (``exc_type``: the
-        exception that leaves them). Scopes still open inside them are closed with them,
-        as a scope's exit does (said once)."""
-        t = _perf_ns()
-        rec, base, n = handle
-        stack, records = rec._stack, rec._records
-        last = base + n - 1
-        if len(stack) < n or stack[-1] != last or stack[-n] != base:
-            # not on top as opened (scopes left open inside, or the trace overflowed):
-            # each level exits as its scope would, innermost first
-            if len(records) > last:
-                for pos in range(last, base - 1, -1):
-                    rec._scopes[records[pos][0]].__exit__(exc_type, None, None)
-            return
-        code = 0 if exc_type is None else error_code(exc_type.__name__)
-        scopes = rec._scopes
-        for pos in range(base, last + 1):
-            r = records[pos]
-            r[3] = t
-            if code:
-                r[R_ERROR] = code
-            scopes[r[0]]._pos = pos
-        del stack[-n:]
-        if not stack:
-            rec._close_trace()
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            exc_type = type(e)
+            raise
+        finally:
+            t = _perf_ns()
+            last = base + n - 1
+            if (len(stack) < n or stack[-1] != last or stack[-n] != base
+                    or records[last] is not opened[-1]):
+                # not on top as opened (scopes left open inside, or the trace overflowed):
+                # each level exits as its scope would, innermost first
+                if len(records) > last:
+                    for pos in range(last, base - 1, -1):
+                        rec._scopes[records[pos][0]].__exit__(exc_type, None, None)
+            else:
+                code = 0 if exc_type is None else error_code(exc_type.__name__)
+                scopes = rec._scopes
+                pos = base
+                for r in opened:
+                    r[3] = t
+                    if code:
+                        r[R_ERROR] = code
+                    scopes[r[0]]._pos = pos
+                    pos += 1
+                del stack[-n:]
+                if not stack:
+                    rec._close_trace()
 
     def _scope_of(self, phase: Phase | str) -> Scope:
         p = self.catalog.resolve(phase)
@@ -601,14 +708,18 @@ class Recorder:
 
     def _close_trace(self) -> None:
         """The trace's outermost scope closed: the thread's current recorder is again the
-        one before it opened, and the trace goes to the sinks."""
+        one before it opened, and a copy of the trace goes to the sinks (the scopes hold
+        ``self._records``: the list is reused)."""
         token, self._token = self._token, None
         if token is not None:
+            _SLOT.value = token[0]
+        self._last = records = self._records[:]
+        self._records.clear()
+        for sink in self._sinks:
             try:
-                _current_reset(token)
-            except ValueError:  # closed in another context than it opened in
-                pass
-        self._flush()
+                sink.on_trace(records, self)
+            except Exception:  # a sink must never break training
+                log.exception("resettrace: a trace sink failed")
 
     def _other_thread(self) -> Recorder:
         ident = _get_ident()
@@ -622,16 +733,6 @@ class Recorder:
                           " own thread had a trace open; each thread's calls are recorded as "
                           "traces of their own")
         return rec
-
-    def _flush(self) -> None:
-        # the scopes hold self._records: hand the sinks a copy and reuse the list
-        self._last = records = self._records[:]
-        self._records.clear()
-        for sink in self._sinks:
-            try:
-                sink.on_trace(records, self)
-            except Exception:  # a sink must never break training
-                log.exception("resettrace: a trace sink failed")
 
 
 def use_clock(clock_ns: Callable[[], int] | None) -> None:
