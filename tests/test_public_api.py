@@ -908,3 +908,13 @@ def test_an_extension_function_is_recorded_in_place_and_adopts_what_it_calls_bac
     assert timing["set_state_forward_kinematic_ms"] == 3.0
     assert timing[C.SET_STATE.gap_key] == 1.0
 
+
+def test_counts_given_as_floats_or_numpy_ints_aggregate(session: Tracing) -> None:
+    """Records hold what a caller gave as a count; aggregation reads them all."""
+    rec = session.thread_recorder()
+    with resettrace.use_tracing(session):
+        for k in (2, np.int64(3), 4.0):
+            with rec.scope(C.RESET_DONE, k):  # type: ignore[arg-type]
+                pass
+    st = session.stats()
+    assert st["reset_done_count"].total_ms == 9.0 and st["reset_done_ms"].count == 3

@@ -4,9 +4,9 @@
 (:meth:`Aggregator.on_trace`): it queues each finished trace (O(1) on the training
 thread) and a daemon thread folds the queue into per-key series (exact count, total and
 max, a reservoir of samples for percentiles), mergeable distributions and the cost model's
-sums. Traces of one shape share a plan (:class:`_Plan`), so a trace costs a list of
-durations and folding many is a few numpy column sums per key. It imports no
-OpenTelemetry: :class:`~resettrace.tracing.processor.TimingSpanProcessor` is the
+sums. Traces of one shape share a plan (:class:`_Plan`), so a trace costs a shape
+lookup and an append, and folding many is one array and a few numpy column sums per key.
+It imports no OpenTelemetry: :class:`~resettrace.tracing.processor.TimingSpanProcessor` is the
 ``SpanProcessor`` adapter over it for SDK spans.
 
 The rule, for traces and SDK spans alike: a phase adds its duration under its key; a
@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import random
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,6 +53,7 @@ from resettrace.tracing.recorder import (
     R_PARENT,
     R_PHASE,
     R_START,
+    RECORD_FIELDS,
     Record,
     note_once,
 )
@@ -154,6 +158,8 @@ class _Series:
 
 
 _K_ZERO = -2  # _Plan.k_at of an env step that reset nothing
+#: a record's place in its trace's shape: its phase and its parent's position
+_PLACE = operator.itemgetter(R_PHASE, R_PARENT)
 
 
 class _Plan:
@@ -161,15 +167,15 @@ class _Plan:
 
     Traces from one code path share a shape, so the rules of the module docstring are
     worked out once per shape: each sample row is one sample of one key, a sum of some
-    of the trace's record durations minus some others. A trace then costs a list of
-    durations; folding many of them is a few numpy column sums per row.
+    of the trace's record durations minus some others. A trace waits in :attr:`rows` as
+    it came (records are not changed once their trace closed); folding many of them is
+    one int64 array and a few numpy column sums per row.
 
     A phase entered inside itself is transparent: it adds no sample, and its children
     count as children of its own parent.
     """
 
-    __slots__ = ("version", "keys", "plus", "minus", "count_at", "k_at", "rows", "seqs",
-                 "counts", "ks")
+    __slots__ = ("version", "keys", "plus", "minus", "count_at", "k_at", "rows", "seqs")
 
     def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
         self.version = catalog.version
@@ -223,14 +229,22 @@ class _Plan:
         self.keys = [k for k, _, _ in rows]
         self.plus = [np.array(c, dtype=np.intp) for _, c, _ in rows]
         self.minus = [np.array(c, dtype=np.intp) for _, _, c in rows]
-        self.rows: list[list[int]] = []
+        self.rows: list[Sequence[Record]] = []
         self.seqs: list[int] = []
-        self.counts: list[tuple[int, int]] = []
-        self.ks: list[int] = []
 
-    def values(self) -> Iterator[tuple[str, np.ndarray]]:
+    def table(self) -> np.ndarray:
+        """The buffered traces as one ``(traces, records, fields)`` int64 array."""
+        rows = self.rows
+        try:  # records of ints (the recorder's): no Python loop
+            flat = array("q", chain.from_iterable(chain.from_iterable(rows)))
+            return np.frombuffer(flat, dtype=np.int64).reshape(len(rows), -1, RECORD_FIELDS)
+        except (TypeError, OverflowError):  # a count given as a float or a huge int
+            return np.array([[[int(v) for v in r] for r in t] for t in rows],
+                            dtype=np.int64).reshape(len(rows), -1, RECORD_FIELDS)
+
+    def values(self, table: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
         """Per sample row: its key and its values (ms) for every buffered trace."""
-        d = np.array(self.rows, dtype=np.int64)
+        d = table[:, :, R_END] - table[:, :, R_START]
         m = len(d)
         for key, plus, minus in zip(self.keys, self.plus, self.minus, strict=True):
             v = d[:, plus].sum(axis=1) if len(plus) else np.zeros(m, np.int64)
@@ -368,7 +382,7 @@ class Aggregator:
         n = len(records)
         self.traces_seen += 1
         self.records_seen += n
-        shape = tuple([r[R_PHASE] << 32 | (r[R_PARENT] + 1) for r in records])
+        shape = tuple(map(_PLACE, records))
         plan = self._plans.get(shape)
         if plan is None or plan.version != self.catalog.version:
             if plan is not None or len(self._plans) >= _MAX_PLANS:
@@ -377,15 +391,7 @@ class Aggregator:
             plan = self._plans[shape] = _Plan(records, self.catalog)
         seq = self._seq = self._seq + 1
         plan.seqs.append(seq)
-        plan.rows.append([r[R_END] - r[R_START] for r in records])
-        if plan.k_at >= 0:
-            plan.ks.append(records[plan.k_at][R_COUNT])
-        elif plan.k_at == _K_ZERO:
-            plan.ks.append(0)
-        for i in plan.count_at:
-            c = records[i][R_COUNT]
-            if c >= 0:
-                plan.counts.append((seq, c))
+        plan.rows.append(records)
         self._buffered += n
         if self._buffered >= _FOLD_RECORDS:
             self._fold()
@@ -400,22 +406,29 @@ class Aggregator:
             if not plan.rows:
                 continue
             seqs = np.array(plan.seqs, dtype=np.int64)
-            ks = np.array(plan.ks, dtype=np.float64) if plan.ks else None
+            table = plan.table()
+            if plan.k_at >= 0:
+                ks = table[:, plan.k_at, R_COUNT].astype(np.float64)
+            elif plan.k_at == _K_ZERO:
+                ks = np.zeros(len(seqs))
+            else:
+                ks = None
             counted = None if ks is None else ks >= 0
-            for key, values in plan.values():
+            for key, values in plan.values(table):
                 parts.setdefault(key, []).append((seqs, values))
                 if ks is not None:
                     fit = self._fits.get(key)
                     if fit is None:
                         fit = self._fits[key] = FitSums()
                     fit.add(ks[counted], values[counted])
-            if plan.counts:
-                cs = np.array(plan.counts, dtype=np.int64)
-                parts.setdefault(RESET_DONE_COUNT, []).append((cs[:, 0], cs[:, 1] * 1.0))
+            if plan.count_at:  # each reset_done's count, in arrival order
+                cs = table[:, plan.count_at, R_COUNT]
+                has = cs >= 0
+                if has.any():
+                    parts.setdefault(RESET_DONE_COUNT, []).append(
+                        (np.repeat(seqs, has.sum(axis=1)), cs[has] * 1.0))
             plan.rows.clear()
             plan.seqs.clear()
-            plan.counts.clear()
-            plan.ks.clear()
         for key, chunks in parts.items():
             if len(chunks) == 1:
                 ordered = chunks[0][1]
