@@ -134,11 +134,12 @@ def test_vector_env_under_resettrace_run(tmp_path: Path, mode: str) -> None:
 
 
 def test_bench_stacks_reports_median_and_total_ratios_of_both_stacks(tmp_path: Path) -> None:
-    """``resettrace bench stacks``, small: every mode timed each round, the steps and resets
-    it recorded counted, each ratio as medians and as totals with their intervals."""
+    """``resettrace bench stacks``, small: every mode timed each round after its settling
+    steps, the steps and resets it recorded counted, each ratio as medians and as totals
+    with their intervals."""
     out = tmp_path / "stacks.json"
     r = subprocess.run([sys.executable, "-m", "resettrace.cli", "bench", "stacks",
-                        "--rounds", "3", "--block", "2", "--warmup", "1",
+                        "--rounds", "3", "--block", "2", "--warmup", "1", "--settle", "2",
                         "--motrixlab-envs", "16", "--gymnasium-envs", "4", "--json", str(out)],
                        capture_output=True, text=True, timeout=300, env=clean_env())
     assert r.returncode == 0, r.stderr
@@ -148,7 +149,7 @@ def test_bench_stacks_reports_median_and_total_ratios_of_both_stacks(tmp_path: P
     for s in result["stacks"]:
         times = s["samples_us"]
         assert {len(v) for v in times.values()} == {3}
-        assert s["timing_steps"] == 3 * 2 + 1
+        assert s["timing_steps"] == 3 * 2 + 1 + (3 + 1) * 2  # blocks, warm-up, settling
         for key, ratio in s["ratios"].items():
             a, b = key.split("/")
             assert ratio["total_ratio"] == pytest.approx(sum(times[a]) / sum(times[b]))

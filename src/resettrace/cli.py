@@ -229,7 +229,8 @@ def _stacks_bench(args: argparse.Namespace) -> int:
     return _bench(args, lambda: StacksBenchConfig(
         stacks=tuple(args.stack), motrixlab_envs=args.motrixlab_envs,
         gymnasium_envs=args.gymnasium_envs,
-        rounds=args.rounds, block=args.block, warmup=args.warmup, seed=args.seed),
+        rounds=args.rounds, block=args.block, warmup=args.warmup, settle=args.settle,
+        seed=args.seed),
         run_stacks_bench, render_stacks_bench)
 
 
@@ -493,6 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--rounds", type=int, default=40, help="interleaved rounds")
     st.add_argument("--block", type=int, default=10, help="env steps per timed block")
     st.add_argument("--warmup", type=int, default=10, help="untimed steps per mode first")
+    st.add_argument("--settle", type=int, default=2,
+                    help="untimed steps before each timed block, in its mode")
     st.add_argument("--seed", type=int, default=0)
     st.add_argument("--json", default=None, help="write the result as JSON")
     st.set_defaults(func=_stacks_bench)

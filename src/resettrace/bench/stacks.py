@@ -4,7 +4,10 @@ For each stack, one env in one process: MotrixLab, the arm ``ManagerEnv`` of
 :mod:`resettrace.bench.stack_envs.motrixlab_arm`; Gymnasium, ``Hopper-v5`` in a sync
 vector env (with random actions a hopper falls within tens of steps: resets happen at
 their own pace in each sub-env, as in training). Rounds visit the modes in a fresh
-random order and time a block of env steps in each (random actions drawn beforehand):
+random order and time a block of env steps in each (random actions drawn beforehand),
+after a few untimed steps in that mode (``settle``: switching modes re-installs patches
+and brings the other session's state back into the caches, a cost a run that stays in one
+mode never pays):
 
 - ``bare``: the instrumentation not installed (installed and undone between blocks);
 - ``off`` and ``off_aa``: installed, tracing off (the A/A twin: two blocks of one mode);
@@ -51,6 +54,10 @@ class StacksBenchConfig:
     block: int = 10
     #: untimed steps per mode first
     warmup: int = 10
+    #: untimed steps before each timed block, in its mode: what switching modes costs
+    #: once (patched functions new, the other session's state in the caches) is no
+    #: mode's cost
+    settle: int = 2
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -66,6 +73,8 @@ class StacksBenchConfig:
             raise ValueError(f"--rounds must be >= 3 (a paired interval), got {self.rounds}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.settle < 0:
+            raise ValueError(f"--settle must be >= 0, got {self.settle}")
 
 
 def _motrixlab(cfg: StacksBenchConfig) -> tuple[Callable[[int], None], Callable[[], None], str]:
@@ -119,6 +128,9 @@ def _one_stack(name: str, cfg: StacksBenchConfig, progress: Callable[[str], None
                 elif mode != "bare" and undo is None:
                     undo = resettrace.instrument(name)
                 with resettrace.use_tracing(sessions[mode]):
+                    for _ in range(cfg.settle):
+                        step(i)
+                        i += 1
                     n = cfg.warmup if r < 0 else cfg.block
                     t0 = time.perf_counter_ns()
                     for _ in range(n):
