@@ -260,3 +260,78 @@ def test_one_fork_hook_resets_every_tracked_part_in_order() -> None:
     os.close(r)
     assert got == "first,second,third;1"
     assert engine.stats()["env_step_total_ms"].count == 1 and len(parts) == 3
+
+
+_EXIT_SCRIPT = '''
+import multiprocessing as mp
+import os
+import sys
+
+from resettrace.tracing import lifecycle
+
+LOG = sys.argv[1] if len(sys.argv) > 1 else os.environ["EXIT_LOG"]
+
+
+def step(name):
+    def run():
+        with open(LOG, "a") as f:
+            f.write(f"{os.getpid()} {name}\\n")
+    return run
+
+
+def fail():
+    raise RuntimeError("a step that fails")
+
+
+steps = {stage: step(stage) for stage in lifecycle.EXIT_STAGES}
+for stage in reversed(list(lifecycle.EXIT_STAGES)):  # given in the reverse order
+    lifecycle.at_exit(stage, steps[stage])
+    lifecycle.at_exit(stage, steps[stage])  # twice: runs once
+lifecycle.at_exit("spans", fail)
+
+
+def work():
+    assert lifecycle.arm_worker_exit()
+
+
+if __name__ == "__main__":
+    os.environ["EXIT_LOG"] = LOG
+    assert not lifecycle.arm_worker_exit()  # not a worker: nothing armed
+    for method in ("fork", "spawn"):
+        p = mp.get_context(method).Process(target=work)
+        p.start()
+        p.join()
+        assert p.exitcode == 0, p.exitcode
+    with open(LOG, "a") as f:
+        f.write(f"{os.getpid()} main\\n")
+'''
+
+
+def test_one_exit_path_runs_its_stages_once_in_order(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Exit is one hook too: the main process runs every stage once, in the order of
+    ``EXIT_STAGES`` whatever order they were given in, past a step that fails; a
+    multiprocessing worker (fork or spawn; it leaves through ``os._exit``) runs the
+    stages marked for workers, from multiprocessing's exit path."""
+    import subprocess
+    import sys
+
+    from resettrace.tracing import lifecycle
+
+    script = tmp_path / "exits.py"
+    script.write_text(_EXIT_SCRIPT)
+    log = tmp_path / "log"
+    proc = subprocess.run([sys.executable, str(script), str(log)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("the spans step at exit failed") == 3  # each process, once
+    lines = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    by_pid: dict[str, list[str]] = {}
+    for pid, what in lines:
+        by_pid.setdefault(pid, []).append(what)
+    main = [p for p, w in by_pid.items() if "main" in w]
+    assert len(main) == 1 and len(by_pid) == 3
+    assert by_pid.pop(main[0]) == ["main", *lifecycle.EXIT_STAGES]
+    workers = [s for s, in_workers in lifecycle.EXIT_STAGES.items() if in_workers]
+    assert list(by_pid.values()) == [workers, workers]
+    with pytest.raises(ValueError, match="unknown exit stage 'nope'"):
+        lifecycle.at_exit("nope", lambda: None)

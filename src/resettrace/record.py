@@ -575,13 +575,13 @@ def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
         return False
     if _EXIT["pid"] == os.getpid():
         return True
-    import atexit
     from multiprocessing import util
 
+    from resettrace.tracing import lifecycle
     from resettrace.tracing.session import ON_SESSION
 
     _EXIT["pid"] = os.getpid()
-    atexit.register(_write_exit_record)
+    lifecycle.at_exit("run record", _write_exit_record)
     util.register_after_fork(_EXIT_TOKEN, _arm_worker)  # a worker forked later (or spawned)
     if _on_session not in ON_SESSION:
         ON_SESSION.append(_on_session)
@@ -608,16 +608,14 @@ _EXIT_TOKEN = _Token()
 
 def _arm_worker(_token: Any) -> None:
     """In a multiprocessing worker (it leaves through ``os._exit``, where atexit never
-    runs): write the record from multiprocessing's own exit path, after the span flush."""
-    import multiprocessing
-    from multiprocessing import util
-
+    runs): its exit stages, the record after the span flush, run from multiprocessing's
+    own exit path (:func:`resettrace.tracing.lifecycle.arm_worker_exit`)."""
+    from resettrace.tracing import lifecycle
     from resettrace.tracing.api import default_session
 
-    if multiprocessing.parent_process() is None:
+    if not lifecycle.arm_worker_exit():
         return
     _EXIT["pid"] = os.getpid()
-    util.Finalize(None, _write_exit_record, exitpriority=50)
     session = default_session()
     if session is not None:  # inherited over the fork: it may have recorded already
         _on_session(session)

@@ -120,9 +120,9 @@ def _install_spec(spec: Mapping[str, Any] | str | os.PathLike[str], *, strict: b
                 _HOOK.pending.setdefault(tgt.module, []).append((tgt, installed))
             if _HOOK not in sys.meta_path:
                 sys.meta_path.insert(0, _HOOK)
-                import atexit
+                from resettrace.tracing import lifecycle
 
-                atexit.register(_warn_unpatched)
+                lifecycle.at_exit("instrumentation", _warn_unpatched)
     return installed.undo
 
 

@@ -19,7 +19,6 @@ The default session (:func:`get_tracing`) is created from the environment
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import inspect
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from resettrace.catalog import CATALOG, Phase, text_problem
 from resettrace.config import Config
+from resettrace.tracing import lifecycle
 from resettrace.tracing.recorder import CURRENT, NO_COUNT, NoopRecorder, Recorder, note_once
 
 if TYPE_CHECKING:
@@ -108,10 +108,12 @@ def stats() -> dict[str, KeyStats]:
     return get_tracing().stats()
 
 
-@atexit.register
 def _shutdown_default() -> None:
     if _default is not None:
         _default.shutdown()
+
+
+lifecycle.at_exit("default session", _shutdown_default)
 
 
 # -- recorders ----------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""What tracing does when the process forks: one hook, every part in a stated order.
+"""What tracing does when the process forks and when it exits: one hook each, every part
+in a stated order.
 
 A forked child inherits its parent's objects but none of its threads, and must not write
 to its parent's pipes or count its parent's calls. Every part with state of that kind
@@ -9,19 +10,28 @@ they were made (a session makes its aggregation engine, then its span export, th
 metrics), after the process-wide steps given to :func:`at_fork` (the SIGTERM watcher's
 wake-up fd, first).
 
-Exit is the session's: :func:`resettrace.tracing.session.shutdown_all` flushes every
-span-exporting session at interpreter exit and when a ``multiprocessing`` worker leaves.
+At exit, one ``atexit`` hook (and, in a ``multiprocessing`` worker, which leaves through
+``os._exit`` where ``atexit`` never runs, one ``multiprocessing`` finalizer armed by
+:func:`arm_worker_exit`) runs the steps given to :func:`at_exit`, once per process, stage
+by stage in the order of :data:`EXIT_STAGES`: the instrumentation's word about targets
+never imported, then every span-exporting session's flush (bounded), then the run record
+(written from statistics that include what was just flushed), then the default session's
+shutdown. A worker runs the stages marked for workers only.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["ForkAware", "track", "at_fork"]
+__all__ = ["ForkAware", "track", "at_fork", "EXIT_STAGES", "at_exit", "arm_worker_exit"]
+
+log = logging.getLogger("resettrace")
 
 
 class ForkAware(Protocol):
@@ -61,3 +71,69 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+#: the exit stages in the order they run, and whether a ``multiprocessing`` worker runs
+#: them when it leaves (its main process speaks for the instrumentation, and owns the
+#: default session's last word)
+EXIT_STAGES: dict[str, bool] = {
+    "instrumentation": False,  # targets never imported, so never traced: said once
+    "spans": True,  # every span-exporting session flushed and stopped, bounded
+    "run record": True,  # the run record, after the flush
+    "default session": False,  # the default session shut down
+}
+_exit_steps: dict[str, list[Callable[[], None]]] = {stage: [] for stage in EXIT_STAGES}
+_exited_pid: int | None = None
+_worker_armed_pid: int | None = None
+
+
+def at_exit(stage: str, step: Callable[[], None]) -> None:
+    """Run ``step`` when this process exits, in ``stage`` (one of :data:`EXIT_STAGES`);
+    a step given twice runs once. A step that raises is logged; the next ones still run."""
+    if stage not in EXIT_STAGES:
+        raise ValueError(f"unknown exit stage {stage!r}; the stages are "
+                         f"{', '.join(EXIT_STAGES)}")
+    with _lock:
+        if step not in _exit_steps[stage]:
+            _exit_steps[stage].append(step)
+
+
+def run_exit(worker: bool = False) -> None:
+    """The exit stages, once per process (``worker``: the stages a worker runs)."""
+    global _exited_pid
+    pid = os.getpid()
+    with _lock:
+        if _exited_pid == pid:
+            return
+        _exited_pid = pid
+        steps = [(stage, list(_exit_steps[stage])) for stage, in_workers in EXIT_STAGES.items()
+                 if in_workers or not worker]
+    for stage, stage_steps in steps:
+        for step in stage_steps:
+            try:
+                step()
+            except Exception:  # exiting: report, never raise
+                log.exception("resettrace: the %s step at exit failed", stage)
+
+
+def arm_worker_exit() -> bool:
+    """In a ``multiprocessing`` worker: run the workers' exit stages from multiprocessing's
+    own exit path (once per process; call it again in a forked worker, whose finalizers
+    multiprocessing cleared). False, and nothing armed, outside a worker."""
+    global _worker_armed_pid
+    import multiprocessing
+
+    if multiprocessing.parent_process() is None:
+        return False
+    pid = os.getpid()
+    with _lock:
+        if _worker_armed_pid == pid:
+            return True
+        _worker_armed_pid = pid
+    from multiprocessing import util
+
+    util.Finalize(None, run_exit, args=(True,), exitpriority=100)
+    return True
+
+
+atexit.register(run_exit)

@@ -447,7 +447,6 @@ def _jsonable(config: Config) -> dict[str, Any]:
 # -- process exit ---------------------------------------------------------------------------
 _EXPORTING: weakref.WeakSet[Tracing] = weakref.WeakSet()
 _hooks_lock = threading.Lock()
-_atexit_pid: int | None = None
 _finalize_pid: int | None = None
 _sigterm_installed = False
 
@@ -510,12 +509,18 @@ def shutdown_all() -> None:
     """Flush and stop every span-exporting session of this process (bounded). Runs at
     exit: a SIGTERM or SIGINT that arrives meanwhile (a pool's ``terminate()`` lands just
     as its workers leave) waits until the flush is done, within the shutdown timeout."""
+    sessions = list(_EXPORTING)
+    if not sessions:
+        return
     with holding_signals(redeliver=True):
-        for session in list(_EXPORTING):
+        for session in sessions:
             try:
                 session.shutdown()
             except Exception:  # exiting: report, never raise
                 log.exception("resettrace: shutdown failed")
+
+
+lifecycle.at_exit("spans", shutdown_all)
 
 
 def install_sigterm_exit() -> bool:
@@ -656,14 +661,13 @@ lifecycle.at_fork(_unwatch_after_fork)
 
 
 def _arm_worker_exit() -> None:
-    """multiprocessing workers leave through os._exit, where atexit never runs: flush
-    every session from multiprocessing's own exit path instead (once per process)."""
+    """In a multiprocessing worker (it leaves through ``os._exit``, where ``atexit`` never
+    runs): the exit stages run from multiprocessing's own exit path
+    (:func:`~resettrace.tracing.lifecycle.arm_worker_exit`), and its SIGTERM is watched
+    (once per process)."""
     global _finalize_pid
     pid = os.getpid()
-    if _finalize_pid != pid:
-        from multiprocessing import util
-
-        util.Finalize(None, shutdown_all, exitpriority=100)
+    if _finalize_pid != pid and lifecycle.arm_worker_exit():
         _finalize_pid = pid
         watch_sigterm()
 
@@ -674,21 +678,15 @@ def _armed_after_fork(session: Tracing) -> None:
 
 
 def _register_exit_hooks(session: Tracing) -> None:
-    global _atexit_pid
-    import atexit
+    """``session`` is flushed at exit (the ``spans`` stage of
+    :data:`~resettrace.tracing.lifecycle.EXIT_STAGES`), in this process and in a
+    multiprocessing worker that inherits it or makes it."""
     import multiprocessing
+    from multiprocessing import util
 
     _EXPORTING.add(session)
-    pid = os.getpid()
     with _hooks_lock:
-        if _atexit_pid is None:
-            atexit.register(shutdown_all)
-            _atexit_pid = pid
-        if multiprocessing.parent_process() is not None:
-            _arm_worker_exit()
-        # a session inherited by a forked multiprocessing worker is flushed when it leaves
-        from multiprocessing import util
-
+        _arm_worker_exit()
         util.register_after_fork(session, _armed_after_fork)
     if session.config.handle_sigterm:
         install_sigterm_exit()
