@@ -5,7 +5,7 @@
 thread) and a daemon thread folds the queue into per-key series (exact count, total and
 max, a reservoir of samples for percentiles), mergeable distributions and the cost model's
 sums. Traces of one shape share a plan (:class:`_Plan`), so a trace costs a shape
-lookup and an append, and folding many is one array and a few numpy column sums per key.
+lookup and an append, and folding many is one pass and a few numpy column sums per key.
 It imports no OpenTelemetry: :class:`~resettrace.tracing.processor.TimingSpanProcessor` is the
 ``SpanProcessor`` adapter over it for SDK spans.
 
@@ -26,11 +26,9 @@ import operator
 import random
 import threading
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,7 +51,6 @@ from resettrace.tracing.recorder import (
     R_PARENT,
     R_PHASE,
     R_START,
-    RECORD_FIELDS,
     Record,
     note_once,
 )
@@ -169,7 +166,7 @@ class _Plan:
     worked out once per shape: each sample row is one sample of one key, a sum of some
     of the trace's record durations minus some others. A trace waits in :attr:`rows` as
     it came (records are not changed once their trace closed); folding many of them is
-    one int64 array and a few numpy column sums per row.
+    one pass over their durations and a few numpy column sums per row.
 
     A phase entered inside itself is transparent: it adds no sample, and its children
     count as children of its own parent.
@@ -232,19 +229,21 @@ class _Plan:
         self.rows: list[Sequence[Record]] = []
         self.seqs: list[int] = []
 
-    def table(self) -> np.ndarray:
-        """The buffered traces as one ``(traces, records, fields)`` int64 array."""
+    def durations(self) -> np.ndarray:
+        """The buffered traces' record durations (ns), one row per trace: one flat pass."""
         rows = self.rows
-        try:  # records of ints (the recorder's): no Python loop
-            flat = array("q", chain.from_iterable(chain.from_iterable(rows)))
-            return np.frombuffer(flat, dtype=np.int64).reshape(len(rows), -1, RECORD_FIELDS)
-        except (TypeError, OverflowError):  # a count given as a float or a huge int
-            return np.array([[[int(v) for v in r] for r in t] for t in rows],
-                            dtype=np.int64).reshape(len(rows), -1, RECORD_FIELDS)
+        return np.array([r[R_END] - r[R_START] for t in rows for r in t],
+                        dtype=np.int64).reshape(len(rows), -1)
 
-    def values(self, table: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
-        """Per sample row: its key and its values (ms) for every buffered trace."""
-        d = table[:, :, R_END] - table[:, :, R_START]
+    def counts(self, at: Sequence[int]) -> np.ndarray:
+        """The buffered traces' counts of the records at ``at`` (-1: none given), one row
+        per trace, as floats (a count is whatever number the caller gave)."""
+        return np.array([[t[i][R_COUNT] for i in at] for t in self.rows],
+                        dtype=np.float64).reshape(len(self.rows), len(at))
+
+    def values(self, d: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+        """Per sample row: its key and its values (ms) for every buffered trace, from
+        :meth:`durations`."""
         m = len(d)
         for key, plus, minus in zip(self.keys, self.plus, self.minus, strict=True):
             v = d[:, plus].sum(axis=1) if len(plus) else np.zeros(m, np.int64)
@@ -406,15 +405,15 @@ class Aggregator:
             if not plan.rows:
                 continue
             seqs = np.array(plan.seqs, dtype=np.int64)
-            table = plan.table()
+            durations = plan.durations()
             if plan.k_at >= 0:
-                ks = table[:, plan.k_at, R_COUNT].astype(np.float64)
+                ks = plan.counts([plan.k_at])[:, 0]
             elif plan.k_at == _K_ZERO:
                 ks = np.zeros(len(seqs))
             else:
                 ks = None
             counted = None if ks is None else ks >= 0
-            for key, values in plan.values(table):
+            for key, values in plan.values(durations):
                 parts.setdefault(key, []).append((seqs, values))
                 if ks is not None:
                     fit = self._fits.get(key)
@@ -422,7 +421,7 @@ class Aggregator:
                         fit = self._fits[key] = FitSums()
                     fit.add(ks[counted], values[counted])
             if plan.count_at:  # each reset_done's count, in arrival order
-                cs = table[:, plan.count_at, R_COUNT]
+                cs = plan.counts(plan.count_at)
                 has = cs >= 0
                 if has.any():
                     parts.setdefault(RESET_DONE_COUNT, []).append(
