@@ -443,14 +443,10 @@ class Recorder:
         ``ValueError`` listing the closest registered names. ``lap``: a phase the scope
         opens with as its first lap (:meth:`Scope.lap`), on the same clock read.
         """
-        ident = _get_ident()
-        if ident != self._owner:
-            return self._other_thread().scope(phase, count, lap)
-        if not self._stack:  # join a trace this thread has open (another recorder's)
-            cur = _current_get()
-            if (cur is not None and cur is not self and cur.enabled and cur._stack
-                    and cur._owner == ident):
-                return cur.scope(phase, count, lap)
+        if not self._stack or _get_ident() != self._owner:
+            rec = self._target()  # another thread's, or this thread's open trace
+            if rec is not self:
+                return rec.scope(phase, count, lap)
         if phase.__class__ is str:
             s = self._named.get(phase)
             if s is None:
@@ -503,8 +499,10 @@ class Recorder:
         return rec.catalog[r[0]], r[4]
 
     def _target(self) -> Recorder:
-        """The recorder a scope opened here now goes to (as :meth:`scope` routes it):
-        this thread's own one, or the trace this thread has open on another recorder."""
+        """The recorder a scope opened here now goes to (the one rule :meth:`scope`,
+        :meth:`call` and :meth:`call_chain` route by): this thread's own one (a recorder
+        used from another thread has one per thread), or the trace this thread has open on
+        another recorder, which it joins."""
         ident = _get_ident()
         if ident != self._owner:
             return self._other_thread()._target()
@@ -526,15 +524,11 @@ class Recorder:
         instruction saved here counts several times over in a training step. A scope that
         is not on top when ``fn`` returns (left open inside it, a lap of its own, an
         overflow) exits as a ``with`` scope's would."""
-        ident = _get_ident()
-        if ident != self._owner:
-            return self._other_thread().call(phase, count, fn, args, kwargs)
         stack = self._stack
-        if not stack:  # join a trace this thread has open (another recorder's)
-            cur = _current_get()
-            if (cur is not None and cur is not self and cur.enabled and cur._stack
-                    and cur._owner == ident):
-                return cur.call(phase, count, fn, args, kwargs)
+        if not stack or _get_ident() != self._owner:
+            rec = self._target()  # another thread's, or this thread's open trace
+            if rec is not self:
+                return rec.call(phase, count, fn, args, kwargs)
         index = phase.index
         if index >= len(self._scopes):  # a phase registered after this recorder
             index = self._scope_of(phase)._index
@@ -621,15 +615,9 @@ class Recorder:
         ``reset_done`` down to ``set_state``), each a record with ``count``. Scopes opened
         meanwhile nest in the last; scopes left open inside them are closed with them, as
         a scope's exit does (said once)."""
-        ident = _get_ident()
-        if ident != self._owner:
-            return self._other_thread().call_chain(indices, count, fn, args, kwargs)
         rec = self
-        if not self._stack:  # join a trace this thread has open (another recorder's)
-            cur = _current_get()
-            if (cur is not None and cur is not self and cur.enabled and cur._stack
-                    and cur._owner == ident):
-                rec = cur
+        if not self._stack or _get_ident() != self._owner:
+            rec = self._target()  # another thread's, or this thread's open trace
         n = len(indices)
         if max(indices) >= len(rec._scopes):  # a phase registered after this recorder
             rec._grow()
