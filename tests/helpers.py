@@ -23,14 +23,17 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def assert_closed(stats: dict[str, Any], phase: C.Phase) -> None:
+def assert_closed(stats: dict[str, Any], phase: C.Phase, catalog: Any = None) -> None:
     """A phase's account is closed: its children's totals and its gap make its total
-    (``stats``: a session's ``KeyStats`` or a run record's dicts)."""
+    (``stats``: a session's ``KeyStats`` or a run record's dicts; ``catalog``: the one
+    that names its children, default the process's: a run record's own, from
+    ``RunRecord.catalog()``, when the run registered phases this process has not)."""
     def total(key: str) -> float:
         s = stats[key]
         return s["total_ms"] if isinstance(s, dict) else s.total_ms
 
-    keys = [k for k in C.CATALOG.timing_keys(phase) if k != phase.key]
+    cat = C.CATALOG if catalog is None else catalog
+    keys = [k for k in cat.timing_keys(cat.resolve(phase.span)) if k != phase.key]
     parts = sum(total(k) for k in keys if k in stats)
     assert parts == pytest.approx(total(phase.key), rel=1e-6, abs=1e-6), (phase.span, keys)
 
