@@ -603,7 +603,7 @@ class Recorder:
                     for j in range(pos + 1, len(records)):
                         if records[j][R_PARENT] == parent:
                             records[j][R_PARENT] = pos
-                else:  # its trace closed or overflowed meanwhile: as a ``with`` scope's
+                else:  # its trace was cut meanwhile (an overflow): its record went with it
                     note_once("leaf-lost", "a call of %r outlived its trace; not recorded",
                               self.catalog[index].span)
 
