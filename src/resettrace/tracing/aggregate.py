@@ -5,7 +5,7 @@
 thread) and a daemon thread folds the queue into per-key series (exact count, total and
 max, a reservoir of samples for percentiles), mergeable distributions and the cost model's
 sums. Traces of one shape share a plan (:class:`_Plan`), so a trace costs a shape
-lookup and an append, and folding many is one pass and a few numpy column sums per key.
+lookup and a few appends to arrays, and folding many is a few numpy column sums per key.
 It imports no OpenTelemetry: :class:`~resettrace.tracing.processor.TimingSpanProcessor` is the
 ``SpanProcessor`` adapter over it for SDK spans.
 
@@ -26,6 +26,7 @@ import operator
 import random
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -164,15 +165,16 @@ class _Plan:
 
     Traces from one code path share a shape, so the rules of the module docstring are
     worked out once per shape: each sample row is one sample of one key, a sum of some
-    of the trace's record durations minus some others. A trace waits in :attr:`rows` as
-    it came (records are not changed once their trace closed); folding many of them is
-    one pass over their durations and a few numpy column sums per row.
+    of the trace's record durations minus some others. A trace then costs its durations
+    and counts appended to arrays; folding many of them is a few numpy column sums per
+    row.
 
     A phase entered inside itself is transparent: it adds no sample, and its children
     count as children of its own parent.
     """
 
-    __slots__ = ("version", "keys", "plus", "minus", "count_at", "k_at", "rows", "seqs")
+    __slots__ = ("version", "keys", "plus", "minus", "count_at", "k_at", "durations", "seqs",
+                 "ks", "counts")
 
     def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
         self.version = catalog.version
@@ -226,25 +228,17 @@ class _Plan:
         self.keys = [k for k, _, _ in rows]
         self.plus = [np.array(c, dtype=np.intp) for _, c, _ in rows]
         self.minus = [np.array(c, dtype=np.intp) for _, _, c in rows]
-        self.rows: list[Sequence[Record]] = []
-        self.seqs: list[int] = []
+        # the buffered traces, in arrays (no object per trace for the garbage collector
+        # to walk: a training step that allocates nothing else makes it collect nothing)
+        self.durations = array("q")  # each trace's record durations (ns), trace after trace
+        self.seqs = array("q")
+        self.ks = array("d")  # each trace's k, when the plan has one
+        self.counts = array("d")  # each trace's reset_done counts (-1: none given)
 
-    def durations(self) -> np.ndarray:
-        """The buffered traces' record durations (ns), one row per trace: one flat pass."""
-        rows = self.rows
-        return np.array([r[R_END] - r[R_START] for t in rows for r in t],
-                        dtype=np.int64).reshape(len(rows), -1)
-
-    def counts(self, at: Sequence[int]) -> np.ndarray:
-        """The buffered traces' counts of the records at ``at`` (-1: none given), one row
-        per trace, as floats (a count is whatever number the caller gave)."""
-        return np.array([[t[i][R_COUNT] for i in at] for t in self.rows],
-                        dtype=np.float64).reshape(len(self.rows), len(at))
-
-    def values(self, d: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
-        """Per sample row: its key and its values (ms) for every buffered trace, from
-        :meth:`durations`."""
-        m = len(d)
+    def values(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Per sample row: its key and its values (ms) for every buffered trace."""
+        m = len(self.seqs)
+        d = np.array(self.durations, dtype=np.int64).reshape(m, -1)
         for key, plus, minus in zip(self.keys, self.plus, self.minus, strict=True):
             v = d[:, plus].sum(axis=1) if len(plus) else np.zeros(m, np.int64)
             if len(minus):
@@ -390,7 +384,11 @@ class Aggregator:
             plan = self._plans[shape] = _Plan(records, self.catalog)
         seq = self._seq = self._seq + 1
         plan.seqs.append(seq)
-        plan.rows.append(records)
+        plan.durations.extend([r[R_END] - r[R_START] for r in records])
+        if plan.k_at >= 0:
+            plan.ks.append(records[plan.k_at][R_COUNT])
+        for i in plan.count_at:
+            plan.counts.append(records[i][R_COUNT])
         self._buffered += n
         if self._buffered >= _FOLD_RECORDS:
             self._fold()
@@ -402,18 +400,17 @@ class Aggregator:
         self._buffered = 0
         parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         for plan in self._plans.values():
-            if not plan.rows:
+            if not plan.seqs:
                 continue
             seqs = np.array(plan.seqs, dtype=np.int64)
-            durations = plan.durations()
             if plan.k_at >= 0:
-                ks = plan.counts([plan.k_at])[:, 0]
+                ks = np.array(plan.ks, dtype=np.float64)
             elif plan.k_at == _K_ZERO:
                 ks = np.zeros(len(seqs))
             else:
                 ks = None
             counted = None if ks is None else ks >= 0
-            for key, values in plan.values(durations):
+            for key, values in plan.values():
                 parts.setdefault(key, []).append((seqs, values))
                 if ks is not None:
                     fit = self._fits.get(key)
@@ -421,13 +418,13 @@ class Aggregator:
                         fit = self._fits[key] = FitSums()
                     fit.add(ks[counted], values[counted])
             if plan.count_at:  # each reset_done's count, in arrival order
-                cs = plan.counts(plan.count_at)
+                cs = np.array(plan.counts, dtype=np.float64).reshape(len(seqs), -1)
                 has = cs >= 0
                 if has.any():
                     parts.setdefault(RESET_DONE_COUNT, []).append(
-                        (np.repeat(seqs, has.sum(axis=1)), cs[has] * 1.0))
-            plan.rows.clear()
-            plan.seqs.clear()
+                        (np.repeat(seqs, has.sum(axis=1)), cs[has]))
+            for buffer in (plan.durations, plan.seqs, plan.ks, plan.counts):
+                del buffer[:]
         for key, chunks in parts.items():
             if len(chunks) == 1:
                 ordered = chunks[0][1]
