@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from resettrace.catalog import ATTR_EXPORT_DROPPED, INSTRUMENTATION_SCOPE
 from resettrace.tracing.export.otlp_wire import WireEncoder
 from resettrace.tracing.materialise import build_spans
+from resettrace.tracing.recorder import RECORD_FIELDS
 
 RECORDS = [  # env_step > physics, reset_done(k=3) > dr_reset > set_state (error) > mask
     [0, -1, 1_000, 90_000, -1, 0],
@@ -54,10 +55,16 @@ def _sdk_request() -> ExportTraceServiceRequest:
     return encode_spans(keep.spans)
 
 
+def _add_trace(enc: WireEncoder, rid: int, root_attrs: dict[str, Any]) -> None:
+    """Encode RECORDS as one trace, as the export process encodes a batch of them."""
+    a = np.asarray(RECORDS, dtype=np.int64).reshape(-1, RECORD_FIELDS)
+    enc.add_traces(rid, OFFSET, root_attrs, a, [len(a)])
+
+
 def _wire_request(max_spans: int = 512) -> tuple[ExportTraceServiceRequest, int]:
     enc = WireEncoder(RESOURCE, _name, _error)
     enc.set_attributes(7, ATTRS)
-    enc.add_trace(7, RECORDS, OFFSET, {ATTR_EXPORT_DROPPED: 5})
+    _add_trace(enc, 7, {ATTR_EXPORT_DROPPED: 5})
     payload = enc.take(max_spans)
     assert payload is not None
     return ExportTraceServiceRequest.FromString(payload.data), payload.count
@@ -96,7 +103,7 @@ def test_the_wire_request_decodes_to_what_the_sdk_sends() -> None:
 def test_requests_hold_whole_traces() -> None:
     enc = WireEncoder(RESOURCE, _name, _error)
     for _ in range(5):
-        enc.add_trace(0, RECORDS, OFFSET, {})
+        _add_trace(enc, 0, {})
     sizes = []
     while (p := enc.take(13)) is not None:
         req = ExportTraceServiceRequest.FromString(p.data)
@@ -105,7 +112,7 @@ def test_requests_hold_whole_traces() -> None:
         sizes.append(p.count)
     assert sizes == [12, 12, 6]
     big = WireEncoder(RESOURCE, _name, _error)
-    big.add_trace(0, RECORDS, OFFSET, {})
+    _add_trace(big, 0, {})
     p = big.take(4)  # a trace larger than the cap goes whole
     assert p is not None and p.count == 6 and big.take(4) is None
 

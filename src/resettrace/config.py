@@ -131,6 +131,9 @@ ENV_SPAN_ENCODER = "RESETTRACE_SPAN_ENCODER"
 #: a CA certificate for OTLP over TLS (``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_CERTIFICATE``
 #: first): the signal-specific name is ``ENV_OTLP_CERTIFICATE.format(signal="TRACES_")``
 ENV_OTLP_CERTIFICATE = "OTEL_EXPORTER_OTLP_{signal}CERTIFICATE"
+#: the OTLP/HTTP exporter's own credential provider (``signal``: ``TRACES`` or
+#: ``METRICS``): when set, it builds the HTTP session, not the certificate above
+ENV_OTLP_HTTP_CREDENTIAL_PROVIDER = "OTEL_PYTHON_EXPORTER_OTLP_HTTP_{signal}_CREDENTIAL_PROVIDER"
 
 #: exporter kinds; those in PATH_KINDS take ``kind:PATH``
 EXPORTER_KINDS = ("otlp", "file", "perfetto", "otlp-json", "jaeger-json", "memory")

@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from resettrace import outputs
 from resettrace.catalog import ATTR_WORKER_RANK
-from resettrace.config import ENV_OTLP_CERTIFICATE, Config
+from resettrace.config import ENV_OTLP_CERTIFICATE, ENV_OTLP_HTTP_CREDENTIAL_PROVIDER, Config
 from resettrace.tracing.export.file_formats import _FileExporter, _span_attributes
 from resettrace.tracing.export.records import Slot, TextTemplates, Traces
 from resettrace.tracing.recorder import R_ERROR, R_PARENT, R_PHASE
@@ -186,7 +186,7 @@ def otlp_arguments(config: Config, *, timeout_s: float | None = None,
     signal = "METRICS" if metrics else "TRACES"
     if (os.environ.get(ENV_OTLP_CERTIFICATE.format(signal=f"{signal}_"))
             or os.environ.get(ENV_OTLP_CERTIFICATE.format(signal=""))) and not os.environ.get(
-            f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{signal}_CREDENTIAL_PROVIDER"):
+            ENV_OTLP_HTTP_CREDENTIAL_PROVIDER.format(signal=signal)):
         args["session"] = _certificate_session()
     return args
 

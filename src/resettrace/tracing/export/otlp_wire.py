@@ -218,12 +218,6 @@ class WireEncoder:
     def pending(self) -> int:
         return self._pending
 
-    def add_trace(self, rid: int, records: Any, offset: int,
-                  root_attrs: Mapping[str, Any]) -> None:
-        """Encode one trace (records as the recorder made them, clocks + ``offset``)."""
-        a = np.asarray(records, dtype=np.int64).reshape(-1, RECORD_FIELDS)
-        self.add_traces(rid, offset, root_attrs, a, [len(a)])
-
     def add_record_traces(self, traces: Traces) -> None:
         """Encode :class:`~resettrace.tracing.export.records.Traces` with the ids they
         were given (the same spans in every format the export process writes)."""
