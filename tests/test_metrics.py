@@ -53,6 +53,10 @@ def test_otlp_metrics_carry_every_call_and_failures_are_counted(
         session = Tracing(Config(mode="timing", metrics=("otlp",), metrics_interval_s=0.2,
                                  resource_attributes=RESOURCE))
         _run(session)
+        deadline = time.monotonic() + 10.0  # a periodic push, however fast the run was
+        while session.export_report()["metrics"]["otlp_exports"] < 1 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         session.shutdown()  # one last push
         request = rx.last()
     assert request is not None

@@ -20,6 +20,7 @@ outermost call.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import operator
@@ -64,9 +65,9 @@ log = logging.getLogger(__name__)
 __all__ = ["Aggregator", "KeyStats", "percentile"]
 
 #: queued traces that wake the aggregation thread
-_DRAIN_BATCH = 32
+_DRAIN_BATCH = 256
 #: traces aggregated between two GIL hand-backs of the aggregation thread
-_DRAIN_CHUNK = 32
+_DRAIN_CHUNK = 256
 #: buffered records that are folded into samples at once (and at every read)
 _FOLD_RECORDS = 32_768
 #: trace shapes whose plans are kept (traces of more shapes: the plans start afresh)
@@ -158,6 +159,8 @@ class _Series:
 _K_ZERO = -2  # _Plan.k_at of an env step that reset nothing
 #: a record's place in its trace's shape: its phase and its parent's position
 _PLACE = operator.itemgetter(R_PHASE, R_PARENT)
+#: ``map(map, _REPEAT_PLACE, traces)``: each trace's places, without a Python loop
+_REPEAT_PLACE = itertools.repeat(_PLACE)
 
 
 class _Plan:
@@ -173,11 +176,10 @@ class _Plan:
     count as children of its own parent.
     """
 
-    __slots__ = ("version", "keys", "plus", "minus", "count_at", "k_at", "durations", "seqs",
+    __slots__ = ("keys", "plus", "minus", "count_at", "k_at", "durations", "seqs",
                  "ks", "counts")
 
     def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
-        self.version = catalog.version
         n = len(records)
         phases = [catalog[r[R_PHASE]] for r in records]
         skip = _recursive(records, phases) if len(set(phases)) < n else [False] * n
@@ -288,6 +290,7 @@ class Aggregator:
         self._pending: deque[Sequence[Record]] = deque()
         # traces of one shape share a plan; their durations wait in it until folded
         self._plans: dict[tuple[int, ...], _Plan] = {}
+        self._plans_version = catalog.version
         self._seq = 0
         self._buffered = 0
         self._wake = threading.Event()
@@ -343,7 +346,7 @@ class Aggregator:
             return  # a shut-down session keeps nothing (its recorders may live on)
         pending = self._pending
         pending.append(records)
-        if len(pending) >= _DRAIN_BATCH and not self._wake.is_set():
+        if len(pending) == _DRAIN_BATCH:  # once per batch (a busy thread drains on)
             if self._worker is None:
                 self._start_worker()
             self._wake.set()
@@ -357,38 +360,50 @@ class Aggregator:
 
     def _work(self) -> None:
         while not self._stopped:
-            self._wake.wait(0.5)
+            self._wake.wait(5.0)
             self._wake.clear()
             self._drain()
 
     def _drain(self) -> None:
         pending = self._pending
+        take = pending.popleft
         while pending:
             with self._lock:
-                for _ in range(min(len(pending), _DRAIN_CHUNK)):
-                    self._aggregate(pending.popleft())
+                self._aggregate([take() for _ in range(min(len(pending), _DRAIN_CHUNK))])
             if threading.current_thread() is self._worker:
                 time.sleep(0)  # hand the GIL back to the training thread between chunks
 
-    def _aggregate(self, records: Sequence[Record]) -> None:
-        """Buffer one trace's durations under the plan of its shape (see :class:`_Plan`)."""
-        n = len(records)
-        self.traces_seen += 1
-        self.records_seen += n
-        shape = tuple(map(_PLACE, records))
-        plan = self._plans.get(shape)
-        if plan is None or plan.version != self.catalog.version:
-            if plan is not None or len(self._plans) >= _MAX_PLANS:
-                self._fold()  # a phase was registered, or too many shapes: start afresh
-                self._plans.clear()
-            plan = self._plans[shape] = _Plan(records, self.catalog)
-        seq = self._seq = self._seq + 1
-        plan.seqs.append(seq)
-        plan.durations.extend([r[R_END] - r[R_START] for r in records])
-        if plan.k_at >= 0:
-            plan.ks.append(records[plan.k_at][R_COUNT])
-        for i in plan.count_at:
-            plan.counts.append(records[i][R_COUNT])
+    def _aggregate(self, traces: list[Sequence[Record]]) -> None:
+        """Buffer traces' durations under the plans of their shapes (see :class:`_Plan`):
+        the shapes worked out in C, then per trace a plan lookup and a few appends."""
+        if self._plans_version != self.catalog.version:  # a phase was registered
+            self._fold()
+            self._plans.clear()
+            self._plans_version = self.catalog.version
+        plans = self._plans
+        seq = self._seq
+        n = 0
+        for shape, records in zip(map(tuple, map(map, _REPEAT_PLACE, traces)), traces,
+                                  strict=True):
+            plan = plans.get(shape)
+            if plan is None:
+                if len(plans) >= _MAX_PLANS:  # too many shapes: start afresh
+                    self._buffered += n  # (what this batch buffered so far is folded too)
+                    n = 0
+                    self._fold()
+                    plans.clear()
+                plan = plans[shape] = _Plan(records, self.catalog)
+            seq += 1
+            plan.seqs.append(seq)
+            plan.durations.extend([r[R_END] - r[R_START] for r in records])
+            if plan.k_at >= 0:
+                plan.ks.append(records[plan.k_at][R_COUNT])
+            for i in plan.count_at:
+                plan.counts.append(records[i][R_COUNT])
+            n += len(records)
+        self._seq = seq
+        self.traces_seen += len(traces)
+        self.records_seen += sum(map(len, traces))
         self._buffered += n
         if self._buffered >= _FOLD_RECORDS:
             self._fold()

@@ -27,10 +27,20 @@ import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from resettrace.catalog import CATALOG, Phase, text_problem
+from resettrace.catalog import ATTR_ENV_COUNT, CATALOG, Phase, text_problem
 from resettrace.config import Config
 from resettrace.tracing import lifecycle
-from resettrace.tracing.recorder import CURRENT, NO_COUNT, NoopRecorder, Recorder, note_once
+from resettrace.tracing import recorder as _rec
+from resettrace.tracing.recorder import (
+    _SLOT,
+    CURRENT,
+    MAX_TRACE_RECORDS,
+    NO_COUNT,
+    NoopRecorder,
+    Recorder,
+    error_code,
+    note_once,
+)
 
 if TYPE_CHECKING:
     from resettrace.tracing.processor import KeyStats
@@ -45,6 +55,7 @@ _lock = threading.Lock()
 _default: Tracing | None = None
 _CURRENT = CURRENT
 _get_current = _CURRENT.get
+_get_ident = threading.get_ident
 
 
 # -- sessions -----------------------------------------------------------------------------
@@ -201,6 +212,187 @@ def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
     return rec.call_chain(chain, count, fn, args, kwargs)
 
 
+# -- the fast paths of ``traced`` -----------------------------------------------------------
+# A traced call records between stretches of training code that have pushed the recorder's
+# code and data out of the CPU caches, so each instruction saved here counts several times
+# over in a training step. Each wrapper below takes the common case of its kind in one
+# frame, recording what :meth:`Recorder.call`, :meth:`Recorder.call_leaf` and
+# :meth:`Recorder.call_chain` record; anything else (a bound or another thread's recorder,
+# the first call of a recorder, a trace that is full, a phase registered after the
+# recorder, a within-phase open deeper than the top) goes to ``general``, which routes it
+# through those methods.
+def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
+               count_now: Callable[..., int], static: int | None, index: int, within: int,
+               envs: bool) -> Callable[..., Any]:
+    """A call recorded with a turn on the stack (:meth:`Recorder.call`): at the root of a
+    trace (an env step) or inside one; ``within`` >= 0: only inside that phase."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rec = _SLOT.value  # the recorder of this thread's open trace, or a bound one
+        if rec is None:  # none open, none bound
+            if within >= 0:
+                return fn(*args, **kwargs)  # not on the path it is recorded on
+            session = _default
+            if session is None:
+                return general(args, kwargs)
+            if session.processor is None:
+                return fn(*args, **kwargs)  # tracing off
+            rec = getattr(session._local, "recorder", None)  # this thread's own
+            if rec is None or session._closed or rec._stack:
+                return general(args, kwargs)
+        elif rec.__class__ is not Recorder or not rec._stack or rec._owner != _get_ident():
+            return general(args, kwargs)
+        stack = rec._stack
+        records = rec._records
+        if within >= 0 and records[stack[-1]][0] != within:
+            return general(args, kwargs)
+        scopes = rec._scopes
+        pos = len(records)
+        if pos >= MAX_TRACE_RECORDS or index >= len(scopes) or (
+                envs and ATTR_ENV_COUNT not in rec.attributes):
+            return general(args, kwargs)
+        c = static if static is not None else count_now(args, kwargs)
+        if stack:
+            r = [index, stack[-1], 0, 0, c, 0]
+        else:  # a trace opens: its recorder is the current one until it closes
+            r = [index, -1, 0, 0, c, 0]
+            rec._token = (None,)
+            _SLOT.value = rec
+        stack.append(pos)
+        records.append(r)
+        exc_type = None
+        r[2] = _rec._perf_ns()  # R_START, last: bookkeeping is not timed
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            exc_type = type(e)
+            raise
+        finally:
+            t = _rec._perf_ns()
+            if stack and stack[-1] == pos and records[pos] is r:
+                r[3] = t  # R_END
+                if exc_type is not None:
+                    r[5] = error_code(exc_type.__name__)  # R_ERROR
+                stack.pop()
+                s = scopes[index]  # it remembers the run: its timing(), its count
+                s._pos = pos
+                s._count = c
+                if not stack:
+                    rec._close_trace()
+            else:  # not on top: it exits as a ``with`` scope's would
+                scopes[index].__exit__(exc_type, None, None)
+
+    return wrapper
+
+
+def _fast_leaf(fn: Callable[..., Any], general: Callable[..., Any],
+               count_now: Callable[..., int], static: int | None, index: int, within: int
+               ) -> Callable[..., Any]:
+    """An extension's function recorded inside ``within`` without a turn on the stack
+    (:meth:`Recorder.call_leaf`)."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rec = _SLOT.value
+        if rec is None:
+            return fn(*args, **kwargs)  # no trace open: not on the path it is recorded on
+        if rec.__class__ is not Recorder:
+            return general(args, kwargs)
+        stack = rec._stack
+        if not stack or rec._owner != _get_ident():
+            return general(args, kwargs)
+        records = rec._records
+        parent = stack[-1]
+        pos = len(records)
+        if records[parent][0] != within or pos >= MAX_TRACE_RECORDS:
+            return general(args, kwargs)
+        r = [index, parent, 0, 0, static if static is not None else count_now(args, kwargs),
+             0]
+        records.append(r)
+        exc_type = None
+        r[2] = _rec._perf_ns()
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            exc_type = type(e)
+            raise
+        finally:
+            r[3] = _rec._perf_ns()
+            if exc_type is not None:
+                r[5] = error_code(exc_type.__name__)
+            if len(records) != pos + 1:  # scopes opened inside it (a Python callback)
+                rec._adopt(r, pos, parent, index)
+
+    return wrapper
+
+
+def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
+                count_now: Callable[..., int], static: int | None,
+                chains: dict[int, tuple[int, ...]]) -> Callable[..., Any]:
+    """A call that is several levels of the catalog at once, inside an open trace
+    (:meth:`Recorder.call_chain`; ``chains``: the levels under each innermost open phase,
+    as :func:`_with_parents` works them out)."""
+    links_of: dict[int, tuple[tuple[tuple[int, int], ...], int]] = {}
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rec = _SLOT.value
+        if rec is None or rec.__class__ is not Recorder:
+            return general(args, kwargs)
+        stack = rec._stack
+        if not stack or rec._owner != _get_ident():
+            return general(args, kwargs)
+        records = rec._records
+        parent = stack[-1]
+        known = links_of.get(records[parent][0])
+        if known is None:
+            chain = chains.get(records[parent][0])
+            if chain is None:
+                return general(args, kwargs)  # it works the chain out
+            # each level's index and the offset of its parent from the chain's first
+            known = links_of[records[parent][0]] = (
+                tuple((i, k - 1) for k, i in enumerate(chain)), max(chain))
+        links, top = known
+        n = len(links)
+        base = len(records)
+        scopes = rec._scopes
+        if base + n > MAX_TRACE_RECORDS or top >= len(scopes):
+            return general(args, kwargs)
+        c = static if static is not None else count_now(args, kwargs)
+        opened = [[i, base + o, 0, 0, c, 0] for i, o in links]
+        opened[0][1] = parent
+        records += opened
+        stack += range(base, base + n)
+        exc_type = None
+        t = _rec._perf_ns()  # R_START, last: bookkeeping is not timed
+        for r in opened:
+            r[2] = t
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            exc_type = type(e)
+            raise
+        finally:
+            t = _rec._perf_ns()
+            last = base + n - 1
+            if stack and stack[-1] == last and records[last] is opened[-1]:
+                for r in opened:
+                    r[3] = t  # R_END
+                if exc_type is not None:
+                    code = error_code(exc_type.__name__)
+                    for r in opened:
+                        r[5] = code
+                for pos, r in enumerate(opened, base):  # each level remembers its run
+                    scopes[r[0]]._pos = pos
+                del stack[-n:]
+                if not stack:
+                    rec._close_trace()
+            elif len(records) > last and records[last] is opened[-1]:
+                # not on top as opened: each level exits as its scope would
+                for pos in range(last, base - 1, -1):
+                    scopes[records[pos][0]].__exit__(exc_type, None, None)
+
+    return wrapper
+
+
 def count_of(value: Any) -> int:
     """The env count of a value: an int as is, a bool array's True values, else ``len()``."""
     t = type(value)
@@ -338,10 +530,10 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
         at = getattr(read_count, "position", -1)
         chains: dict[int, tuple[int, ...]] = {}  # see _with_parents
         leaf = isinstance(fn, types.BuiltinFunctionType)  # an extension's: see call_leaf
-        from resettrace.catalog import ATTR_ENV_COUNT
 
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            """Every case, as the recorder's methods route it (the fast paths below take
+            the common ones, recording what this records)."""
             rec = _get_current()
             if rec is None:
                 session = _default
@@ -359,15 +551,7 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 if not (stack and rec._records[stack[-1]][0] == inside.index) \
                         and not rec.is_open(inside):
                     return fn(*args, **kwargs)  # not on the path it is recorded on
-            c = NO_COUNT if fixed is None else fixed
-            if read_count is not None:
-                try:
-                    v = args[at] if 0 <= at < len(args) else read_count(args, kwargs)
-                    c = v if type(v) is int else count_of(v)
-                except Exception as e:  # never break the user's call over a count
-                    note_once(f"count:{resolved.span}", "cannot read the count of %r "
-                              "(%s: %s); recorded without one", resolved.span,
-                              type(e).__name__, e)
+            c = count_now(args, kwargs)
             if read_envs is not None and ATTR_ENV_COUNT not in rec.attributes:
                 try:
                     rec.attributes[ATTR_ENV_COUNT] = count_of(
@@ -381,6 +565,29 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 return rec.call_leaf(resolved, c, fn, args, kwargs)
             return rec.call(resolved, c, fn, args, kwargs)
 
+        def count_now(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+            if read_count is None:
+                return NO_COUNT if fixed is None else fixed
+            try:
+                v = args[at] if 0 <= at < len(args) else read_count(args, kwargs)
+                return v if type(v) is int else count_of(v)
+            except Exception as e:  # never break the user's call over a count
+                note_once(f"count:{resolved.span}", "cannot read the count of %r "
+                          "(%s: %s); recorded without one", resolved.span,
+                          type(e).__name__, e)
+                return NO_COUNT
+
+        # the count of every call when it is one (else read per call by count_now)
+        static = None if read_count is not None else NO_COUNT if fixed is None else fixed
+        within = -1 if inside is None else inside.index
+        if lineage:
+            wrapper = _fast_chain(fn, general, count_now, static, chains)
+        elif leaf and inside is not None:
+            wrapper = _fast_leaf(fn, general, count_now, static, resolved.index, within)
+        else:
+            wrapper = _fast_call(fn, general, count_now, static, resolved.index, within,
+                                 read_envs is not None)
+        functools.update_wrapper(wrapper, fn)
         wrapper.__resettrace_phase__ = resolved  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 

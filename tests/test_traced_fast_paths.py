@@ -1,0 +1,186 @@
+"""``traced`` takes the common cases in one frame (``api._fast_call``, ``_fast_leaf``,
+``_fast_chain``) and routes the rest through the recorder's methods: both must record
+the same trees, counts, errors and timing dicts."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import resettrace
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.tracing.api import traced
+from resettrace.tracing.recorder import R_COUNT, R_ERROR, R_PARENT, R_PHASE, Recorder
+from resettrace.tracing.session import Tracing
+
+
+class _Routed(Recorder):
+    """A recorder the fast paths leave to the general one (they take ``Recorder`` only)."""
+
+
+def _shape(trace: list[list[int]]) -> list[tuple[str, int, int, int]]:
+    return [(C.CATALOG[r[R_PHASE]].span, r[R_PARENT], r[R_COUNT], r[R_ERROR])
+            for r in trace]
+
+
+class Boom(RuntimeError):
+    pass
+
+
+leaf = traced("set_state.forward_kinematic", within="set_state")(math.sqrt)
+data_reset = traced("set_state.data_reset", within="set_state")(math.floor)
+
+
+@traced("set_state", count=1, parents=True)
+def sub_reset(fail: bool = False) -> float:
+    data_reset(2.5)
+    if fail:
+        raise Boom("reset failed")
+    return leaf(16.0)
+
+
+@traced("dr_reset", count="env_ids")
+def dr_reset(env_ids: Any) -> None:
+    sub_reset()
+
+
+class Env:
+    num_envs = 8
+
+    @traced("env_step", env_count="self.num_envs")
+    def step(self, resets: int, fail: bool = False) -> int:
+        leaf(4.0)  # not inside set_state: not recorded
+        for _ in range(resets):
+            sub_reset()
+        if fail:
+            sub_reset(fail=True)
+        return resets
+
+
+def _scenarios() -> list[tuple[str, Callable[[], Any]]]:
+    env = Env()
+    return [
+        ("step without a reset", lambda: env.step(0)),
+        ("step with three resets", lambda: env.step(3)),
+        ("a reset outside a step", lambda: sub_reset()),
+        ("a count read from an argument", lambda: dr_reset(np.array([True, False, True]))),
+        ("a count that is an int", lambda: dr_reset(5)),
+        ("a reset that raises inside a step", lambda: env.step(1, fail=True)),
+    ]
+
+
+def _record(make: Callable[[], Recorder] | None) -> list[tuple[str, Any, dict[str, float]]]:
+    """Each scenario's trace and the last set_state timing dict, with the session's own
+    recorder (``make`` None: the fast paths) or a bound one of ``make()``."""
+    out = []
+    session = Tracing(Config(mode="timing"))
+    try:
+        with resettrace.use_tracing(session):
+            rec = session.thread_recorder() if make is None else make()
+            for name, run in _scenarios():
+                with resettrace.bind(rec) if make is not None else _nothing():
+                    try:
+                        run()
+                    except Boom:
+                        pass
+                out.append((name, _shape(rec._last),
+                            rec.scope(C.SET_STATE).timing().keys()))
+        stats = session.stats()
+    finally:
+        session.shutdown()
+    out.append(("stats", {k: (v.count, v.total_ms > 0) for k, v in stats.items()}, {}))
+    return out
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_fast_paths_record_what_the_general_routing_records() -> None:
+    fast = _record(None)
+    routed = _record(lambda: _Routed(resettrace.get_tracing().recorder()._sinks))
+    for (name, a, ta), (_, b, tb) in zip(fast, routed, strict=True):
+        assert a == b, name
+        assert list(ta) == list(tb), name
+    steps = dict((n, t) for n, t, _ in fast)
+    # the tree of a step with resets: each reset reset_done down to set_state, count 1
+    tree = steps["step with three resets"]
+    assert tree[0] == ("env_step", -1, -1, 0)
+    assert [s for s, *_ in tree[1:7]] == [
+        "reset_done", "reset_done.reset_call", "dr_reset", "set_state",
+        "set_state.data_reset", "set_state.forward_kinematic"]
+    assert [p for _, p, _, _ in tree[1:7]] == [0, 1, 2, 3, 4, 4]
+    assert len(tree) == 1 + 3 * 6
+    assert steps["a count read from an argument"][0] == ("dr_reset", -1, 2, 0)
+    assert steps["a count that is an int"][0] == ("dr_reset", -1, 5, 0)
+    failed = steps["a reset that raises inside a step"]
+    codes = {s: e for s, _, _, e in failed[7:]}
+    assert codes["set_state"] and codes["reset_done"] and not codes["set_state.data_reset"]
+    assert failed[0][3] != 0  # it left the step too
+    # reset_done calls: three in a step, one outside, two in the failing step
+    assert steps["stats"][C.RESET_DONE_COUNT] == (3 + 1 + 2, True)
+
+
+def test_fast_paths_keep_each_thread_on_its_own_recorder() -> None:
+    """A step on another thread records on that thread's recorder, whole."""
+    session = Tracing(Config(mode="timing"))
+    env = Env()
+    try:
+        with resettrace.use_tracing(session):
+            env.step(1)
+            done = []
+
+            def other() -> None:
+                with resettrace.use_tracing(session):
+                    env.step(2)
+                    done.append(_shape(session.thread_recorder()._last))
+
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+            mine = _shape(session.thread_recorder()._last)
+        assert len(mine) == 7 and len(done[0]) == 13
+        assert session.stats()[C.RESET_DONE_COUNT].total_ms == 3
+    finally:
+        session.shutdown()
+
+
+def test_fast_paths_off_run_the_function_and_record_nothing() -> None:
+    session = Tracing(Config(mode="off"))
+    try:
+        with resettrace.use_tracing(session):
+            assert Env().step(2) == 2
+            assert sub_reset() == 4.0
+        assert session.stats() == {}
+    finally:
+        session.shutdown()
+
+
+@pytest.mark.parametrize("clock_step", [7])
+def test_fast_chain_levels_share_one_clock_read_each_way(clock, clock_step: int) -> None:
+    session = Tracing(Config(mode="timing"))
+    try:
+        with resettrace.use_tracing(session):
+            @traced("env_step")
+            def step() -> None:
+                clock.now += clock_step
+                sub_reset()
+
+            step()
+            trace = session.thread_recorder()._last
+        levels = trace[1:5]
+        assert len({(r[2], r[3]) for r in levels}) == 1
+        timing = session.thread_recorder().scope(C.SET_STATE).timing()
+        assert timing == pytest.approx({k: 0.0 for k in timing})
+    finally:
+        session.shutdown()
