@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import random
+
+import numpy as np
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -91,6 +95,25 @@ def test_reservoir_keeps_exact_totals_beyond_max_samples(clock: FakeClock) -> No
     assert st.total_ms == sum(range(1, 101))
     assert st.max_ms == 100.0
     assert len(proc.samples()[C.PHYSICS.key]) == 10
+
+
+def test_reservoir_stays_a_uniform_sample_of_a_long_run() -> None:
+    """Far beyond the reservoir (a long training run), folded values still replace
+    kept ones uniformly: every part of the run is represented by its share."""
+    from resettrace.tracing.aggregate import _Series
+
+    n, cap = 200_000, 2_000
+    series = _Series(cap, random.Random(1))
+    values = np.arange(n, dtype=np.float64)
+    for chunk in np.array_split(values, 40):
+        series.add_many(chunk)
+    kept = np.array(series.samples)
+    assert series.count == n and series.total == values.sum() and series.max == n - 1
+    assert len(kept) == cap and len(set(kept.tolist())) == cap  # each value seen once
+    # shares of the first half and of the last tenth: binomial, within 5 sigma
+    assert abs((kept < n / 2).mean() - 0.5) < 5 * math.sqrt(0.25 / cap)
+    assert abs((kept >= 0.9 * n).mean() - 0.1) < 5 * math.sqrt(0.09 / cap)
+    assert abs(kept.mean() / n - 0.5) < 5 * math.sqrt(1 / 12 / cap)
 
 
 def test_processor_aggregates_sdk_spans_created_by_user_code() -> None:

@@ -108,7 +108,7 @@ class KeyStats:
 class _Series:
     """Exact count/total/max plus a bounded reservoir of samples for percentiles."""
 
-    __slots__ = ("count", "total", "max", "samples", "_cap", "_rng")
+    __slots__ = ("count", "total", "max", "samples", "_cap", "_rng", "_gen")
 
     def __init__(self, cap: int, rng: random.Random) -> None:
         self.count = 0
@@ -117,6 +117,7 @@ class _Series:
         self.samples: list[float] = []
         self._cap = cap
         self._rng = rng
+        self._gen: np.random.Generator | None = None  # add_many's, once the reservoir is full
 
     def add(self, v: float) -> None:
         self.count += 1
@@ -132,7 +133,8 @@ class _Series:
 
 
     def add_many(self, values: np.ndarray) -> None:
-        """``add`` of every value in order (one numpy pass; same reservoir rule)."""
+        """``add`` of every value in order: the same reservoir rule, in numpy passes (the
+        slots drawn from a numpy generator seeded from the series' random source)."""
         m = len(values)
         if not m:
             return
@@ -147,13 +149,18 @@ class _Series:
             m = len(values)
             if not m:
                 return
-        # item i (0-based, after count items) replaces slot randrange(count + i + 1)
-        slots = [self._rng.randrange(self.count + i + 1) for i in range(m)]
+        # item i (0-based, after count items) replaces a slot drawn uniformly from
+        # [0, count + i + 1), kept when it is one of the reservoir's: drawn for all the
+        # items at once (a long run folds millions of values per key, most of them
+        # dropped), then applied in order, so a later item wins a slot drawn twice
+        if self._gen is None:
+            self._gen = np.random.default_rng(self._rng.getrandbits(64))
+        slots = (self._gen.random(m) * (self.count + np.arange(1, m + 1))).astype(np.int64)
         self.count += m
-        cap, samples = self._cap, self.samples
-        for slot, v in zip(slots, values.tolist(), strict=True):
-            if slot < cap:
-                samples[slot] = v
+        kept = np.flatnonzero(slots < self._cap)
+        samples = self.samples
+        for slot, v in zip(slots[kept].tolist(), values[kept].tolist(), strict=True):
+            samples[slot] = v
 
 
 _K_ZERO = -2  # _Plan.k_at of an env step that reset nothing
