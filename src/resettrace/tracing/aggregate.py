@@ -65,9 +65,9 @@ log = logging.getLogger(__name__)
 __all__ = ["Aggregator", "KeyStats", "percentile"]
 
 #: queued traces that wake the aggregation thread
-_DRAIN_BATCH = 256
+_DRAIN_BATCH = 1024
 #: traces aggregated between two GIL hand-backs of the aggregation thread
-_DRAIN_CHUNK = 256
+_DRAIN_CHUNK = 1024
 #: buffered records that are folded into samples at once (and at every read)
 _FOLD_RECORDS = 32_768
 #: trace shapes whose plans are kept (traces of more shapes: the plans start afresh)

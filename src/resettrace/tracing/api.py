@@ -331,7 +331,7 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
     """A call that is several levels of the catalog at once, inside an open trace
     (:meth:`Recorder.call_chain`; ``chains``: the levels under each innermost open phase,
     as :func:`_with_parents` works them out)."""
-    links_of: dict[int, tuple[tuple[tuple[int, int], ...], int]] = {}
+    links_of: dict[int, tuple[tuple[tuple[int, int], ...], int, tuple[int, ...]]] = {}
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         rec = _SLOT.value
@@ -349,14 +349,46 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
                 return general(args, kwargs)  # it works the chain out
             # each level's index and the offset of its parent from the chain's first
             known = links_of[records[parent][0]] = (
-                tuple((i, k - 1) for k, i in enumerate(chain)), max(chain))
-        links, top = known
+                tuple((i, k - 1) for k, i in enumerate(chain)), max(chain), chain)
+        links, top, chain = known
         n = len(links)
         base = len(records)
         scopes = rec._scopes
         if base + n > MAX_TRACE_RECORDS or top >= len(scopes):
             return general(args, kwargs)
         c = static if static is not None else count_now(args, kwargs)
+        if n == 4:  # a reset under an env step (reset_done down to set_state): unrolled
+            i0, i1, i2, i3 = chain
+            r0 = [i0, parent, 0, 0, c, 0]
+            r1 = [i1, base, 0, 0, c, 0]
+            r2 = [i2, base + 1, 0, 0, c, 0]
+            r3 = [i3, base + 2, 0, 0, c, 0]
+            records += (r0, r1, r2, r3)
+            last = base + 3
+            stack += (base, base + 1, base + 2, last)
+            exc_type = None
+            r0[2] = r1[2] = r2[2] = r3[2] = _rec._perf_ns()  # R_START
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as e:
+                exc_type = type(e)
+                raise
+            finally:
+                t = _rec._perf_ns()
+                if stack and stack[-1] == last and records[last] is r3:
+                    r0[3] = r1[3] = r2[3] = r3[3] = t  # R_END
+                    if exc_type is not None:
+                        r0[5] = r1[5] = r2[5] = r3[5] = error_code(exc_type.__name__)
+                    scopes[i0]._pos = base  # each level remembers its run
+                    scopes[i1]._pos = base + 1
+                    scopes[i2]._pos = base + 2
+                    scopes[i3]._pos = last
+                    del stack[-4:]
+                    if not stack:
+                        rec._close_trace()
+                elif len(records) > last and records[last] is r3:
+                    for pos in range(last, base - 1, -1):
+                        scopes[records[pos][0]].__exit__(exc_type, None, None)
         opened = [[i, base + o, 0, 0, c, 0] for i, o in links]
         opened[0][1] = parent
         records += opened
