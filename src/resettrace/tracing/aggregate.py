@@ -168,6 +168,7 @@ _K_ZERO = -2  # _Plan.k_at of an env step that reset nothing
 _PLACE = operator.itemgetter(R_PHASE, R_PARENT)
 #: ``map(map, _REPEAT_PLACE, traces)``: each trace's places, without a Python loop
 _REPEAT_PLACE = itertools.repeat(_PLACE)
+_flat = itertools.chain.from_iterable
 
 
 class _Plan:
@@ -183,11 +184,11 @@ class _Plan:
     count as children of its own parent.
     """
 
-    __slots__ = ("keys", "plus", "minus", "count_at", "k_at", "durations", "seqs",
+    __slots__ = ("width", "keys", "plus", "minus", "count_at", "k_at", "durations", "seqs",
                  "ks", "counts")
 
     def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
-        n = len(records)
+        n = self.width = len(records)
         phases = [catalog[r[R_PHASE]] for r in records]
         skip = _recursive(records, phases) if len(set(phases)) < n else [False] * n
         parent_of = [-1] * n  # the effective parent: recursive records are skipped over
@@ -382,38 +383,51 @@ class Aggregator:
 
     def _aggregate(self, traces: list[Sequence[Record]]) -> None:
         """Buffer traces' durations under the plans of their shapes (see :class:`_Plan`):
-        the shapes worked out in C, then per trace a plan lookup and a few appends."""
+        the shapes worked out in C, then per trace a plan lookup, then per plan its
+        traces' durations and counts in one pass each."""
         if self._plans_version != self.catalog.version:  # a phase was registered
             self._fold()
             self._plans.clear()
             self._plans_version = self.catalog.version
         plans = self._plans
-        seq = self._seq
-        n = 0
-        for shape, records in zip(map(tuple, map(map, _REPEAT_PLACE, traces)), traces,
-                                  strict=True):
+        groups: dict[_Plan, list[int]] = {}  # per plan, its traces' places in the batch
+        for j, (shape, records) in enumerate(zip(
+                map(tuple, map(map, _REPEAT_PLACE, traces)), traces, strict=True)):
             plan = plans.get(shape)
             if plan is None:
                 if len(plans) >= _MAX_PLANS:  # too many shapes: start afresh
-                    self._buffered += n  # (what this batch buffered so far is folded too)
-                    n = 0
+                    self._buffer(traces, groups)  # (what came before is folded too)
+                    groups = {}
                     self._fold()
                     plans.clear()
                 plan = plans[shape] = _Plan(records, self.catalog)
-            seq += 1
-            plan.seqs.append(seq)
-            plan.durations.extend([r[R_END] - r[R_START] for r in records])
-            if plan.k_at >= 0:
-                plan.ks.append(records[plan.k_at][R_COUNT])
-            for i in plan.count_at:
-                plan.counts.append(records[i][R_COUNT])
-            n += len(records)
-        self._seq = seq
+            group = groups.get(plan)
+            if group is None:
+                groups[plan] = [j]
+            else:
+                group.append(j)
+        self._buffer(traces, groups)
+        self._seq += len(traces)
         self.traces_seen += len(traces)
-        self.records_seen += sum(map(len, traces))
-        self._buffered += n
+        n = sum(map(len, traces))
+        self.records_seen += n
         if self._buffered >= _FOLD_RECORDS:
             self._fold()
+
+    def _buffer(self, traces: list[Sequence[Record]], groups: dict[_Plan, list[int]]
+                ) -> None:
+        """Append each plan's traces of this batch (``groups``: their places in it)."""
+        first = self._seq + 1  # the batch's first trace's arrival number
+        for plan, places in groups.items():
+            mine = [traces[j] for j in places]
+            plan.seqs.extend([first + j for j in places])
+            plan.durations.extend([r[R_END] - r[R_START] for r in _flat(mine)])
+            if plan.k_at >= 0:
+                k = plan.k_at
+                plan.ks.extend([t[k][R_COUNT] for t in mine])
+            if plan.count_at:
+                plan.counts.extend([t[i][R_COUNT] for t in mine for i in plan.count_at])
+            self._buffered += len(places) * plan.width
 
     def _fold(self) -> None:
         """Turn the buffered traces into samples, in arrival order (caller holds the lock)."""
