@@ -245,7 +245,10 @@ def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
         stack = rec._stack
         records = rec._records
         if within >= 0 and records[stack[-1]][0] != within:
-            return general(args, kwargs)
+            for p in stack:  # open deeper than the top, or not at all (then not recorded)
+                if records[p][0] == within:
+                    return general(args, kwargs)
+            return fn(*args, **kwargs)
         scopes = rec._scopes
         pos = len(records)
         if pos >= MAX_TRACE_RECORDS or index >= len(scopes) or (
@@ -438,7 +441,8 @@ def count_of(value: Any) -> int:
         return value
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
-        if getattr(dtype, "kind", None) == "b" or str(dtype) == "torch.bool":
+        kind = getattr(dtype, "kind", None)  # numpy's (str() of a numpy dtype is slow)
+        if kind == "b" or (kind is None and str(dtype) == "torch.bool"):
             return int(value.sum())
         if getattr(value, "ndim", 1) == 0:
             return int(value)
