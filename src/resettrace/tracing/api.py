@@ -27,6 +27,8 @@ import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+
 from resettrace.catalog import ATTR_ENV_COUNT, CATALOG, Phase, text_problem
 from resettrace.config import Config
 from resettrace.tracing import lifecycle
@@ -56,6 +58,8 @@ _default: Tracing | None = None
 _CURRENT = CURRENT
 _get_current = _CURRENT.get
 _get_ident = threading.get_ident
+_ndarray = np.ndarray
+_count_nonzero = np.count_nonzero
 
 
 # -- sessions -----------------------------------------------------------------------------
@@ -433,6 +437,10 @@ def count_of(value: Any) -> int:
     t = type(value)
     if t is int:
         return value
+    if t is _ndarray:  # numpy's: the common case of a done mask or env ids
+        if value.dtype.kind == "b":
+            return int(_count_nonzero(value))
+        return len(value) if value.ndim else int(value)
     if t is list or t is tuple:
         return len(value)
     if isinstance(value, bool):
