@@ -519,9 +519,16 @@ def test_traced_counts_and_nesting(session: Tracing) -> None:
     st = session.stats()
     assert st["reset_done_count"].total_ms == 3.0
     assert st["dr_reset_total_ms"].count == 1 and st["dr_reset_set_state_ms"].count == 1
-    assert resettrace.tracing.api.count_of(np.int64(5)) == 5
-    assert resettrace.tracing.api.count_of([1, 2]) == 2
-    assert resettrace.tracing.api.count_of(7) == 7
+    count_of = resettrace.tracing.api.count_of
+    assert count_of(np.int64(5)) == 5
+    assert count_of([1, 2]) == 2
+    assert count_of(7) == 7
+    for _ in range(2):  # the first numpy array teaches it numpy's type; the same after
+        assert count_of(np.array([True, False, True, True])) == 3  # a mask: its True
+        assert count_of(np.arange(6)) == 6  # env ids: how many
+        assert count_of(np.zeros((4, 3))) == 4
+        assert count_of(np.array(9)) == 9  # a 0-d array: its value
+        assert count_of(np.array(True)) == 1
 
 
 def test_traced_never_breaks_the_call(session: Tracing) -> None:

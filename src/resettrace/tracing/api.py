@@ -22,12 +22,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import numpy as np
 
 from resettrace.catalog import ATTR_ENV_COUNT, CATALOG, Phase, text_problem
 from resettrace.config import Config
@@ -58,8 +57,9 @@ _default: Tracing | None = None
 _CURRENT = CURRENT
 _get_current = _CURRENT.get
 _get_ident = threading.get_ident
-_ndarray = np.ndarray
-_count_nonzero = np.count_nonzero
+#: numpy's array type and count_nonzero once count_of has met a numpy array (this module
+#: does not import numpy: ``import resettrace`` stays light)
+_NUMPY: list[Any] = [None, None]
 
 
 # -- sessions -----------------------------------------------------------------------------
@@ -437,9 +437,9 @@ def count_of(value: Any) -> int:
     t = type(value)
     if t is int:
         return value
-    if t is _ndarray:  # numpy's: the common case of a done mask or env ids
+    if t is _NUMPY[0]:  # numpy's: the common case of a done mask or env ids
         if value.dtype.kind == "b":
-            return int(_count_nonzero(value))
+            return int(_NUMPY[1](value))
         return len(value) if value.ndim else int(value)
     if t is list or t is tuple:
         return len(value)
@@ -449,6 +449,9 @@ def count_of(value: Any) -> int:
         return value
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
+        if t.__name__ == "ndarray" and t.__module__ == "numpy":  # known from now on
+            _NUMPY[:] = [t, sys.modules["numpy"].count_nonzero]
+            return count_of(value)
         kind = getattr(dtype, "kind", None)  # numpy's (str() of a numpy dtype is slow)
         if kind == "b" or (kind is None and str(dtype) == "torch.bool"):
             return int(value.sum())
