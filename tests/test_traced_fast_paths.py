@@ -184,3 +184,52 @@ def test_fast_chain_levels_share_one_clock_read_each_way(clock, clock_step: int)
         assert timing == pytest.approx({k: 0.0 for k in timing})
     finally:
         session.shutdown()
+
+
+class _Inner:
+    """A stand-in for MotrixLab's perf scope: counts its entries and exits."""
+
+    def __init__(self) -> None:
+        self.entered = self.exited = 0
+
+    def __enter__(self) -> None:
+        self.entered += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.exited += 1
+
+
+def test_motrixlab_bridge_records_in_place_and_falls_back_when_the_trace_is_gone() -> None:
+    from resettrace.stacks import motrixlab
+
+    session = Tracing(Config(mode="timing"))
+    try:
+        with resettrace.use_tracing(session):
+            rec = session.thread_recorder()
+            inner = _Inner()
+            with rec.scope(C.RESET_DONE, 5):
+                with motrixlab._bridge(inner, "done_mask"):  # its phase registered now,
+                    pass  # after the recorder: the recorder's own scope records it
+                bridged = motrixlab._bridge(inner, "done_mask")
+                assert isinstance(bridged, motrixlab._Recorded)
+                with bridged:
+                    pass
+                with pytest.raises(Boom):
+                    with motrixlab._bridge(inner, "done_mask"):
+                        raise Boom("kernel failed")
+                assert motrixlab._bridge(inner, "physics") is inner  # recorded by a target
+            tree = _shape(rec._last)
+            assert [s for s, *_ in tree] == ["reset_done"] + ["reset_done.done_mask"] * 3
+            assert [p for _, p, _, _ in tree] == [-1, 0, 0, 0]
+            assert tree[2][3] == 0 and tree[3][3] != 0  # the last one raised
+            # made inside a trace, entered after it closed: the recorder's own scope
+            with rec.scope(C.RESET_DONE, 2):
+                late = motrixlab._bridge(inner, "done_mask")
+            with late:
+                pass
+            assert [s for s, *_ in _shape(rec._last)] == ["reset_done.done_mask"]
+            assert motrixlab._bridge(inner, "done_mask") is inner  # no trace open
+            assert inner.entered == inner.exited == 4
+        assert session.stats()["reset_done_done_mask_ms"].count == 4
+    finally:
+        session.shutdown()

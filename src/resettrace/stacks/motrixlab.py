@@ -167,7 +167,9 @@ class _Recorded:
     call saved counts); anything unusual at entry (the trace closed or full meanwhile)
     takes the recorder's own scope."""
 
-    __slots__ = ("_inner", "_rec", "_index", "_count", "_pos", "_record")
+    __slots__ = ("_inner", "_rec", "_index", "_count", "_pos", "_record", "_scope")
+    _record: list[int]  # its record, set when entered
+    _scope: Any  # the recorder's own scope, on the unusual path
 
     def __init__(self, inner: Any, rec: Recorder, index: int, count: int) -> None:
         self._inner = inner
@@ -182,7 +184,7 @@ class _Recorded:
         records = rec._records
         pos = len(records)
         if not stack or pos >= MAX_TRACE_RECORDS or rec._owner != _get_ident():
-            scope = self._record = rec.scope(rec.catalog[self._index], self._count)
+            scope = self._scope = rec.scope(rec.catalog[self._index], self._count)
             self._pos = -1
             scope.__enter__()
             return
@@ -198,7 +200,7 @@ class _Recorded:
             pos = self._pos
             rec = self._rec
             if pos < 0:
-                self._record.__exit__(exc_type, exc, tb)
+                self._scope.__exit__(exc_type, exc, tb)
                 return
             stack = rec._stack
             r = self._record
