@@ -337,8 +337,9 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
                 chains: dict[int, tuple[int, ...]]) -> Callable[..., Any]:
     """A call that is several levels of the catalog at once, inside an open trace
     (:meth:`Recorder.call_chain`; ``chains``: the levels under each innermost open phase,
-    as :func:`_with_parents` works them out)."""
-    links_of: dict[int, tuple[tuple[tuple[int, int], ...], int, tuple[int, ...]]] = {}
+    as :func:`_with_parents` works them out). The four levels of a reset under an env step
+    (Gymnasium's sub-env reset) are recorded here, unrolled; other chains by the method."""
+    known_of: dict[int, tuple[tuple[int, ...], int]] = {}  # a chain and its highest index
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         rec = _SLOT.value
@@ -349,16 +350,14 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
             return general(args, kwargs)
         records = rec._records
         parent = stack[-1]
-        known = links_of.get(records[parent][0])
+        known = known_of.get(records[parent][0])
         if known is None:
             chain = chains.get(records[parent][0])
             if chain is None:
                 return general(args, kwargs)  # it works the chain out
-            # each level's index and the offset of its parent from the chain's first
-            known = links_of[records[parent][0]] = (
-                tuple((i, k - 1) for k, i in enumerate(chain)), max(chain), chain)
-        links, top, chain = known
-        n = len(links)
+            known = known_of[records[parent][0]] = (chain, max(chain))
+        chain, top = known
+        n = len(chain)
         base = len(records)
         scopes = rec._scopes
         if base + n > MAX_TRACE_RECORDS or top >= len(scopes):
@@ -396,38 +395,7 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
                 elif len(records) > last and records[last] is r3:
                     for pos in range(last, base - 1, -1):
                         scopes[records[pos][0]].__exit__(exc_type, None, None)
-        opened = [[i, base + o, 0, 0, c, 0] for i, o in links]
-        opened[0][1] = parent
-        records += opened
-        stack += range(base, base + n)
-        exc_type = None
-        t = _rec._perf_ns()  # R_START, last: bookkeeping is not timed
-        for r in opened:
-            r[2] = t
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as e:
-            exc_type = type(e)
-            raise
-        finally:
-            t = _rec._perf_ns()
-            last = base + n - 1
-            if stack and stack[-1] == last and records[last] is opened[-1]:
-                for r in opened:
-                    r[3] = t  # R_END
-                if exc_type is not None:
-                    code = error_code(exc_type.__name__)
-                    for r in opened:
-                        r[5] = code
-                for pos, r in enumerate(opened, base):  # each level remembers its run
-                    scopes[r[0]]._pos = pos
-                del stack[-n:]
-                if not stack:
-                    rec._close_trace()
-            elif len(records) > last and records[last] is opened[-1]:
-                # not on top as opened: each level exits as its scope would
-                for pos in range(last, base - 1, -1):
-                    scopes[records[pos][0]].__exit__(exc_type, None, None)
+        return rec.call_chain(chain, c, fn, args, kwargs)  # other lengths: as they come
 
     return wrapper
 
