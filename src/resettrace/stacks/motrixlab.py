@@ -39,16 +39,8 @@ from typing import Any
 
 from resettrace.catalog import CATALOG, Phase, default_key
 from resettrace.stacks import Instrumentation
-from resettrace.tracing import recorder as _rec
 from resettrace.tracing.api import recording
-from resettrace.tracing.recorder import (
-    _SLOT,
-    MAX_TRACE_RECORDS,
-    NO_COUNT,
-    Recorder,
-    error_code,
-    note_once,
-)
+from resettrace.tracing.recorder import _SLOT, NO_COUNT, Recorder, note_once
 
 _ENV = "motrix_env_core.numba.manager.env"
 _ARRAY = "motrix_env_core.array.env"
@@ -160,66 +152,6 @@ class _Bridged:
             self._inner.__exit__(exc_type, exc, tb)
 
 
-class _Recorded:
-    """:class:`_Bridged` on the common path, recorded in place: a record pushed on the
-    open trace of this thread's recorder when entered and closed when left, as a
-    ``with`` scope's (MotrixLab opens a dozen perf scopes in a step, where each Python
-    call saved counts); anything unusual at entry (the trace closed or full meanwhile)
-    takes the recorder's own scope."""
-
-    __slots__ = ("_inner", "_rec", "_index", "_count", "_pos", "_record", "_scope")
-    _record: list[int]  # its record, set when entered
-    _scope: Any  # the recorder's own scope, on the unusual path
-
-    def __init__(self, inner: Any, rec: Recorder, index: int, count: int) -> None:
-        self._inner = inner
-        self._rec = rec
-        self._index = index
-        self._count = count
-
-    def __enter__(self) -> None:
-        self._inner.__enter__()
-        rec = self._rec
-        stack = rec._stack
-        records = rec._records
-        pos = len(records)
-        if not stack or pos >= MAX_TRACE_RECORDS or rec._owner != _get_ident():
-            scope = self._scope = rec.scope(rec.catalog[self._index], self._count)
-            self._pos = -1
-            scope.__enter__()
-            return
-        r = self._record = [self._index, stack[-1], 0, 0, self._count, 0]
-        stack.append(pos)
-        records.append(r)
-        self._pos = pos
-        r[2] = _rec._perf_ns()  # R_START, last: bookkeeping is not timed
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        t = _rec._perf_ns()
-        try:
-            pos = self._pos
-            rec = self._rec
-            if pos < 0:
-                self._scope.__exit__(exc_type, exc, tb)
-                return
-            stack = rec._stack
-            r = self._record
-            if stack and stack[-1] == pos and rec._records[pos] is r:
-                r[3] = t  # R_END
-                if exc_type is not None:
-                    r[5] = error_code(exc_type.__name__)  # R_ERROR
-                stack.pop()
-                scope = rec._scopes[self._index]  # it remembers the run, as a scope's
-                scope._pos = pos
-                scope._count = self._count
-                if not stack:
-                    rec._close_trace()
-            else:  # not on top: it exits as a ``with`` scope's would
-                rec._scopes[self._index].__exit__(exc_type, exc, tb)
-        finally:
-            self._inner.__exit__(exc_type, exc, tb)
-
-
 def _bridge(inner: Any, name: str) -> Any:
     if name in SKIP:  # recorded by a target of the spec: no lookup needed
         return inner
@@ -227,6 +159,8 @@ def _bridge(inner: Any, name: str) -> Any:
     if rec is None:
         return inner  # no trace open: outside every phase
     if rec.__class__ is Recorder and rec._stack and rec._owner == _get_ident():
+        # this thread's open trace: its innermost phase read in place (what _phase_of
+        # asks innermost() for, without its routing)
         top = rec._records[rec._stack[-1]]
         key = (top[0], name)
         try:
@@ -237,8 +171,7 @@ def _bridge(inner: Any, name: str) -> Any:
         if placed is None:
             return inner
         phase, inherit = placed
-        if phase.index < len(rec._scopes):
-            return _Recorded(inner, rec, phase.index, top[4] if inherit else NO_COUNT)
+        return _Bridged(inner, rec.scope(phase, top[4] if inherit else NO_COUNT))
     rec = recording()
     if rec is None:
         return inner

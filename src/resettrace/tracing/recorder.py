@@ -621,19 +621,12 @@ class Recorder:
         meanwhile nest in the last; scopes left open inside them are closed with them, as
         a scope's exit does (said once)."""
         rec = self
-        stack = self._stack
-        if not stack or _get_ident() != self._owner:
+        if not self._stack or _get_ident() != self._owner:
             rec = self._target()  # another thread's, or this thread's open trace
-            stack = rec._stack
-        try:
-            links = _CHAINS[indices]  # type: ignore[index]
-        except (KeyError, TypeError):  # a new chain, or not a tuple
-            links = _chain_links(indices)
-        n = len(links)
-        scopes = rec._scopes
-        if links[-1][2] >= len(scopes):  # a phase registered after this recorder
+        n = len(indices)
+        if max(indices) >= len(rec._scopes):  # a phase registered after this recorder
             rec._grow()
-        records = rec._records
+        stack, records = rec._stack, rec._records
         base = len(records)
         if base + n > MAX_TRACE_RECORDS:
             rec._overflow()
@@ -644,11 +637,15 @@ class Recorder:
             parent = -1
             rec._token = (_SLOT.value,)
             _SLOT.value = rec
-        # each level's parent is the level before it (its position: base + offset)
-        opened = [[index, base + offset, 0, 0, count, 0] for index, offset, _ in links]
-        opened[0][1] = parent
-        records += opened
-        stack += range(base, base + n)
+        opened = []
+        pos = base
+        for index in indices:
+            r = [index, parent, 0, 0, count, 0]
+            records.append(r)
+            opened.append(r)
+            stack.append(pos)
+            parent = pos
+            pos += 1
         exc_type = None
         t = _perf_ns()  # R_START, last: bookkeeping is not timed
         for r in opened:
@@ -661,24 +658,26 @@ class Recorder:
         finally:
             t = _perf_ns()
             last = base + n - 1
-            if stack and stack[-1] == last and records[last] is opened[-1]:
+            if (len(stack) < n or stack[-1] != last or stack[-n] != base
+                    or records[last] is not opened[-1]):
+                # not on top as opened (scopes left open inside, or the trace overflowed):
+                # each level exits as its scope would, innermost first
+                if len(records) > last:
+                    for pos in range(last, base - 1, -1):
+                        rec._scopes[records[pos][0]].__exit__(exc_type, None, None)
+            else:
+                code = 0 if exc_type is None else error_code(exc_type.__name__)
+                scopes = rec._scopes
+                pos = base
                 for r in opened:
-                    r[3] = t  # R_END
-                if exc_type is not None:
-                    code = error_code(exc_type.__name__)
-                    for r in opened:
+                    r[3] = t
+                    if code:
                         r[R_ERROR] = code
-                for pos, r in enumerate(opened, base):  # each level remembers its run
                     scopes[r[0]]._pos = pos
+                    pos += 1
                 del stack[-n:]
                 if not stack:
                     rec._close_trace()
-            elif len(records) > last and records[last] is opened[-1]:
-                # not on top as opened (scopes left open inside): each level exits as its
-                # scope would, innermost first
-                for pos in range(last, base - 1, -1):
-                    rec._scopes[records[pos][0]].__exit__(exc_type, None, None)
-            # else the trace overflowed meanwhile: its records went with it
 
     def _scope_of(self, phase: Phase | str) -> Scope:
         p = self.catalog.resolve(phase)
@@ -727,23 +726,6 @@ class Recorder:
                           " own thread had a trace open; each thread's calls are recorded as "
                           "traces of their own")
         return rec
-
-
-#: per chain of catalog indices (:meth:`Recorder.call_chain`), each level's index, the
-#: offset of its parent's position from the chain's first (-1: the chain's own parent,
-#: set apart) and the chain's highest index
-_CHAINS: dict[tuple[int, ...], tuple[tuple[int, int, int], ...]] = {}
-
-
-def _chain_links(indices: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
-    key = tuple(indices)
-    if not key:
-        raise ValueError("call_chain needs at least one phase index")
-    top = max(key)
-    links = tuple((index, k - 1, top) for k, index in enumerate(key))
-    if len(_CHAINS) < 4096:
-        _CHAINS[key] = links
-    return links
 
 
 def use_clock(clock_ns: Callable[[], int] | None) -> None:
