@@ -199,35 +199,51 @@ class _Inner:
         self.exited += 1
 
 
-def test_motrixlab_bridge_records_its_scopes_and_their_errors_where_they_are_entered() -> None:
+@pytest.mark.parametrize("profiler_on", [True, False])
+def test_motrixlab_bridge_records_its_scopes_and_their_errors_where_they_are_entered(
+        profiler_on: bool) -> None:
+    """The bridge's one-frame path (a scope in this thread's open trace) records what the
+    general routing records. With MotrixLab's profiler off its scope is the shared
+    disabled one, and the recorder's own scope is entered instead of both."""
     from resettrace.stacks import motrixlab
 
+    inner = _Inner()
+    bridged = motrixlab._bridging(lambda name: inner, None if profiler_on else inner)
+    motrixlab._place(C.RESET_DONE, "done_mask")  # registered before the recorder is made
     session = Tracing(Config(mode="timing"))
     try:
         with resettrace.use_tracing(session):
             rec = session.thread_recorder()
-            inner = _Inner()
             with rec.scope(C.RESET_DONE, 5):
-                with motrixlab._bridge(inner, "done_mask"):  # its phase registered now,
-                    pass  # after the recorder was made
-                with motrixlab._bridge(inner, "done_mask"):
+                with bridged("done_mask"):
+                    pass
+                fast = bridged("done_mask")
+                assert (fast.__class__ is motrixlab._Bridged) is profiler_on
+                with fast:
                     pass
                 with pytest.raises(Boom):
-                    with motrixlab._bridge(inner, "done_mask"):
+                    with bridged(name="done_mask"):
                         raise Boom("kernel failed")
-                assert motrixlab._bridge(inner, "physics") is inner  # recorded by a target
+                assert bridged("physics") is inner  # recorded by a target
             tree = _shape(rec._last)
             assert [s for s, *_ in tree] == ["reset_done"] + ["reset_done.done_mask"] * 3
             assert [p for _, p, _, _ in tree] == [-1, 0, 0, 0]
             assert tree[2][3] == 0 and tree[3][3] != 0  # the last one raised
             # made inside a trace, entered after it closed: a trace of its own
             with rec.scope(C.RESET_DONE, 2):
-                late = motrixlab._bridge(inner, "done_mask")
+                late = bridged("done_mask")
             with late:
                 pass
             assert [s for s, *_ in _shape(rec._last)] == ["reset_done.done_mask"]
-            assert motrixlab._bridge(inner, "done_mask") is inner  # no trace open
-            assert inner.entered == inner.exited == 4
-        assert session.stats()["reset_done_done_mask_ms"].count == 4
+            assert bridged("done_mask") is inner  # no trace open
+            with rec.scope(C.RESET_DONE, 3):  # the general routing, called directly
+                with motrixlab._bridge(inner, "done_mask"):
+                    pass
+            assert [s for s, *_ in _shape(rec._last)] == ["reset_done",
+                                                          "reset_done.done_mask"]
+            # entered beside the recorder's scope while MotrixLab's profiler is on, and
+            # by the general routing
+            assert inner.entered == inner.exited == (5 if profiler_on else 1)
+        assert session.stats()["reset_done_done_mask_ms"].count == 5
     finally:
         session.shutdown()

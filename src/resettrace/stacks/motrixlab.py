@@ -153,25 +153,10 @@ class _Bridged:
 
 
 def _bridge(inner: Any, name: str) -> Any:
+    """What a MotrixLab perf scope ``inner`` (named ``name``) is entered as: ``inner``
+    itself (not recorded), or it and the resettrace scope of its phase together."""
     if name in SKIP:  # recorded by a target of the spec: no lookup needed
         return inner
-    rec = _SLOT.value  # the recorder of this thread's open trace (or a bound one)
-    if rec is None:
-        return inner  # no trace open: outside every phase
-    if rec.__class__ is Recorder and rec._stack and rec._owner == _get_ident():
-        # this thread's open trace: its innermost phase read in place (what _phase_of
-        # asks innermost() for, without its routing)
-        top = rec._records[rec._stack[-1]]
-        key = (top[0], name)
-        try:
-            placed = _placed[key]
-        except KeyError:
-            with _lock:
-                placed = _placed[key] = _place(rec.catalog[top[0]], name)
-        if placed is None:
-            return inner
-        phase, inherit = placed
-        return _Bridged(inner, rec.scope(phase, top[4] if inherit else NO_COUNT))
     rec = recording()
     if rec is None:
         return inner
@@ -179,6 +164,46 @@ def _bridge(inner: Any, name: str) -> Any:
     if found is None:
         return inner
     return _Bridged(inner, rec.scope(found[0], found[1]))
+
+
+def _bridging(original: Callable[..., Any], disabled: Any) -> Callable[..., Any]:
+    """``original`` (``Perf.scope`` or ``active_perf_scope``) with its scopes bridged.
+
+    The common case in one frame: a scope inside this thread's open trace, its phase
+    read from the innermost open record in place; with MotrixLab's profiler off
+    (``inner`` is its shared ``disabled`` scope, whose enter and exit do nothing) it is
+    entered as the recorder's own scope of the phase, else beside it. Everything else
+    goes to :func:`_bridge`."""
+
+    def bridged(*args: Any, **kwargs: Any) -> Any:
+        inner = original(*args, **kwargs)
+        name = kwargs["name"] if kwargs else args[-1]
+        if name in SKIP:
+            return inner
+        rec = _SLOT.value  # the recorder of this thread's open trace (or a bound one)
+        if rec is None:
+            return inner  # no trace open: outside every phase
+        if rec.__class__ is Recorder and rec._stack and rec._owner == _get_ident():
+            top = rec._records[rec._stack[-1]]
+            key = (top[0], name)
+            try:
+                placed = _placed[key]
+            except KeyError:
+                with _lock:
+                    placed = _placed[key] = _place(rec.catalog[top[0]], name)
+            if placed is None:
+                return inner
+            phase, inherit = placed
+            scopes = rec._scopes
+            if phase.index < len(scopes):  # what rec.scope(phase, count) does, in place
+                s = scopes[phase.index]
+                s._count = top[4] if inherit else NO_COUNT
+                s._first = -1
+                return s if inner is disabled else _Bridged(inner, s)
+        return _bridge(inner, name)
+
+    bridged.__resettrace_bridge__ = True  # type: ignore[attr-defined]
+    return bridged
 
 
 def _rebind(old: Any, new: Any) -> None:
@@ -203,14 +228,10 @@ def install() -> Callable[[], None]:
         if getattr(scope, "__resettrace_bridge__", False):
             return
 
-        def bridged_scope(self: Any, name: str) -> Any:
-            return _bridge(scope(self, name), name)
-
-        def bridged_active(name: str) -> Any:
-            return _bridge(active(name), name)
-
-        bridged_scope.__resettrace_bridge__ = True  # type: ignore[attr-defined]
-        bridged_active.__resettrace_bridge__ = True  # type: ignore[attr-defined]
+        # MotrixLab's shared scope of a profiler that is off (None: entered beside)
+        disabled = getattr(perf, "_DISABLED_SCOPE", None)
+        bridged_scope = _bridging(scope, disabled)
+        bridged_active = _bridging(active, disabled)
         cls.scope = bridged_scope
         setattr(perf, "active_perf_scope", bridged_active)  # noqa: B010
         # modules that imported the function by name before the bridge was installed
