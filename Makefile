@@ -9,7 +9,7 @@ RESETTRACE_EXPORTER ?= file:$(DEMO_OUT)/spans.jsonl
 
 .PHONY: demo test docs system-deps lint bench-overhead clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/resettrace/tracing/_fast.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,stacks]'

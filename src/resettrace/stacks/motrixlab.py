@@ -40,7 +40,7 @@ from typing import Any
 from resettrace.catalog import CATALOG, Phase, default_key
 from resettrace.stacks import Instrumentation
 from resettrace.tracing.api import recording
-from resettrace.tracing.recorder import _SLOT, NO_COUNT, Recorder, note_once
+from resettrace.tracing.recorder import _FAST, _SLOT, COMPILED, NO_COUNT, Recorder, note_once
 
 _ENV = "motrix_env_core.numba.manager.env"
 _ARRAY = "motrix_env_core.array.env"
@@ -202,6 +202,12 @@ def _bridging(original: Callable[..., Any], disabled: Any) -> Callable[..., Any]
                 return s if inner is disabled else _Bridged(inner, s)
         return _bridge(inner, name)
 
+    if COMPILED:  # the same, in C (resettrace.tracing._fast.Bridging)
+        fast = _FAST.Bridging(original=original, disabled=disabled, skip=SKIP,
+                              placed=_placed, slot=_SLOT, recorder=Recorder,
+                              general=bridged, route=_bridge)
+        fast.__resettrace_bridge__ = True
+        return fast  # type: ignore[no-any-return]
     bridged.__resettrace_bridge__ = True  # type: ignore[attr-defined]
     return bridged
 

@@ -57,6 +57,8 @@ _default: Tracing | None = None
 _CURRENT = CURRENT
 _get_current = _CURRENT.get
 _get_ident = threading.get_ident
+if _rec.COMPILED:
+    _rec._FAST.setup_api(globals(), _SLOT, Recorder, ATTR_ENV_COUNT)
 #: numpy's array type and count_nonzero once count_of has met a numpy array (this module
 #: does not import numpy: ``import resettrace`` stays light)
 _NUMPY: list[Any] = [None, None]
@@ -595,7 +597,15 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
         # the count of every call when it is one (else read per call by count_now)
         static = None if read_count is not None else NO_COUNT if fixed is None else fixed
         within = -1 if inside is None else inside.index
-        if lineage:
+        if _rec.COMPILED:  # the same fast paths, in C: the wrapper is a shell around them
+            kind = 2 if lineage else 1 if leaf and inside is not None else 0
+            run = _rec._FAST.Traced(kind=kind, fn=fn, general=general, count_now=count_now,
+                                    static=static, index=resolved.index, within=within,
+                                    envs=read_envs is not None, chains=chains)
+
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                return run(args, kwargs)
+        elif lineage:
             wrapper = _fast_chain(fn, general, count_now, static, chains)
         elif leaf and inside is not None:
             wrapper = _fast_leaf(fn, general, count_now, static, resolved.index, within)

@@ -186,37 +186,25 @@ class NoopRecorder:
 NOOP_RECORDER = NoopRecorder()
 
 
-class Scope:
-    """One phase's reusable scope object (what :meth:`Recorder.scope` returns).
-
-    Use it as a context manager; :meth:`timing` gives the closed timing dict of its
-    last run. The open records live on the recorder's stack, so the same scope may
-    be entered again inside itself. Call ``recorder.scope(...)`` for each use rather
-    than keeping the object: that call routes other threads and open traces. It holds
-    direct references to its recorder's lists: every attribute lookup saved here is
-    saved ~20 times per reset.
-    """
+class _ScopeCore:
+    """A scope's fields and its enter and exit, in Python: every case. With the compiled
+    hot path (:data:`COMPILED`) its ``ScopeBase`` takes the common case of each (a scope
+    inside an open trace) in C and calls these for the others."""
 
     __slots__ = ("_rec", "_index", "_count", "_first", "_pos", "_stack", "_records", "_laps",
                  "_layout")
 
+    _rec: Recorder
+    _index: int
+    _count: int
+    _first: int
+    _pos: int
+    _stack: list[int]
+    _records: list[Record]
+    _laps: list[int]
+    _layout: tuple[int, dict[int, str], dict[str, float], str | None] | None
 
-    def __init__(self, rec: Recorder, index: int) -> None:
-        self._rec = rec
-        self._index = index
-        self._count = NO_COUNT
-        self._first = -1  # the phase index of its first lap (-1: none)
-        self._pos = -1
-        self._stack = rec._stack
-        self._records = rec._records
-        self._laps = rec._laps
-        self._layout: tuple[int, dict[int, str], dict[str, float], str | None] | None = None
-
-    @property
-    def phase(self) -> Phase:
-        return self._rec.catalog[self._index]
-
-    def __enter__(self) -> Scope:
+    def __enter__(self) -> Any:
         stack = self._stack
         records = self._records
         pos = len(records)
@@ -270,6 +258,58 @@ class Scope:
             r[R_ERROR] = error_code(exc_type.__name__)
         if not stack:
             self._rec._close_trace()
+
+
+def _compiled() -> Any:
+    """The compiled hot path (``resettrace.tracing._fast``), unless it is not built or
+    ``RESETTRACE_PURE_PYTHON=1``; both record the same."""
+    import os
+
+    if os.environ.get("RESETTRACE_PURE_PYTHON", "").strip() not in ("", "0"):
+        return None
+    try:
+        from resettrace.tracing import _fast  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    _fast.setup(error_code, globals())
+    return _fast
+
+
+_FAST = _compiled()
+#: whether scopes (and the MotrixLab bridge) enter and exit in C
+COMPILED = _FAST is not None
+
+
+class Scope(_FAST.ScopeBase if COMPILED else _ScopeCore):  # type: ignore[misc]
+    """One phase's reusable scope object (what :meth:`Recorder.scope` returns).
+
+    Use it as a context manager; :meth:`timing` gives the closed timing dict of its
+    last run. The open records live on the recorder's stack, so the same scope may
+    be entered again inside itself. Call ``recorder.scope(...)`` for each use rather
+    than keeping the object: that call routes other threads and open traces. It holds
+    direct references to its recorder's lists: every attribute lookup saved here is
+    saved ~20 times per reset.
+    """
+
+    __slots__ = ()
+
+    _enter_slow = _ScopeCore.__enter__
+    _exit_slow = _ScopeCore.__exit__
+
+    def __init__(self, rec: Recorder, index: int) -> None:
+        self._rec = rec
+        self._index = index
+        self._count = NO_COUNT
+        self._first = -1  # the phase index of its first lap (-1: none)
+        self._pos = -1
+        self._stack = rec._stack
+        self._records = rec._records
+        self._laps = rec._laps
+        self._layout = None
+
+    @property
+    def phase(self) -> Phase:
+        return self._rec.catalog[self._index]
 
     def _unwind(self, t: int) -> bool:
         """This scope exits while inner ones are still open: close those at ``t`` too.
@@ -732,3 +772,5 @@ def use_clock(clock_ns: Callable[[], int] | None) -> None:
     """Replace the recorder clock (tests); ``None`` restores ``perf_counter_ns``."""
     global _perf_ns
     _perf_ns = time.perf_counter_ns if clock_ns is None else clock_ns
+    if _FAST is not None:
+        _FAST.set_clock(clock_ns)

@@ -1,0 +1,1327 @@
+/* The recorder's hot path in C: what a timed scope costs the training thread.
+ *
+ * Optional: without it (no compiler at install time, or RESETTRACE_PURE_PYTHON=1) the
+ * pure-Python implementations in recorder.py and the stacks' modules record the same
+ * records. Each function here takes the common case of its kind and hands every other
+ * case to the Python implementation, unchanged, before it has changed anything:
+ *
+ * - ScopeBase: the base of recorder.Scope. __enter__ / __exit__ of a scope inside an
+ *   open trace (a record [index, parent, start, end, count, error] appended to the
+ *   recorder's records, its position pushed on its stack; closed in place). A trace that
+ *   opens or closes, a lap, an exit that is not on top: the Python methods
+ *   _enter_slow / _exit_slow.
+ * - Bridging: MotrixLab's Perf.scope / active_perf_scope wrapped (stacks/motrixlab.py):
+ *   a perf scope opened inside this thread's open trace, with MotrixLab's profiler off,
+ *   is the recorder's own scope of its phase. Everything else: the Python bridge.
+ *
+ * Records, positions and clocks are Python ints in Python lists, as the Python code keeps
+ * them: both implementations share the recorder's state and may interleave.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+static PyObject *str_value, *str_stack, *str_records, *str_owner, *str_scopes, *str_index,
+    *str_enter_slow, *str_exit_slow, *str_name;
+static PyObject *zero;            /* the int 0 */
+static PyObject *no_count;        /* the int -1: no count given */
+static PyObject *clock_fn;        /* a replacement clock (tests), or NULL */
+static PyObject *error_code_fn;   /* recorder.error_code: exception type name -> code */
+static PyObject *rec_globals;     /* the recorder module's globals: MAX_TRACE_RECORDS */
+static PyObject *str_max;
+
+/* recorder.MAX_TRACE_RECORDS, read per scope as the Python code reads it */
+static Py_ssize_t
+max_records(void)
+{
+    PyObject *v = rec_globals ? PyDict_GetItem(rec_globals, str_max) : NULL;
+    Py_ssize_t m = v && PyLong_CheckExact(v) ? PyLong_AsSsize_t(v) : 0;
+    if (m == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+    }
+    return m;  /* 0 when unknown: every scope takes the Python path */
+}
+
+/* The recorder's clock: time.perf_counter_ns (CLOCK_MONOTONIC on Linux). */
+static int
+now_ns(long long *out)
+{
+    if (clock_fn != NULL) {
+        PyObject *t = PyObject_CallNoArgs(clock_fn);
+        if (t == NULL) {
+            return -1;
+        }
+        *out = PyLong_AsLongLong(t);
+        Py_DECREF(t);
+        return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    }
+#if defined(CLOCK_MONOTONIC) && defined(__linux__)
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    *out = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    return 0;
+#else
+#error "resettrace._fast needs CLOCK_MONOTONIC (Linux); the pure-Python recorder runs elsewhere"
+#endif
+}
+
+/* The clock read after the traced call: its exception, if any, stays pending (a clock of
+ * Python code must not run with it set). */
+static void
+now_after(long long *t)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (now_ns(t) < 0) {
+        PyErr_WriteUnraisable(clock_fn);
+        *t = 0;
+    }
+    PyErr_Restore(type, value, tb);
+}
+
+/* ---------------------------------------------------------------- ScopeBase */
+typedef struct {
+    PyObject_HEAD
+    PyObject *rec;
+    Py_ssize_t index;
+    PyObject *count;      /* as given: an int, or a float or numpy int the stats take */
+    Py_ssize_t first;
+    Py_ssize_t pos;
+    PyObject *stack;
+    PyObject *records;
+    PyObject *laps;
+    PyObject *layout;
+} ScopeBase;
+
+static PyTypeObject ScopeBaseType;
+
+static int
+scope_traverse(ScopeBase *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->rec);
+    Py_VISIT(self->count);
+    Py_VISIT(self->stack);
+    Py_VISIT(self->records);
+    Py_VISIT(self->laps);
+    Py_VISIT(self->layout);
+    return 0;
+}
+
+static int
+scope_clear(ScopeBase *self)
+{
+    Py_CLEAR(self->rec);
+    Py_CLEAR(self->count);
+    Py_CLEAR(self->stack);
+    Py_CLEAR(self->records);
+    Py_CLEAR(self->laps);
+    Py_CLEAR(self->layout);
+    return 0;
+}
+
+static void
+scope_dealloc(ScopeBase *self)
+{
+    /* a heap subclass's instance: subtype_dealloc drops the type's reference */
+    PyObject_GC_UnTrack(self);
+    scope_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+scope_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    ScopeBase *self = (ScopeBase *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->count = Py_NewRef(no_count);
+        self->first = -1;
+        self->pos = -1;
+    }
+    return (PyObject *)self;
+}
+
+/* An int item of a list, as a C value; -2 (and no error) if it is not a small int. */
+static inline Py_ssize_t
+int_at(PyObject *list, Py_ssize_t i)
+{
+    PyObject *v = PyList_GET_ITEM(list, i);
+    if (!PyLong_CheckExact(v)) {
+        return -2;
+    }
+    Py_ssize_t x = PyLong_AsSsize_t(v);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -2;
+    }
+    return x;
+}
+
+/* A new record [index, parent, 0, 0, count, 0]; parent and count are borrowed. */
+static PyObject *
+new_record(Py_ssize_t index, PyObject *parent, PyObject *count)
+{
+    PyObject *r = PyList_New(6);
+    if (r == NULL) {
+        return NULL;
+    }
+    PyObject *i = PyLong_FromSsize_t(index);
+    if (i == NULL) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    PyObject *c = Py_NewRef(count ? count : no_count);
+    Py_INCREF(parent);
+    Py_INCREF(zero);
+    Py_INCREF(zero);
+    Py_INCREF(zero);
+    PyList_SET_ITEM(r, 0, i);
+    PyList_SET_ITEM(r, 1, parent);
+    PyList_SET_ITEM(r, 2, zero);
+    PyList_SET_ITEM(r, 3, zero);
+    PyList_SET_ITEM(r, 4, c);
+    PyList_SET_ITEM(r, 5, zero);
+    return r;
+}
+
+/* Set item i of list r to the int t (replacing what was there). */
+static inline int
+set_int(PyObject *r, Py_ssize_t i, long long t)
+{
+    PyObject *v = PyLong_FromLongLong(t);
+    if (v == NULL) {
+        return -1;
+    }
+    PyObject *old = PyList_GET_ITEM(r, i);
+    PyList_SET_ITEM(r, i, v);
+    Py_DECREF(old);
+    return 0;
+}
+
+/* Push a new record under the top of stack at position len(records); the record
+ * (a new reference) or NULL. */
+static PyObject *
+push_record(PyObject *stack, PyObject *records, Py_ssize_t index, PyObject *count)
+{
+    Py_ssize_t pos = PyList_GET_SIZE(records);
+    PyObject *parent = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
+    PyObject *r = new_record(index, parent, count);
+    if (r == NULL) {
+        return NULL;
+    }
+    PyObject *p = PyLong_FromSsize_t(pos);
+    if (p == NULL || PyList_Append(stack, p) < 0) {
+        Py_XDECREF(p);
+        Py_DECREF(r);
+        return NULL;
+    }
+    Py_DECREF(p);
+    if (PyList_Append(records, r) < 0) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    return r;
+}
+
+static PyObject *
+scope_enter(ScopeBase *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *stack = self->stack, *records = self->records;
+    if (stack == NULL || records == NULL || !PyList_CheckExact(stack)
+            || !PyList_CheckExact(records) || PyList_GET_SIZE(stack) == 0
+            || self->first >= 0 || PyList_GET_SIZE(records) >= max_records()) {
+        /* a trace opens, a first lap, an overflow: the Python method */
+        return PyObject_CallMethodNoArgs((PyObject *)self, str_enter_slow);
+    }
+    PyObject *r = push_record(stack, records, self->index, self->count);
+    if (r == NULL) {
+        return NULL;
+    }
+    long long t;
+    if (now_ns(&t) < 0 || set_int(r, 2, t) < 0) {  /* R_START, last: bookkeeping is not timed */
+        Py_DECREF(r);
+        return NULL;
+    }
+    Py_DECREF(r);
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *
+scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *stack = self->stack, *records = self->records, *laps = self->laps;
+    Py_ssize_t n, pos;
+    PyObject *r;
+    if (nargs != 3 || stack == NULL || records == NULL || laps == NULL
+            || !PyList_CheckExact(stack) || !PyList_CheckExact(records)
+            || !PyList_CheckExact(laps) || (n = PyList_GET_SIZE(stack)) < 2) {
+        goto slow;  /* not entered, or the trace closes (or odd arguments) */
+    }
+    pos = int_at(stack, n - 1);
+    if (pos < 0 || pos >= PyList_GET_SIZE(records)) {
+        goto slow;
+    }
+    Py_ssize_t nl = PyList_GET_SIZE(laps);
+    if (nl > 0 && int_at(laps, nl - 1) == pos) {
+        goto slow;  /* its running lap ends with it */
+    }
+    r = PyList_GET_ITEM(records, pos);
+    if (!PyList_CheckExact(r) || PyList_GET_SIZE(r) != 6 || int_at(r, 0) != self->index) {
+        goto slow;  /* not on top: inner scopes left open, or not open at all */
+    }
+    long long t;  /* read once the case is known: the Python method reads its own */
+    if (now_ns(&t) < 0) {
+        return NULL;
+    }
+    Py_INCREF(r);
+    if (set_int(r, 3, t) < 0) {  /* R_END */
+        Py_DECREF(r);
+        return NULL;
+    }
+    if (args[0] != Py_None) {  /* an exception leaves it: its type's code */
+        PyObject *name = PyObject_GetAttr(args[0], str_name);
+        PyObject *code = name == NULL ? NULL : PyObject_CallOneArg(error_code_fn, name);
+        Py_XDECREF(name);
+        if (code == NULL) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        PyObject *old = PyList_GET_ITEM(r, 5);
+        PyList_SET_ITEM(r, 5, code);
+        Py_DECREF(old);
+    }
+    Py_DECREF(r);
+    if (PyList_SetSlice(stack, n - 1, n, NULL) < 0) {
+        return NULL;
+    }
+    self->pos = pos;
+    Py_RETURN_NONE;
+slow:
+    return PyObject_CallMethodObjArgs((PyObject *)self, str_exit_slow,
+        nargs > 0 ? args[0] : Py_None, nargs > 1 ? args[1] : Py_None,
+        nargs > 2 ? args[2] : Py_None, NULL);
+}
+
+static PyMethodDef scope_methods[] = {
+    {"__enter__", (PyCFunction)scope_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))scope_exit, METH_FASTCALL, NULL},
+    {NULL},
+};
+
+static PyMemberDef scope_members[] = {
+    {"_rec", T_OBJECT, offsetof(ScopeBase, rec), 0, NULL},
+    {"_index", T_PYSSIZET, offsetof(ScopeBase, index), 0, NULL},
+    {"_count", T_OBJECT, offsetof(ScopeBase, count), 0, NULL},
+    {"_first", T_PYSSIZET, offsetof(ScopeBase, first), 0, NULL},
+    {"_pos", T_PYSSIZET, offsetof(ScopeBase, pos), 0, NULL},
+    {"_stack", T_OBJECT, offsetof(ScopeBase, stack), 0, NULL},
+    {"_records", T_OBJECT, offsetof(ScopeBase, records), 0, NULL},
+    {"_laps", T_OBJECT, offsetof(ScopeBase, laps), 0, NULL},
+    {"_layout", T_OBJECT, offsetof(ScopeBase, layout), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject ScopeBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "resettrace.tracing._fast.ScopeBase",
+    .tp_basicsize = sizeof(ScopeBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The fields of a recorder scope and its enter/exit inside an open trace.",
+    .tp_traverse = (traverseproc)scope_traverse,
+    .tp_clear = (inquiry)scope_clear,
+    .tp_dealloc = (destructor)scope_dealloc,
+    .tp_new = scope_new,
+    .tp_methods = scope_methods,
+    .tp_members = scope_members,
+};
+
+/* ---------------------------------------------------------------- Bridging */
+typedef struct {
+    PyObject_HEAD
+    PyObject *original;   /* MotrixLab's Perf.scope / active_perf_scope */
+    PyObject *disabled;   /* its shared scope of a profiler that is off (None: none) */
+    PyObject *skip;       /* perf scope names a target of the spec records */
+    PyObject *placed;     /* (parent phase index, name) -> (phase, inherit) or None */
+    PyObject *slot;       /* the recorder's thread-local slot (.value) */
+    PyObject *rec_type;   /* recorder.Recorder */
+    PyObject *general;    /* the Python implementation: general(*args, **kwargs) */
+    PyObject *route;      /* the general bridge: route(inner, name) */
+    vectorcallfunc vectorcall;
+    PyObject *dict;       /* functools.update_wrapper's attributes */
+} Bridging;
+
+static int
+bridging_traverse(Bridging *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->original);
+    Py_VISIT(self->disabled);
+    Py_VISIT(self->skip);
+    Py_VISIT(self->placed);
+    Py_VISIT(self->slot);
+    Py_VISIT(self->rec_type);
+    Py_VISIT(self->general);
+    Py_VISIT(self->route);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+bridging_clear(Bridging *self)
+{
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->disabled);
+    Py_CLEAR(self->skip);
+    Py_CLEAR(self->placed);
+    Py_CLEAR(self->slot);
+    Py_CLEAR(self->rec_type);
+    Py_CLEAR(self->general);
+    Py_CLEAR(self->route);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+bridging_dealloc(Bridging *self)
+{
+    PyObject_GC_UnTrack(self);
+    bridging_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The common case, else NULL with no error set (the caller goes to the general bridge):
+ * inner is the recorder's scope of the phase when the profiler is off. */
+static PyObject *
+bridge_fast(Bridging *self, PyObject *inner, PyObject *name, int *done)
+{
+    *done = 0;
+    int skip = PySet_Contains(self->skip, name);
+    if (skip != 0) {
+        if (skip < 0) {
+            return NULL;
+        }
+        *done = 1;
+        Py_INCREF(inner);
+        return inner;  /* recorded by a target of the spec */
+    }
+    PyObject *rec = PyObject_GetAttr(self->slot, str_value);
+    if (rec == NULL) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    PyObject *stack = NULL, *records = NULL, *owner = NULL, *scopes = NULL, *key = NULL,
+        *index = NULL;
+    if (rec == Py_None) {
+        *done = 1;
+        Py_INCREF(inner);
+        result = inner;  /* no trace open: outside every phase */
+        goto out;
+    }
+    if ((PyObject *)Py_TYPE(rec) != self->rec_type || inner != self->disabled) {
+        goto out;
+    }
+    stack = PyObject_GetAttr(rec, str_stack);
+    records = stack ? PyObject_GetAttr(rec, str_records) : NULL;
+    owner = records ? PyObject_GetAttr(rec, str_owner) : NULL;
+    if (owner == NULL) {
+        goto out;
+    }
+    if (!PyList_CheckExact(stack) || !PyList_CheckExact(records)
+            || PyList_GET_SIZE(stack) == 0 || !PyLong_CheckExact(owner)
+            || PyLong_AsUnsignedLong(owner) != PyThread_get_thread_ident()) {
+        goto out;
+    }
+    Py_ssize_t at = int_at(stack, PyList_GET_SIZE(stack) - 1);
+    if (at < 0 || at >= PyList_GET_SIZE(records)) {
+        goto out;
+    }
+    PyObject *top = PyList_GET_ITEM(records, at);
+    if (!PyList_CheckExact(top) || PyList_GET_SIZE(top) != 6) {
+        goto out;
+    }
+    key = PyTuple_Pack(2, PyList_GET_ITEM(top, 0), name);
+    if (key == NULL) {
+        goto out;
+    }
+    PyObject *placed = PyDict_GetItemWithError(self->placed, key);  /* borrowed */
+    if (placed == NULL) {
+        goto out;  /* not placed yet (or an error): the general bridge */
+    }
+    if (placed == Py_None) {
+        *done = 1;
+        Py_INCREF(inner);
+        result = inner;  /* not recorded there */
+        goto out;
+    }
+    if (!PyTuple_CheckExact(placed) || PyTuple_GET_SIZE(placed) != 2) {
+        goto out;
+    }
+    index = PyObject_GetAttr(PyTuple_GET_ITEM(placed, 0), str_index);
+    scopes = index ? PyObject_GetAttr(rec, str_scopes) : NULL;
+    if (scopes == NULL || !PyList_CheckExact(scopes) || !PyLong_CheckExact(index)) {
+        goto out;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(index);
+    if (i < 0 || i >= PyList_GET_SIZE(scopes)) {
+        PyErr_Clear();
+        goto out;  /* a phase registered after this recorder */
+    }
+    PyObject *s = PyList_GET_ITEM(scopes, i);
+    if (!PyObject_TypeCheck(s, &ScopeBaseType)) {
+        goto out;
+    }
+    int inherit = PyObject_IsTrue(PyTuple_GET_ITEM(placed, 1));
+    if (inherit < 0) {
+        goto out;
+    }
+    /* what rec.scope(phase, count) does, in place */
+    Py_XSETREF(((ScopeBase *)s)->count,
+               Py_NewRef(inherit ? PyList_GET_ITEM(top, 4) : no_count));
+    ((ScopeBase *)s)->first = -1;
+    *done = 1;
+    Py_INCREF(s);
+    result = s;
+out:
+    Py_DECREF(rec);
+    Py_XDECREF(stack);
+    Py_XDECREF(records);
+    Py_XDECREF(owner);
+    Py_XDECREF(scopes);
+    Py_XDECREF(key);
+    Py_XDECREF(index);
+    return result;
+}
+
+static PyObject *
+bridging_vectorcall(Bridging *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs == 0 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)) {
+        return PyObject_Vectorcall(self->general, args, nargsf, kwnames);
+    }
+    PyObject *inner = PyObject_Vectorcall(self->original, args, nargsf, NULL);
+    if (inner == NULL) {
+        return NULL;
+    }
+    int done;
+    PyObject *out = bridge_fast(self, inner, args[nargs - 1], &done);
+    if (!done) {
+        /* everything else: the general bridge, with MotrixLab's scope already made */
+        PyErr_Clear();  /* the Python bridge meets the same case and says what it is */
+        out = PyObject_CallFunctionObjArgs(self->route, inner, args[nargs - 1], NULL);
+    }
+    Py_DECREF(inner);
+    return out;
+}
+
+static PyObject *
+bridging_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"original", "disabled", "skip", "placed", "slot", "recorder",
+                             "general", "route", NULL};
+    PyObject *original, *disabled, *skip, *placed, *slot, *rec_type, *general, *route;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OOOO", kwlist, &original, &disabled,
+                                     &PyFrozenSet_Type, &skip, &PyDict_Type, &placed, &slot,
+                                     &rec_type, &general, &route)) {
+        return NULL;
+    }
+    Bridging *self = (Bridging *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->original = Py_NewRef(original);
+    self->disabled = Py_NewRef(disabled);
+    self->skip = Py_NewRef(skip);
+    self->placed = Py_NewRef(placed);
+    self->slot = Py_NewRef(slot);
+    self->rec_type = Py_NewRef(rec_type);
+    self->general = Py_NewRef(general);
+    self->route = Py_NewRef(route);
+    self->vectorcall = (vectorcallfunc)bridging_vectorcall;
+    return (PyObject *)self;
+}
+
+static PyObject *
+bridging_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);  /* a method, as the Python function it replaces */
+}
+
+static PyGetSetDef bridging_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
+};
+
+static PyTypeObject BridgingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "resettrace.tracing._fast.Bridging",
+    .tp_basicsize = sizeof(Bridging),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+        | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "MotrixLab's perf scope function, its scopes bridged (see stacks/motrixlab.py).",
+    .tp_traverse = (traverseproc)bridging_traverse,
+    .tp_clear = (inquiry)bridging_clear,
+    .tp_dealloc = (destructor)bridging_dealloc,
+    .tp_new = bridging_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Bridging, vectorcall),
+    .tp_dictoffset = offsetof(Bridging, dict),
+    .tp_descr_get = bridging_get,
+    .tp_getset = bridging_getset,
+};
+
+/* ---------------------------------------------------------------- Traced */
+/* The core of a traced() wrapper (api.py): ``run(args, kwargs)``, called by the wrapper
+ * function with its arguments. Kinds, as the Python fast paths of api.py:
+ * KIND_CALL (_fast_call), KIND_LEAF (_fast_leaf), KIND_CHAIN (_fast_chain). */
+enum { KIND_CALL = 0, KIND_LEAF = 1, KIND_CHAIN = 2 };
+
+static PyObject *api_globals;     /* api.py's globals: _default, the default session */
+static PyObject *slot_obj;        /* the thread-local slot of the current recorder */
+static PyObject *recorder_type;   /* recorder.Recorder */
+static PyObject *env_count_key;   /* catalog.ATTR_ENV_COUNT */
+static PyObject *str_default, *str_processor, *str_local, *str_recorder, *str_closed,
+    *str_attributes, *str_token, *str_exit, *str_close_trace, *str_adopt, *one_none;
+
+typedef struct {
+    PyObject_HEAD
+    int kind;
+    PyObject *fn;
+    PyObject *general;    /* general(args, kwargs): every case */
+    PyObject *count_now;  /* count_now(args, kwargs) -> the count, when not static */
+    PyObject *statik;     /* the count of every call, or NULL */
+    Py_ssize_t index;     /* the phase (call, leaf) */
+    Py_ssize_t within;    /* the phase it is recorded inside, or -1 */
+    int envs;             /* it sets the recorder's env count on its first call */
+    PyObject *chains;     /* chain: innermost open phase -> the levels to open (a dict) */
+    PyObject *known;      /* chain: innermost open phase -> (levels, highest level) */
+    vectorcallfunc vectorcall;
+} Traced;
+
+static int
+traced_traverse(Traced *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->fn);
+    Py_VISIT(self->general);
+    Py_VISIT(self->count_now);
+    Py_VISIT(self->statik);
+    Py_VISIT(self->chains);
+    Py_VISIT(self->known);
+    return 0;
+}
+
+static int
+traced_clear(Traced *self)
+{
+    Py_CLEAR(self->fn);
+    Py_CLEAR(self->general);
+    Py_CLEAR(self->count_now);
+    Py_CLEAR(self->statik);
+    Py_CLEAR(self->chains);
+    Py_CLEAR(self->known);
+    return 0;
+}
+
+static void
+traced_dealloc(Traced *self)
+{
+    PyObject_GC_UnTrack(self);
+    traced_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The recorder's lists, as new references; 0, or -1 (no error set) if not lists. */
+static int
+rec_lists(PyObject *rec, PyObject **stack, PyObject **records)
+{
+    *stack = PyObject_GetAttr(rec, str_stack);
+    *records = *stack ? PyObject_GetAttr(rec, str_records) : NULL;
+    if (*records == NULL || !PyList_CheckExact(*stack) || !PyList_CheckExact(*records)) {
+        PyErr_Clear();
+        Py_CLEAR(*stack);
+        Py_CLEAR(*records);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether rec's owner is this thread. */
+static int
+owned(PyObject *rec)
+{
+    PyObject *owner = PyObject_GetAttr(rec, str_owner);
+    if (owner == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int mine = PyLong_CheckExact(owner)
+        && PyLong_AsUnsignedLong(owner) == PyThread_get_thread_ident();
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        mine = 0;
+    }
+    Py_DECREF(owner);
+    return mine;
+}
+
+/* The error code of the pending exception's type (the exception stays pending), or NULL
+ * when none is pending. A failure to get it leaves the code out. */
+static PyObject *
+pending_code(PyObject **exc_type)
+{
+    PyObject *type, *value, *tb;
+    *exc_type = NULL;
+    if (!PyErr_Occurred()) {
+        return NULL;
+    }
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *name = PyObject_GetAttr(type, str_name);
+    PyObject *code = name ? PyObject_CallOneArg(error_code_fn, name) : NULL;
+    Py_XDECREF(name);
+    if (code == NULL) {
+        PyErr_Clear();
+    }
+    *exc_type = type;  /* borrowed: restored below by the caller's PyErr_Restore */
+    PyErr_Restore(type, value, tb);
+    return code;
+}
+
+/* Call method `name` (args[0] is the object) for its effect, with the exception of the
+ * traced call, if any, kept pending; an error of the call itself is reported as
+ * unraisable: recording never raises into the user's call, nor replaces its exception. */
+static void
+call_keeping_error(PyObject *callable, PyObject *name, PyObject *const *args, size_t n)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *r = PyObject_VectorcallMethod(name, (PyObject **)args, n, NULL);
+    if (r == NULL) {
+        PyErr_WriteUnraisable(callable);
+    }
+    Py_XDECREF(r);
+    PyErr_Restore(type, value, tb);
+}
+
+static PyObject *
+to_python(Traced *self, PyObject *args, PyObject *kwargs)
+{
+    return PyObject_CallFunctionObjArgs(self->general, args, kwargs, NULL);
+}
+
+static PyObject *
+count_of_call(Traced *self, PyObject *args, PyObject *kwargs)
+{
+    if (self->statik != NULL) {
+        return Py_NewRef(self->statik);
+    }
+    return PyObject_CallFunctionObjArgs(self->count_now, args, kwargs, NULL);
+}
+
+static inline PyObject *
+call_fn(Traced *self, PyObject *args, PyObject *kwargs)
+{
+    return PyObject_Call(self->fn, args, PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+}
+
+/* Whether phase `within` is open below the top of the stack. */
+static int
+open_below(PyObject *stack, PyObject *records, Py_ssize_t within)
+{
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t p = int_at(stack, k);
+        if (p >= 0 && p < PyList_GET_SIZE(records)) {
+            PyObject *r = PyList_GET_ITEM(records, p);
+            if (PyList_CheckExact(r) && PyList_GET_SIZE(r) == 6 && int_at(r, 0) == within) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+run_call(Traced *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *rec = PyObject_GetAttr(slot_obj, str_value);
+    if (rec == NULL) {
+        return NULL;
+    }
+    PyObject *stack = NULL, *records = NULL, *scopes = NULL, *r = NULL, *c = NULL;
+    PyObject *result = NULL;
+    int root = 0;
+    if (rec == Py_None) {  /* none open, none bound */
+        Py_DECREF(rec);
+        if (self->within >= 0) {
+            return call_fn(self, args, kwargs);  /* not on the path it is recorded on */
+        }
+        PyObject *session = PyDict_GetItemWithError(api_globals, str_default);
+        if (session == NULL || session == Py_None) {
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+            return to_python(self, args, kwargs);
+        }
+        PyObject *processor = PyObject_GetAttr(session, str_processor);
+        if (processor == NULL) {
+            return NULL;
+        }
+        Py_DECREF(processor);
+        if (processor == Py_None) {
+            return call_fn(self, args, kwargs);  /* tracing off */
+        }
+        PyObject *local = PyObject_GetAttr(session, str_local);
+        rec = local ? PyObject_GetAttr(local, str_recorder) : NULL;
+        Py_XDECREF(local);
+        if (rec == NULL) {
+            PyErr_Clear();
+            return to_python(self, args, kwargs);  /* this thread's first call */
+        }
+        PyObject *closed = PyObject_GetAttr(session, str_closed);
+        int is_closed = closed == NULL ? -1 : PyObject_IsTrue(closed);
+        Py_XDECREF(closed);
+        if (is_closed != 0 || rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
+                || rec_lists(rec, &stack, &records) < 0 || PyList_GET_SIZE(stack) != 0) {
+            PyErr_Clear();
+            goto to_general;
+        }
+        root = 1;
+    }
+    else {
+        if ((PyObject *)Py_TYPE(rec) != recorder_type || rec_lists(rec, &stack, &records) < 0
+                || PyList_GET_SIZE(stack) == 0 || !owned(rec)) {
+            goto to_general;
+        }
+    }
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (self->within >= 0) {
+        Py_ssize_t top = int_at(stack, n - 1);
+        PyObject *tr = top >= 0 && top < PyList_GET_SIZE(records)
+            ? PyList_GET_ITEM(records, top) : NULL;
+        if (tr == NULL || !PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != 6
+                || int_at(tr, 0) != self->within) {
+            if (open_below(stack, records, self->within)) {
+                goto to_general;
+            }
+            Py_DECREF(rec);
+            Py_DECREF(stack);
+            Py_DECREF(records);
+            return call_fn(self, args, kwargs);  /* not on the path it is recorded on */
+        }
+    }
+    scopes = PyObject_GetAttr(rec, str_scopes);
+    if (scopes == NULL || !PyList_CheckExact(scopes)) {
+        PyErr_Clear();
+        goto to_general;
+    }
+    Py_ssize_t pos = PyList_GET_SIZE(records);
+    if (pos >= max_records() || self->index >= PyList_GET_SIZE(scopes)) {
+        goto to_general;
+    }
+    PyObject *s = PyList_GET_ITEM(scopes, self->index);
+    if (!PyObject_TypeCheck(s, &ScopeBaseType)) {
+        goto to_general;
+    }
+    if (self->envs) {
+        PyObject *attrs = PyObject_GetAttr(rec, str_attributes);
+        int has = attrs && PyDict_CheckExact(attrs) ? PyDict_Contains(attrs, env_count_key) : -1;
+        Py_XDECREF(attrs);
+        if (has != 1) {
+            PyErr_Clear();
+            goto to_general;  /* it sets the env count first */
+        }
+    }
+    c = count_of_call(self, args, kwargs);
+    if (c == NULL) {
+        goto done;
+    }
+    PyObject *parent = no_count;  /* -1: the root */
+    if (!root) {
+        parent = PyList_GET_ITEM(stack, n - 1);
+    }
+    r = new_record(self->index, parent, c);
+    if (r == NULL) {
+        goto done;
+    }
+    if (root) {  /* a trace opens: its recorder is the current one until it closes */
+        if (PyObject_SetAttr(rec, str_token, one_none) < 0
+                || PyObject_SetAttr(slot_obj, str_value, rec) < 0) {
+            goto done;
+        }
+    }
+    PyObject *p = PyLong_FromSsize_t(pos);
+    if (p == NULL || PyList_Append(stack, p) < 0 || PyList_Append(records, r) < 0) {
+        Py_XDECREF(p);
+        goto done;
+    }
+    long long t;
+    if (now_ns(&t) < 0 || set_int(r, 2, t) < 0) {  /* R_START, last */
+        Py_DECREF(p);
+        goto done;
+    }
+    result = call_fn(self, args, kwargs);
+    now_after(&t);
+    PyObject *exc_type;
+    PyObject *code = pending_code(&exc_type);
+    Py_ssize_t m = PyList_GET_SIZE(stack);
+    if (m > 0 && int_at(stack, m - 1) == pos && pos < PyList_GET_SIZE(records)
+            && PyList_GET_ITEM(records, pos) == r) {
+        set_int(r, 3, t);  /* R_END */
+        if (code != NULL) {
+            PyObject *old = PyList_GET_ITEM(r, 5);
+            PyList_SET_ITEM(r, 5, code);  /* R_ERROR */
+            Py_DECREF(old);
+            code = NULL;
+        }
+        PyList_SetSlice(stack, m - 1, m, NULL);
+        ((ScopeBase *)s)->pos = pos;  /* it remembers the run: its timing(), its count */
+        Py_XSETREF(((ScopeBase *)s)->count, Py_NewRef(c));
+        if (m == 1) {
+            PyObject *a[] = {rec};
+            call_keeping_error(rec, str_close_trace, a, 1);
+        }
+    }
+    else {  /* not on top: it exits as a ``with`` scope's would */
+        PyObject *a[] = {s, exc_type ? exc_type : Py_None, Py_None, Py_None};
+        call_keeping_error(s, str_exit, a, 4);
+    }
+    Py_XDECREF(code);
+    Py_DECREF(p);
+    if (result == NULL && !PyErr_Occurred()) {
+        PyErr_SetString(PyExc_SystemError, "resettrace: a traced call failed without an error");
+    }
+    goto done;
+to_general:
+    result = to_python(self, args, kwargs);
+done:
+    Py_XDECREF(rec);
+    Py_XDECREF(stack);
+    Py_XDECREF(records);
+    Py_XDECREF(scopes);
+    Py_XDECREF(r);
+    Py_XDECREF(c);
+    return result;
+}
+
+static PyObject *
+run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *rec = PyObject_GetAttr(slot_obj, str_value);
+    if (rec == NULL) {
+        return NULL;
+    }
+    if (rec == Py_None) {
+        Py_DECREF(rec);
+        return call_fn(self, args, kwargs);  /* no trace open: not on its path */
+    }
+    PyObject *stack = NULL, *records = NULL, *r = NULL, *c = NULL, *result = NULL;
+    if ((PyObject *)Py_TYPE(rec) != recorder_type || rec_lists(rec, &stack, &records) < 0
+            || PyList_GET_SIZE(stack) == 0 || !owned(rec)) {
+        goto to_general;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    Py_ssize_t pos = PyList_GET_SIZE(records);
+    PyObject *parent = PyList_GET_ITEM(stack, n - 1);
+    Py_ssize_t at = int_at(stack, n - 1);
+    PyObject *tr = at >= 0 && at < pos ? PyList_GET_ITEM(records, at) : NULL;
+    if (tr == NULL || !PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != 6
+            || int_at(tr, 0) != self->within || pos >= max_records()) {
+        goto to_general;
+    }
+    c = count_of_call(self, args, kwargs);
+    if (c == NULL) {
+        goto done;
+    }
+    Py_INCREF(parent);
+    r = new_record(self->index, parent, c);
+    if (r == NULL || PyList_Append(records, r) < 0) {
+        Py_DECREF(parent);
+        goto done;
+    }
+    long long t;
+    if (now_ns(&t) < 0 || set_int(r, 2, t) < 0) {
+        Py_DECREF(parent);
+        goto done;
+    }
+    result = call_fn(self, args, kwargs);
+    now_after(&t);
+    set_int(r, 3, t);
+    PyObject *exc_type;
+    PyObject *code = pending_code(&exc_type);
+    if (code != NULL) {
+        PyObject *old = PyList_GET_ITEM(r, 5);
+        PyList_SET_ITEM(r, 5, code);
+        Py_DECREF(old);
+    }
+    if (PyList_GET_SIZE(records) != pos + 1) {  /* scopes opened inside it: its children */
+        PyObject *ppos = PyLong_FromSsize_t(pos);
+        PyObject *idx = PyLong_FromSsize_t(self->index);
+        if (ppos && idx) {
+            PyObject *a[] = {rec, r, ppos, parent, idx};
+            call_keeping_error(rec, str_adopt, a, 5);
+        }
+        Py_XDECREF(ppos);
+        Py_XDECREF(idx);
+    }
+    Py_DECREF(parent);
+    goto done;
+to_general:
+    result = to_python(self, args, kwargs);
+done:
+    Py_XDECREF(rec);
+    Py_XDECREF(stack);
+    Py_XDECREF(records);
+    Py_XDECREF(r);
+    Py_XDECREF(c);
+    return result;
+}
+
+static PyObject *
+run_chain(Traced *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *rec = PyObject_GetAttr(slot_obj, str_value);
+    if (rec == NULL) {
+        return NULL;
+    }
+    PyObject *stack = NULL, *records = NULL, *scopes = NULL, *c = NULL, *result = NULL;
+    PyObject *opened[4] = {NULL, NULL, NULL, NULL};
+    if (rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
+            || rec_lists(rec, &stack, &records) < 0 || PyList_GET_SIZE(stack) == 0
+            || !owned(rec)) {
+        goto to_general;
+    }
+    Py_ssize_t n0 = PyList_GET_SIZE(stack);
+    PyObject *parent = PyList_GET_ITEM(stack, n0 - 1);
+    Py_ssize_t at = int_at(stack, n0 - 1);
+    if (at < 0 || at >= PyList_GET_SIZE(records)) {
+        goto to_general;
+    }
+    PyObject *tr = PyList_GET_ITEM(records, at);
+    if (!PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != 6) {
+        goto to_general;
+    }
+    PyObject *key = PyList_GET_ITEM(tr, 0);
+    PyObject *known = PyDict_GetItemWithError(self->known, key);  /* borrowed */
+    if (known == NULL) {
+        if (PyErr_Occurred()) {
+            goto done;
+        }
+        PyObject *chain = PyDict_GetItemWithError(self->chains, key);
+        if (chain == NULL || !PyTuple_CheckExact(chain) || PyTuple_GET_SIZE(chain) == 0) {
+            PyErr_Clear();
+            goto to_general;  /* it works the chain out */
+        }
+        Py_ssize_t top = -1;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(chain); k++) {
+            Py_ssize_t v = PyLong_AsSsize_t(PyTuple_GET_ITEM(chain, k));
+            if (v == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                goto to_general;
+            }
+            top = v > top ? v : top;
+        }
+        PyObject *t = Py_BuildValue("(On)", chain, top);
+        if (t == NULL || PyDict_SetItem(self->known, key, t) < 0) {
+            Py_XDECREF(t);
+            goto done;
+        }
+        Py_DECREF(t);
+        known = t;  /* held by the dict */
+    }
+    PyObject *chain = PyTuple_GET_ITEM(known, 0);
+    Py_ssize_t top = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, 1));
+    Py_ssize_t n = PyTuple_GET_SIZE(chain);
+    Py_ssize_t base = PyList_GET_SIZE(records);
+    scopes = PyObject_GetAttr(rec, str_scopes);
+    if (scopes == NULL || !PyList_CheckExact(scopes)) {
+        PyErr_Clear();
+        goto to_general;
+    }
+    if (base + n > max_records() || top >= PyList_GET_SIZE(scopes)) {
+        goto to_general;
+    }
+    c = count_of_call(self, args, kwargs);
+    if (c == NULL) {
+        goto done;
+    }
+    if (n != 4) {  /* other lengths: as the Python path takes them */
+        result = PyObject_CallMethod(rec, "call_chain", "OOOOO", chain, c, self->fn, args,
+                                     kwargs);
+        goto done;
+    }
+    /* a reset under an env step (reset_done down to set_state) */
+    Py_ssize_t idx[4];
+    for (int k = 0; k < 4; k++) {
+        idx[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(chain, k));
+        PyObject *sk = PyList_GET_ITEM(scopes, idx[k]);
+        if (!PyObject_TypeCheck(sk, &ScopeBaseType)) {
+            goto to_general;
+        }
+    }
+    PyObject *par = parent;
+    for (int k = 0; k < 4; k++) {
+        PyObject *pp = k == 0 ? Py_NewRef(par) : PyLong_FromSsize_t(base + k - 1);
+        if (pp == NULL) {
+            goto done;
+        }
+        opened[k] = new_record(idx[k], pp, c);
+        Py_DECREF(pp);
+        if (opened[k] == NULL) {
+            goto done;
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        PyObject *pp = PyLong_FromSsize_t(base + k);
+        if (pp == NULL || PyList_Append(records, opened[k]) < 0
+                || PyList_Append(stack, pp) < 0) {
+            Py_XDECREF(pp);
+            goto done;
+        }
+        Py_DECREF(pp);
+    }
+    long long t;
+    if (now_ns(&t) < 0) {
+        goto done;
+    }
+    for (int k = 0; k < 4; k++) {
+        set_int(opened[k], 2, t);  /* R_START */
+    }
+    result = call_fn(self, args, kwargs);
+    now_after(&t);
+    PyObject *exc_type;
+    PyObject *code = pending_code(&exc_type);
+    Py_ssize_t last = base + 3;
+    Py_ssize_t m = PyList_GET_SIZE(stack);
+    if (m > 0 && int_at(stack, m - 1) == last && last < PyList_GET_SIZE(records)
+            && PyList_GET_ITEM(records, last) == opened[3]) {
+        for (int k = 0; k < 4; k++) {
+            set_int(opened[k], 3, t);  /* R_END */
+            if (code != NULL) {
+                PyObject *old = PyList_GET_ITEM(opened[k], 5);
+                PyList_SET_ITEM(opened[k], 5, Py_NewRef(code));
+                Py_DECREF(old);
+            }
+            ((ScopeBase *)PyList_GET_ITEM(scopes, idx[k]))->pos = base + k;
+        }
+        PyList_SetSlice(stack, m - 4 < 0 ? 0 : m - 4, m, NULL);
+        if (m <= 4) {
+            PyObject *a[] = {rec};
+            call_keeping_error(rec, str_close_trace, a, 1);
+        }
+    }
+    else if (PyList_GET_SIZE(records) > last && PyList_GET_ITEM(records, last) == opened[3]) {
+        for (Py_ssize_t q = last; q >= base; q--) {
+            PyObject *rq = PyList_GET_ITEM(records, q);
+            Py_ssize_t iq = PyList_CheckExact(rq) && PyList_GET_SIZE(rq) == 6
+                ? int_at(rq, 0) : -2;
+            if (iq < 0 || iq >= PyList_GET_SIZE(scopes)) {
+                continue;
+            }
+            PyObject *sq = PyList_GET_ITEM(scopes, iq);
+            PyObject *a[] = {sq, exc_type ? exc_type : Py_None, Py_None, Py_None};
+            call_keeping_error(sq, str_exit, a, 4);
+        }
+    }
+    Py_XDECREF(code);
+    goto done;
+to_general:
+    PyErr_Clear();
+    result = to_python(self, args, kwargs);
+done:
+    Py_XDECREF(rec);
+    Py_XDECREF(stack);
+    Py_XDECREF(records);
+    Py_XDECREF(scopes);
+    Py_XDECREF(c);
+    for (int k = 0; k < 4; k++) {
+        Py_XDECREF(opened[k]);
+    }
+    return result;
+}
+
+static PyObject *
+traced_vectorcall(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || (kwnames && PyTuple_GET_SIZE(kwnames)) || !PyTuple_Check(args[0])
+            || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "run(args: tuple, kwargs: dict)");
+        return NULL;
+    }
+    PyObject *kwargs = args[1];
+    switch (self->kind) {
+    case KIND_LEAF:
+        return run_leaf(self, args[0], kwargs);
+    case KIND_CHAIN:
+        return run_chain(self, args[0], kwargs);
+    default:
+        return run_call(self, args[0], kwargs);
+    }
+}
+
+
+static PyObject *
+traced_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"kind", "fn", "general", "count_now", "static", "index",
+                             "within", "envs", "chains", NULL};
+    int kind, envs;
+    PyObject *fn, *gen, *count_now, *statik, *chains;
+    Py_ssize_t index, within;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOnnpO!", kwlist, &kind, &fn, &gen,
+                                     &count_now, &statik, &index, &within, &envs,
+                                     &PyDict_Type, &chains)) {
+        return NULL;
+    }
+    if (kind < KIND_CALL || kind > KIND_CHAIN) {
+        PyErr_SetString(PyExc_ValueError, "kind must be 0 (call), 1 (leaf) or 2 (chain)");
+        return NULL;
+    }
+    Traced *self = (Traced *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->kind = kind;
+    self->fn = Py_NewRef(fn);
+    self->general = Py_NewRef(gen);
+    self->count_now = Py_NewRef(count_now);
+    self->statik = statik == Py_None ? NULL : Py_NewRef(statik);
+    self->index = index;
+    self->within = within;
+    self->envs = envs;
+    self->chains = Py_NewRef(chains);
+    self->known = PyDict_New();
+    if (self->known == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->vectorcall = (vectorcallfunc)traced_vectorcall;
+    return (PyObject *)self;
+}
+
+static PyTypeObject TracedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "resettrace.tracing._fast.Traced",
+    .tp_basicsize = sizeof(Traced),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The core of a traced() wrapper: run(args, kwargs) (see api.py).",
+    .tp_traverse = (traverseproc)traced_traverse,
+    .tp_clear = (inquiry)traced_clear,
+    .tp_dealloc = (destructor)traced_dealloc,
+    .tp_new = traced_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Traced, vectorcall),
+};
+
+static PyObject *
+fast_setup_api(PyObject *module, PyObject *args)
+{
+    PyObject *globals, *slot, *rtype, *key;
+    if (!PyArg_ParseTuple(args, "O!OOU", &PyDict_Type, &globals, &slot, &rtype, &key)) {
+        return NULL;
+    }
+    Py_XSETREF(api_globals, Py_NewRef(globals));
+    Py_XSETREF(slot_obj, Py_NewRef(slot));
+    Py_XSETREF(recorder_type, Py_NewRef(rtype));
+    Py_XSETREF(env_count_key, Py_NewRef(key));
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- module */
+static PyObject *
+fast_set_clock(PyObject *module, PyObject *fn)
+{
+    if (fn == Py_None) {
+        Py_CLEAR(clock_fn);
+    }
+    else {
+        Py_XSETREF(clock_fn, Py_NewRef(fn));
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+fast_setup(PyObject *module, PyObject *args)
+{
+    PyObject *fn, *globals;
+    if (!PyArg_ParseTuple(args, "OO!", &fn, &PyDict_Type, &globals)) {
+        return NULL;
+    }
+    Py_XSETREF(error_code_fn, Py_NewRef(fn));
+    Py_XSETREF(rec_globals, Py_NewRef(globals));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+fast_now(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    long long t;
+    if (now_ns(&t) < 0) {
+        return NULL;
+    }
+    return PyLong_FromLongLong(t);
+}
+
+static PyMethodDef fast_methods[] = {
+    {"set_clock", fast_set_clock, METH_O,
+     "The clock the records read (a function returning ns), or None: perf_counter_ns."},
+    {"setup", fast_setup, METH_VARARGS,
+     "setup(error_code, globals): the recorder module's error_code and globals()."},
+    {"now", fast_now, METH_NOARGS, "The clock the records read, in ns."},
+    {"setup_api", fast_setup_api, METH_VARARGS,
+     "setup_api(globals, slot, Recorder, env_count_key): what api.py defines."},
+    {NULL},
+};
+
+static struct PyModuleDef fast_module = {
+    PyModuleDef_HEAD_INIT, "resettrace.tracing._fast",
+    "The recorder's hot path in C (optional; see the source's header).", -1, fast_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__fast(void)
+{
+#define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
+    INTERN(str_value, "value");
+    INTERN(str_stack, "_stack");
+    INTERN(str_records, "_records");
+    INTERN(str_owner, "_owner");
+    INTERN(str_scopes, "_scopes");
+    INTERN(str_index, "index");
+    INTERN(str_enter_slow, "_enter_slow");
+    INTERN(str_exit_slow, "_exit_slow");
+    INTERN(str_name, "__name__");
+    INTERN(str_max, "MAX_TRACE_RECORDS");
+    INTERN(str_default, "_default");
+    INTERN(str_processor, "processor");
+    INTERN(str_local, "_local");
+    INTERN(str_recorder, "recorder");
+    INTERN(str_closed, "_closed");
+    INTERN(str_attributes, "attributes");
+    INTERN(str_token, "_token");
+    INTERN(str_exit, "__exit__");
+    INTERN(str_close_trace, "_close_trace");
+    INTERN(str_adopt, "_adopt");
+#undef INTERN
+    zero = PyLong_FromLong(0);
+    no_count = PyLong_FromLong(-1);
+    one_none = PyTuple_Pack(1, Py_None);
+    if (zero == NULL || no_count == NULL || one_none == NULL
+            || PyType_Ready(&TracedType) < 0 || PyType_Ready(&ScopeBaseType) < 0 || PyType_Ready(&BridgingType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&fast_module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "ScopeBase", (PyObject *)&ScopeBaseType) < 0
+            || PyModule_AddObjectRef(m, "Bridging", (PyObject *)&BridgingType) < 0
+            || PyModule_AddObjectRef(m, "Traced", (PyObject *)&TracedType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
