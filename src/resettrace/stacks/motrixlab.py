@@ -207,7 +207,7 @@ def _bridging(original: Callable[..., Any], disabled: Any) -> Callable[..., Any]
                               placed=_placed, slot=_SLOT, recorder=Recorder,
                               general=bridged, route=_bridge)
         fast.__resettrace_bridge__ = True
-        return fast  # type: ignore[no-any-return]
+        return fast
     bridged.__resettrace_bridge__ = True  # type: ignore[attr-defined]
     return bridged
 

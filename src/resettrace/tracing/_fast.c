@@ -20,6 +20,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 static PyObject *str_value, *str_stack, *str_records, *str_owner, *str_scopes, *str_index,
@@ -157,6 +159,20 @@ int_at(PyObject *list, Py_ssize_t i)
     return x;
 }
 
+/* Drop the last k items of a list (k <= its size), as list.pop() does, without a slice
+ * assignment; a shorter list keeps its allocation. */
+static void
+list_drop(PyObject *list, Py_ssize_t k)
+{
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    for (Py_ssize_t i = n - 1; i >= n - k; i--) {
+        PyObject *v = PyList_GET_ITEM(list, i);
+        PyList_SET_ITEM(list, i, NULL);
+        Py_SET_SIZE(list, i);
+        Py_DECREF(v);
+    }
+}
+
 /* A new record [index, parent, 0, 0, count, 0]; parent and count are borrowed. */
 static PyObject *
 new_record(Py_ssize_t index, PyObject *parent, PyObject *count)
@@ -181,6 +197,10 @@ new_record(Py_ssize_t index, PyObject *parent, PyObject *count)
     PyList_SET_ITEM(r, 3, zero);
     PyList_SET_ITEM(r, 4, c);
     PyList_SET_ITEM(r, 5, zero);
+    /* a record holds ints only, so it is never part of a cycle: left out of the cyclic
+     * GC, it is not traversed by collections nor promoted into older generations (whose
+     * growth triggers full collections) while its trace waits to be aggregated */
+    PyObject_GC_UnTrack(r);
     return r;
 }
 
@@ -292,9 +312,7 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(old);
     }
     Py_DECREF(r);
-    if (PyList_SetSlice(stack, n - 1, n, NULL) < 0) {
-        return NULL;
-    }
+    list_drop(stack, 1);
     self->pos = pos;
     Py_RETURN_NONE;
 slow:
@@ -335,6 +353,76 @@ static PyTypeObject ScopeBaseType = {
     .tp_methods = scope_methods,
     .tp_members = scope_members,
 };
+
+/* A recorder's lists and owner (set once, in its __init__), cached for the last
+ * recorder seen: a weak reference tells that it is the same one, alive. */
+typedef struct {
+    PyObject *stack, *records, *scopes;  /* new references */
+    int mine;                             /* its owner is this thread */
+} Parts;
+
+static PyObject *cache_ref;
+static PyObject *cache_stack, *cache_records, *cache_scopes;
+static unsigned long cache_owner;
+
+/* 0, or -1 (no error set) when rec does not have a recorder's lists. */
+static int
+rec_parts(PyObject *rec, Parts *parts)
+{
+    if (cache_ref == NULL || PyWeakref_GET_OBJECT(cache_ref) != rec) {
+        PyObject *stack = PyObject_GetAttr(rec, str_stack);
+        PyObject *records = stack ? PyObject_GetAttr(rec, str_records) : NULL;
+        PyObject *scopes = records ? PyObject_GetAttr(rec, str_scopes) : NULL;
+        PyObject *owner = scopes ? PyObject_GetAttr(rec, str_owner) : NULL;
+        unsigned long ident = owner && PyLong_CheckExact(owner)
+            ? PyLong_AsUnsignedLong(owner) : (unsigned long)-1;
+        PyObject *ref = owner ? PyWeakref_NewRef(rec, NULL) : NULL;
+        if (ref == NULL || !PyList_CheckExact(stack) || !PyList_CheckExact(records)
+                || !PyList_CheckExact(scopes) || PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_XDECREF(stack);
+            Py_XDECREF(records);
+            Py_XDECREF(scopes);
+            Py_XDECREF(owner);
+            Py_XDECREF(ref);
+            return -1;
+        }
+        Py_DECREF(owner);
+        Py_XSETREF(cache_ref, ref);
+        Py_XSETREF(cache_stack, stack);
+        Py_XSETREF(cache_records, records);
+        Py_XSETREF(cache_scopes, scopes);
+        cache_owner = ident;
+    }
+    parts->stack = Py_NewRef(cache_stack);
+    parts->records = Py_NewRef(cache_records);
+    parts->scopes = Py_NewRef(cache_scopes);
+    parts->mine = cache_owner == PyThread_get_thread_ident();
+    return 0;
+}
+
+/* rec_parts into separate new references (NULL on -1). */
+static int
+rec_take(PyObject *rec, PyObject **stack, PyObject **records, PyObject **scopes, int *mine)
+{
+    Parts parts;
+    if (rec_parts(rec, &parts) < 0) {
+        return -1;
+    }
+    *stack = parts.stack;
+    *records = parts.records;
+    *scopes = parts.scopes;
+    *mine = parts.mine;
+    return 0;
+}
+
+static void
+parts_clear(Parts *parts)
+{
+    Py_CLEAR(parts->stack);
+    Py_CLEAR(parts->records);
+    Py_CLEAR(parts->scopes);
+}
 
 /* ---------------------------------------------------------------- Bridging */
 typedef struct {
@@ -408,29 +496,20 @@ bridge_fast(Bridging *self, PyObject *inner, PyObject *name, int *done)
     if (rec == NULL) {
         return NULL;
     }
-    PyObject *result = NULL;
-    PyObject *stack = NULL, *records = NULL, *owner = NULL, *scopes = NULL, *key = NULL,
-        *index = NULL;
+    PyObject *result = NULL, *key = NULL, *index = NULL;
+    Parts parts = {NULL, NULL, NULL, 0};
     if (rec == Py_None) {
         *done = 1;
         Py_INCREF(inner);
         result = inner;  /* no trace open: outside every phase */
         goto out;
     }
-    if ((PyObject *)Py_TYPE(rec) != self->rec_type || inner != self->disabled) {
+    if ((PyObject *)Py_TYPE(rec) != self->rec_type || inner != self->disabled
+            || rec_parts(rec, &parts) < 0 || !parts.mine
+            || PyList_GET_SIZE(parts.stack) == 0) {
         goto out;
     }
-    stack = PyObject_GetAttr(rec, str_stack);
-    records = stack ? PyObject_GetAttr(rec, str_records) : NULL;
-    owner = records ? PyObject_GetAttr(rec, str_owner) : NULL;
-    if (owner == NULL) {
-        goto out;
-    }
-    if (!PyList_CheckExact(stack) || !PyList_CheckExact(records)
-            || PyList_GET_SIZE(stack) == 0 || !PyLong_CheckExact(owner)
-            || PyLong_AsUnsignedLong(owner) != PyThread_get_thread_ident()) {
-        goto out;
-    }
+    PyObject *stack = parts.stack, *records = parts.records, *scopes = parts.scopes;
     Py_ssize_t at = int_at(stack, PyList_GET_SIZE(stack) - 1);
     if (at < 0 || at >= PyList_GET_SIZE(records)) {
         goto out;
@@ -457,8 +536,7 @@ bridge_fast(Bridging *self, PyObject *inner, PyObject *name, int *done)
         goto out;
     }
     index = PyObject_GetAttr(PyTuple_GET_ITEM(placed, 0), str_index);
-    scopes = index ? PyObject_GetAttr(rec, str_scopes) : NULL;
-    if (scopes == NULL || !PyList_CheckExact(scopes) || !PyLong_CheckExact(index)) {
+    if (index == NULL || !PyLong_CheckExact(index)) {
         goto out;
     }
     Py_ssize_t i = PyLong_AsSsize_t(index);
@@ -483,10 +561,7 @@ bridge_fast(Bridging *self, PyObject *inner, PyObject *name, int *done)
     result = s;
 out:
     Py_DECREF(rec);
-    Py_XDECREF(stack);
-    Py_XDECREF(records);
-    Py_XDECREF(owner);
-    Py_XDECREF(scopes);
+    parts_clear(&parts);
     Py_XDECREF(key);
     Py_XDECREF(index);
     return result;
@@ -593,6 +668,8 @@ typedef struct {
     PyObject *general;    /* general(args, kwargs): every case */
     PyObject *count_now;  /* count_now(args, kwargs) -> the count, when not static */
     PyObject *statik;     /* the count of every call, or NULL */
+    Py_ssize_t count_at;  /* the positional argument the count is read from (-1: none) */
+    PyObject *count_path; /* attribute names read from it (a tuple) */
     Py_ssize_t index;     /* the phase (call, leaf) */
     Py_ssize_t within;    /* the phase it is recorded inside, or -1 */
     int envs;             /* it sets the recorder's env count on its first call */
@@ -608,6 +685,7 @@ traced_traverse(Traced *self, visitproc visit, void *arg)
     Py_VISIT(self->general);
     Py_VISIT(self->count_now);
     Py_VISIT(self->statik);
+    Py_VISIT(self->count_path);
     Py_VISIT(self->chains);
     Py_VISIT(self->known);
     return 0;
@@ -620,6 +698,7 @@ traced_clear(Traced *self)
     Py_CLEAR(self->general);
     Py_CLEAR(self->count_now);
     Py_CLEAR(self->statik);
+    Py_CLEAR(self->count_path);
     Py_CLEAR(self->chains);
     Py_CLEAR(self->known);
     return 0;
@@ -631,40 +710,6 @@ traced_dealloc(Traced *self)
     PyObject_GC_UnTrack(self);
     traced_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-/* The recorder's lists, as new references; 0, or -1 (no error set) if not lists. */
-static int
-rec_lists(PyObject *rec, PyObject **stack, PyObject **records)
-{
-    *stack = PyObject_GetAttr(rec, str_stack);
-    *records = *stack ? PyObject_GetAttr(rec, str_records) : NULL;
-    if (*records == NULL || !PyList_CheckExact(*stack) || !PyList_CheckExact(*records)) {
-        PyErr_Clear();
-        Py_CLEAR(*stack);
-        Py_CLEAR(*records);
-        return -1;
-    }
-    return 0;
-}
-
-/* Whether rec's owner is this thread. */
-static int
-owned(PyObject *rec)
-{
-    PyObject *owner = PyObject_GetAttr(rec, str_owner);
-    if (owner == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int mine = PyLong_CheckExact(owner)
-        && PyLong_AsUnsignedLong(owner) == PyThread_get_thread_ident();
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        mine = 0;
-    }
-    Py_DECREF(owner);
-    return mine;
 }
 
 /* The error code of the pending exception's type (the exception stays pending), or NULL
@@ -705,6 +750,53 @@ call_keeping_error(PyObject *callable, PyObject *name, PyObject *const *args, si
     PyErr_Restore(type, value, tb);
 }
 
+/* api.count_of for the common values, else NULL (no error): an int as is; a numpy
+ * array of bools, 1-D: its True values; another numpy array of 1 or more dimensions: its
+ * len(). */
+static PyObject *
+count_fast(PyObject *v)
+{
+    if (PyLong_CheckExact(v)) {
+        return Py_NewRef(v);
+    }
+    if (strcmp(Py_TYPE(v)->tp_name, "numpy.ndarray") != 0) {
+        return NULL;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(v, &b, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (b.ndim >= 1 && b.shape != NULL) {
+        if (b.format != NULL && strcmp(b.format, "?") == 0) {
+            if (b.ndim == 1 && b.itemsize == 1 && b.strides != NULL) {
+                const unsigned char *p = (const unsigned char *)b.buf;
+                Py_ssize_t k = 0, i = 0, n = b.shape[0], st = b.strides[0];
+                if (st == 1) {  /* contiguous: 8 bytes at a time, a bit per nonzero byte */
+                    for (; i + 8 <= n; i += 8) {
+                        uint64_t w;
+                        memcpy(&w, p + i, 8);
+                        w |= w >> 4;
+                        w |= w >> 2;
+                        w |= w >> 1;
+                        k += __builtin_popcountll(w & 0x0101010101010101ULL);
+                    }
+                }
+                for (; i < n; i++) {
+                    k += p[i * st] != 0;
+                }
+                out = PyLong_FromSsize_t(k);
+            }
+        }
+        else {
+            out = PyLong_FromSsize_t(b.shape[0]);
+        }
+    }
+    PyBuffer_Release(&b);
+    return out;
+}
+
 static PyObject *
 to_python(Traced *self, PyObject *args, PyObject *kwargs)
 {
@@ -717,6 +809,20 @@ count_of_call(Traced *self, PyObject *args, PyObject *kwargs)
     if (self->statik != NULL) {
         return Py_NewRef(self->statik);
     }
+    if (self->count_at >= 0 && self->count_at < PyTuple_GET_SIZE(args)) {
+        PyObject *v = Py_NewRef(PyTuple_GET_ITEM(args, self->count_at));
+        for (Py_ssize_t k = 0; v != NULL && k < PyTuple_GET_SIZE(self->count_path); k++) {
+            Py_SETREF(v, PyObject_GetAttr(v, PyTuple_GET_ITEM(self->count_path, k)));
+        }
+        PyObject *c = v == NULL ? NULL : count_fast(v);
+        Py_XDECREF(v);
+        if (c != NULL) {
+            return c;
+        }
+        PyErr_Clear();
+    }
+    /* anything else (a keyword argument, a callable, a value count_fast does not know, a
+     * failure, which it logs once): the Python reader */
     return PyObject_CallFunctionObjArgs(self->count_now, args, kwargs, NULL);
 }
 
@@ -752,7 +858,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
     }
     PyObject *stack = NULL, *records = NULL, *scopes = NULL, *r = NULL, *c = NULL;
     PyObject *result = NULL;
-    int root = 0;
+    int root = 0, mine = 0;
     if (rec == Py_None) {  /* none open, none bound */
         Py_DECREF(rec);
         if (self->within >= 0) {
@@ -784,15 +890,15 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         int is_closed = closed == NULL ? -1 : PyObject_IsTrue(closed);
         Py_XDECREF(closed);
         if (is_closed != 0 || rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
-                || rec_lists(rec, &stack, &records) < 0 || PyList_GET_SIZE(stack) != 0) {
+                || rec_take(rec, &stack, &records, &scopes, &mine) < 0 || PyList_GET_SIZE(stack) != 0) {
             PyErr_Clear();
             goto to_general;
         }
         root = 1;
     }
     else {
-        if ((PyObject *)Py_TYPE(rec) != recorder_type || rec_lists(rec, &stack, &records) < 0
-                || PyList_GET_SIZE(stack) == 0 || !owned(rec)) {
+        if ((PyObject *)Py_TYPE(rec) != recorder_type || rec_take(rec, &stack, &records, &scopes, &mine) < 0
+                || PyList_GET_SIZE(stack) == 0 || !mine) {
             goto to_general;
         }
     }
@@ -809,13 +915,9 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
             Py_DECREF(rec);
             Py_DECREF(stack);
             Py_DECREF(records);
+            Py_DECREF(scopes);
             return call_fn(self, args, kwargs);  /* not on the path it is recorded on */
         }
-    }
-    scopes = PyObject_GetAttr(rec, str_scopes);
-    if (scopes == NULL || !PyList_CheckExact(scopes)) {
-        PyErr_Clear();
-        goto to_general;
     }
     Py_ssize_t pos = PyList_GET_SIZE(records);
     if (pos >= max_records() || self->index >= PyList_GET_SIZE(scopes)) {
@@ -876,7 +978,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
             Py_DECREF(old);
             code = NULL;
         }
-        PyList_SetSlice(stack, m - 1, m, NULL);
+        list_drop(stack, 1);
         ((ScopeBase *)s)->pos = pos;  /* it remembers the run: its timing(), its count */
         Py_XSETREF(((ScopeBase *)s)->count, Py_NewRef(c));
         if (m == 1) {
@@ -917,9 +1019,11 @@ run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
         Py_DECREF(rec);
         return call_fn(self, args, kwargs);  /* no trace open: not on its path */
     }
-    PyObject *stack = NULL, *records = NULL, *r = NULL, *c = NULL, *result = NULL;
-    if ((PyObject *)Py_TYPE(rec) != recorder_type || rec_lists(rec, &stack, &records) < 0
-            || PyList_GET_SIZE(stack) == 0 || !owned(rec)) {
+    PyObject *stack = NULL, *records = NULL, *scopes = NULL, *r = NULL, *c = NULL,
+        *result = NULL;
+    int mine = 0;
+    if ((PyObject *)Py_TYPE(rec) != recorder_type || rec_take(rec, &stack, &records, &scopes, &mine) < 0
+            || PyList_GET_SIZE(stack) == 0 || !mine) {
         goto to_general;
     }
     Py_ssize_t n = PyList_GET_SIZE(stack);
@@ -974,6 +1078,7 @@ done:
     Py_XDECREF(rec);
     Py_XDECREF(stack);
     Py_XDECREF(records);
+    Py_XDECREF(scopes);
     Py_XDECREF(r);
     Py_XDECREF(c);
     return result;
@@ -988,9 +1093,10 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
     }
     PyObject *stack = NULL, *records = NULL, *scopes = NULL, *c = NULL, *result = NULL;
     PyObject *opened[4] = {NULL, NULL, NULL, NULL};
+    int mine = 0;
     if (rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
-            || rec_lists(rec, &stack, &records) < 0 || PyList_GET_SIZE(stack) == 0
-            || !owned(rec)) {
+            || rec_take(rec, &stack, &records, &scopes, &mine) < 0 || PyList_GET_SIZE(stack) == 0
+            || !mine) {
         goto to_general;
     }
     Py_ssize_t n0 = PyList_GET_SIZE(stack);
@@ -1035,11 +1141,6 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
     Py_ssize_t top = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, 1));
     Py_ssize_t n = PyTuple_GET_SIZE(chain);
     Py_ssize_t base = PyList_GET_SIZE(records);
-    scopes = PyObject_GetAttr(rec, str_scopes);
-    if (scopes == NULL || !PyList_CheckExact(scopes)) {
-        PyErr_Clear();
-        goto to_general;
-    }
     if (base + n > max_records() || top >= PyList_GET_SIZE(scopes)) {
         goto to_general;
     }
@@ -1106,7 +1207,7 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
             }
             ((ScopeBase *)PyList_GET_ITEM(scopes, idx[k]))->pos = base + k;
         }
-        PyList_SetSlice(stack, m - 4 < 0 ? 0 : m - 4, m, NULL);
+        list_drop(stack, m < 4 ? m : 4);
         if (m <= 4) {
             PyObject *a[] = {rec};
             call_keeping_error(rec, str_close_trace, a, 1);
@@ -1167,13 +1268,14 @@ static PyObject *
 traced_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"kind", "fn", "general", "count_now", "static", "index",
-                             "within", "envs", "chains", NULL};
+                             "within", "envs", "chains", "count_at", "count_path", NULL};
     int kind, envs;
-    PyObject *fn, *gen, *count_now, *statik, *chains;
-    Py_ssize_t index, within;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOnnpO!", kwlist, &kind, &fn, &gen,
+    PyObject *fn, *gen, *count_now, *statik, *chains, *count_path;
+    Py_ssize_t index, within, count_at;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOnnpO!nO!", kwlist, &kind, &fn, &gen,
                                      &count_now, &statik, &index, &within, &envs,
-                                     &PyDict_Type, &chains)) {
+                                     &PyDict_Type, &chains, &count_at, &PyTuple_Type,
+                                     &count_path)) {
         return NULL;
     }
     if (kind < KIND_CALL || kind > KIND_CHAIN) {
@@ -1189,6 +1291,8 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->general = Py_NewRef(gen);
     self->count_now = Py_NewRef(count_now);
     self->statik = statik == Py_None ? NULL : Py_NewRef(statik);
+    self->count_at = count_at;
+    self->count_path = Py_NewRef(count_path);
     self->index = index;
     self->within = within;
     self->envs = envs;
@@ -1265,7 +1369,20 @@ fast_now(PyObject *module, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLongLong(t);
 }
 
+static PyObject *
+fast_count(PyObject *module, PyObject *value)
+{
+    PyObject *c = count_fast(value);
+    if (c == NULL && !PyErr_Occurred()) {
+        Py_RETURN_NONE;
+    }
+    return c;
+}
+
 static PyMethodDef fast_methods[] = {
+    {"count", fast_count, METH_O,
+     "The count a traced call reads from value in C (api.count_of's), or None: not known "
+     "here (api.count_of takes it)."},
     {"set_clock", fast_set_clock, METH_O,
      "The clock the records read (a function returning ns), or None: perf_counter_ns."},
     {"setup", fast_setup, METH_VARARGS,

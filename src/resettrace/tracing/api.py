@@ -473,6 +473,7 @@ def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | Non
         return value
 
     read.position = at if not path else -1  # type: ignore[attr-defined]
+    read.at, read.path = at, tuple(path)  # type: ignore[attr-defined]
     return read
 
 
@@ -598,10 +599,12 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
         static = None if read_count is not None else NO_COUNT if fixed is None else fixed
         within = -1 if inside is None else inside.index
         if _rec.COMPILED:  # the same fast paths, in C: the wrapper is a shell around them
-            kind = 2 if lineage else 1 if leaf and inside is not None else 0
-            run = _rec._FAST.Traced(kind=kind, fn=fn, general=general, count_now=count_now,
+            fast_kind = 2 if lineage else 1 if leaf and inside is not None else 0
+            run = _rec._FAST.Traced(kind=fast_kind, fn=fn, general=general, count_now=count_now,
                                     static=static, index=resolved.index, within=within,
-                                    envs=read_envs is not None, chains=chains)
+                                    envs=read_envs is not None, chains=chains,
+                                    count_at=getattr(read_count, "at", -1),
+                                    count_path=getattr(read_count, "path", ()))
 
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 return run(args, kwargs)

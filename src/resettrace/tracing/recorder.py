@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from resettrace.catalog import CATALOG, Catalog, Phase
 
@@ -259,6 +259,27 @@ class _ScopeCore:
         if not stack:
             self._rec._close_trace()
 
+    def _unwind(self, t: int) -> bool:
+        """This scope exits while inner ones are still open: close those at ``t`` too.
+        False (nothing closed) when no record of this phase is open."""
+        stack, records = self._stack, self._records
+        at = next((k for k in range(len(stack) - 1, -1, -1)
+                   if records[stack[k]][0] == self._index), -1)
+        cat = self._rec.catalog
+        if at < 0:
+            note_once("exit-unopened", "scope %r exited while not open (a second exit?); "
+                      "ignored", cat[self._index].span)
+            return False
+        note_once("exit-mismatch", "scope %r exited while %r inside it was still open; the "
+                  "inner scopes were closed with it", cat[self._index].span,
+                  cat[records[stack[-1]][0]].span)
+        laps, cut = self._laps, stack[at + 1]
+        while laps and laps[-1] >= cut:  # laps among them end too
+            laps.pop()
+        while len(stack) > at + 1:
+            records[stack.pop()][3] = t
+        return True
+
 
 def _compiled() -> Any:
     """The compiled hot path (``resettrace.tracing._fast``), unless it is not built or
@@ -280,7 +301,13 @@ _FAST = _compiled()
 COMPILED = _FAST is not None
 
 
-class Scope(_FAST.ScopeBase if COMPILED else _ScopeCore):  # type: ignore[misc]
+if TYPE_CHECKING:
+    _ScopeBase = _ScopeCore
+else:
+    _ScopeBase = _FAST.ScopeBase if COMPILED else _ScopeCore
+
+
+class Scope(_ScopeBase):
     """One phase's reusable scope object (what :meth:`Recorder.scope` returns).
 
     Use it as a context manager; :meth:`timing` gives the closed timing dict of its
@@ -293,8 +320,10 @@ class Scope(_FAST.ScopeBase if COMPILED else _ScopeCore):  # type: ignore[misc]
 
     __slots__ = ()
 
+    # the Python implementation, for the cases the compiled one hands back
     _enter_slow = _ScopeCore.__enter__
     _exit_slow = _ScopeCore.__exit__
+    _unwind = _ScopeCore._unwind
 
     def __init__(self, rec: Recorder, index: int) -> None:
         self._rec = rec
@@ -310,27 +339,6 @@ class Scope(_FAST.ScopeBase if COMPILED else _ScopeCore):  # type: ignore[misc]
     @property
     def phase(self) -> Phase:
         return self._rec.catalog[self._index]
-
-    def _unwind(self, t: int) -> bool:
-        """This scope exits while inner ones are still open: close those at ``t`` too.
-        False (nothing closed) when no record of this phase is open."""
-        stack, records = self._stack, self._records
-        at = next((k for k in range(len(stack) - 1, -1, -1)
-                   if records[stack[k]][0] == self._index), -1)
-        cat = self._rec.catalog
-        if at < 0:
-            note_once("exit-unopened", "scope %r exited while not open (a second exit?); "
-                      "ignored", cat[self._index].span)
-            return False
-        note_once("exit-mismatch", "scope %r exited while %r inside it was still open; the "
-                  "inner scopes were closed with it", cat[self._index].span,
-                  cat[records[stack[-1]][0]].span)
-        laps, cut = self._laps, stack[at + 1]
-        while laps and laps[-1] >= cut:  # laps among them end too
-            laps.pop()
-        while len(stack) > at + 1:
-            records[stack.pop()][3] = t
-        return True
 
     def lap(self, phase: Phase | str | None, count: int = NO_COUNT) -> None:
         """End this scope's running lap, if any, and start ``phase`` as its next, at one

@@ -1,0 +1,253 @@
+"""The recorder's hot path in C (``resettrace.tracing._fast``) and its pure-Python twin.
+
+``make test`` builds the extension, so the suite runs the compiled path; these tests check
+that it is the one running, and that ``RESETTRACE_PURE_PYTHON=1`` (or an install without
+a compiler) records the same: the recorder tests pass under it, and one battery of
+scopes, traced calls and MotrixLab perf scopes gives the same records in both."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import resettrace
+from helpers import clean_env
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.tracing import recorder as recorder_module
+from resettrace.tracing.api import count_of, traced
+from resettrace.tracing.session import Tracing
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Every kind of recording, each trace printed as (span, parent, count, error) records.
+BATTERY = r'''
+import json, math, sys
+import numpy as np
+import resettrace
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.tracing import recorder as R
+from resettrace.tracing.api import traced
+from resettrace.tracing.session import Tracing
+
+class Boom(RuntimeError):
+    pass
+
+leaf = traced("set_state.forward_kinematic", within="set_state")(math.sqrt)
+floor = traced("set_state.data_reset", within="set_state")(math.floor)
+
+@traced("set_state", count=1, parents=True)
+def sub_reset(fail=False):
+    floor(2.5)
+    if fail:
+        raise Boom("x")
+    return leaf(4.0)
+
+@traced("dr_reset", count="env_ids")
+def dr_reset(env_ids, fail=False):
+    if fail:
+        raise Boom("y")
+
+@traced("set_state", count="self.done")
+def masked(self):
+    return None
+
+@traced("env_step", env_count="self.n")
+def step(self, resets, laps=False):
+    leaf(1.0)  # outside set_state: not recorded
+    for _ in range(resets):
+        sub_reset()
+    if laps:
+        rec = resettrace.current_recorder()
+        with rec.scope("reset_done", 2, lap="reset_done.terminal_obs") as s:
+            s.lap(C.RESET_DONE_RESET_CALL)
+            s.count = np.array([True, True, False])
+    return resets
+
+def callback(x):
+    with resettrace.current_recorder().scope(C.SET_STATE_DATA_RESET):
+        return -x
+
+adopting = traced("set_state.forward_kinematic", within="set_state")(sorted)
+
+class Env:
+    n = 4
+    done = np.array([True, False, True, True])
+
+env = Env()
+out = []
+session = Tracing(Config(mode="timing"))
+with resettrace.use_tracing(session):
+    rec = session.thread_recorder()
+    def keep(name):
+        out.append([name, [[C.CATALOG[r[0]].span, r[1], int(r[4]), int(r[5] != 0)]
+                           for r in rec._last]])
+    step(env, 0); keep("step")
+    step(env, 2); keep("step, two resets")
+    step(env, 1, laps=True); keep("laps and a count set while open")
+    sub_reset(); keep("a reset outside a step")
+    dr_reset(np.array([True, False, True])); keep("count: a bool mask")
+    dr_reset(np.arange(5)); keep("count: an int array")
+    dr_reset(env_ids=7); keep("count: a keyword argument")
+    dr_reset(2.0); keep("count: a float")
+    dr_reset(np.int64(3)); keep("count: a numpy int")
+    masked(env); keep("count: an attribute path")
+    try:
+        dr_reset(1, fail=True)
+    except Boom:
+        pass
+    keep("an exception")
+    try:
+        with rec.scope(C.ENV_STEP):
+            sub_reset(fail=True)
+    except Boom:
+        pass
+    keep("an exception inside a step")
+    with rec.scope(C.SET_STATE, 3):
+        adopting([3, 1, 2], key=callback)
+    keep("a leaf adopting the scopes its callback opens")
+    with rec.scope(C.ENV_STEP):
+        rec.scope(C.PHYSICS).__enter__()  # left open: closed with its parent
+    keep("a scope left open")
+    with rec.scope(C.ENV_STEP):
+        with rec.scope(C.PHYSICS):
+            pass
+        with rec.scope(C.APPLY_ACTION, 5):
+            with rec.scope(C.PHYSICS):
+                pass
+    keep("nested scopes")
+    from motrix_env_core import perf
+    undo = resettrace.instrument("motrixlab")
+    try:
+        p = perf.Perf()
+        with rec.scope(C.RESET_DONE, 6):
+            with p.scope("done_mask"):
+                pass
+            with perf.active_perf_scope("select_done"):
+                pass
+            with p.scope("physics"):  # a target's scope: not bridged
+                pass
+            try:
+                with p.scope(name="done_mask"):
+                    raise Boom("z")
+            except Boom:
+                pass
+        keep("MotrixLab perf scopes")
+    finally:
+        undo()
+    R.MAX_TRACE_RECORDS = 5
+    rec.scope(C.ENV_STEP).__enter__()
+    for _ in range(12):
+        with rec.scope(C.PHYSICS):
+            pass
+    keep("an overflow")
+    R.MAX_TRACE_RECORDS = 100_000
+session.shutdown()
+print(json.dumps({"compiled": R.COMPILED, "traces": out}))
+'''
+
+
+def _battery(pure: bool) -> dict[str, object]:
+    env = clean_env(RESETTRACE_PURE_PYTHON="1") if pure else clean_env()
+    r = subprocess.run([sys.executable, "-c", BATTERY], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_default_install_records_in_c() -> None:
+    """``make test`` builds the extension: scopes enter and exit in C, ``traced``
+    wrappers are shells around its fast paths, the MotrixLab bridge is its type."""
+    from resettrace.stacks import motrixlab
+    from resettrace.tracing import _fast  # type: ignore[attr-defined]
+
+    assert recorder_module.COMPILED
+    assert isinstance(recorder_module.Recorder().scope(C.ENV_STEP), _fast.ScopeBase)
+    wrapped = traced("dr_reset", count="env_ids")(lambda env_ids: None)
+    cells = [c.cell_contents for c in wrapped.__closure__ or ()]
+    assert any(isinstance(c, _fast.Traced) for c in cells)
+    assert isinstance(motrixlab._bridging(lambda name: None, None), _fast.Bridging)
+
+
+def test_compiled_and_pure_python_record_the_same_traces() -> None:
+    compiled, pure = _battery(pure=False), _battery(pure=True)
+    assert compiled["compiled"] is True and pure["compiled"] is False
+    names = [n for n, _ in compiled["traces"]]  # type: ignore[union-attr]
+    assert names == [n for n, _ in pure["traces"]]  # type: ignore[union-attr]
+    for (name, a), (_, b) in zip(compiled["traces"], pure["traces"],  # type: ignore[arg-type]
+                                 strict=True):
+        assert a == b, name
+    got = dict(compiled["traces"])  # type: ignore[arg-type]
+    # each case did record what it is about (a battery of empty traces would agree too)
+    assert got["step, two resets"][1:5] == [["reset_done", 0, 1, 0],
+                                            ["reset_done.reset_call", 1, 1, 0],
+                                            ["dr_reset", 2, 1, 0], ["set_state", 3, 1, 0]]
+    assert [r[2] for r in got["laps and a count set while open"] if r[0] == "reset_done"
+            ] == [1, 2]
+    assert got["count: a bool mask"] == [["dr_reset", -1, 2, 0]]
+    assert got["count: an int array"] == [["dr_reset", -1, 5, 0]]
+    assert got["count: a keyword argument"] == [["dr_reset", -1, 7, 0]]
+    assert got["count: a float"] == [["dr_reset", -1, -1, 0]]  # not a count: left out
+    assert got["count: a numpy int"] == [["dr_reset", -1, 3, 0]]
+    assert got["count: an attribute path"] == [["set_state", -1, 3, 0]]
+    assert got["an exception"] == [["dr_reset", -1, 1, 1]]
+    assert [s for s, *_ in got["a leaf adopting the scopes its callback opens"]] == [
+        "set_state", "set_state.forward_kinematic"] + ["set_state.data_reset"] * 3
+    assert [r[1] for r in got["a leaf adopting the scopes its callback opens"][2:]] == [1] * 3
+    assert got["MotrixLab perf scopes"] == [["reset_done", -1, 6, 0],
+                                            ["reset_done.done_mask", 0, -1, 0],
+                                            ["reset_done.select_done", 0, -1, 0],
+                                            ["reset_done.done_mask", 0, -1, 1]]
+    assert len(got["an overflow"]) <= 5
+
+
+def test_pure_python_fallback_passes_the_recorder_tests() -> None:
+    """The recorder, API and fast-path tests, run again with the compiled path off."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-p", "no:xdist", "tests/test_traced_fast_paths.py",
+                        "tests/test_public_api.py", "tests/test_processor.py"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env=clean_env(RESETTRACE_PURE_PYTHON="1"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout
+
+
+@pytest.mark.parametrize("value", [
+    0, 7, -1, 2**40, np.array([True, False, True]), np.zeros(1031, bool),
+    np.random.default_rng(0).random(1031) < 0.3, (np.arange(40) % 3 == 0)[::3],
+    np.arange(6), np.zeros((3, 4)), np.array(5), np.zeros((2, 2), bool), np.int64(4), 2.0,
+    [1, 2], (1,), b"abc", np.array([], bool)])
+def test_counts_read_in_c_are_count_of(value: object) -> None:
+    """What the C reader counts (``_fast.count``; None: left to ``count_of``) is what
+    ``api.count_of`` counts."""
+    from resettrace.tracing import _fast
+
+    c = _fast.count(value)
+    if c is not None:
+        assert c == count_of(value) and type(c) is int
+    elif isinstance(value, np.ndarray):
+        assert value.ndim != 1 or value.dtype != bool  # the 1-D masks are counted in C
+
+
+def test_records_stay_out_of_the_cyclic_gc() -> None:
+    """A record holds ints only: the compiled path leaves it untracked, so traces waiting
+    to be aggregated neither slow collections nor grow the old generations."""
+    session = Tracing(Config(mode="timing"))
+    try:
+        with resettrace.use_tracing(session):
+            rec = session.thread_recorder()
+            with rec.scope(C.ENV_STEP):
+                with rec.scope(C.PHYSICS):
+                    pass
+            inner = rec._last[1]
+            assert inner[0] == C.PHYSICS.index
+            assert not gc.is_tracked(inner)
+    finally:
+        session.shutdown()
