@@ -156,3 +156,30 @@ def test_bench_stacks_reports_median_and_total_ratios_of_both_stacks(tmp_path: P
             assert ratio["ratio"] == pytest.approx(np.median(times[a]) / np.median(times[b]))
             lo, hi = ratio["total_ci95"]
             assert lo <= hi
+
+
+def test_bench_stacks_sizes_blocks_by_time_from_the_off_warmup(tmp_path: Path) -> None:
+    """Without ``--block``, a block takes about ``--block-ms``: its steps come from the
+    off mode's warm-up steps (a Gymnasium step is ~10x shorter than a MotrixLab one, so
+    its blocks have more steps); bad sizes are one line and exit 2."""
+    out = tmp_path / "stacks.json"
+    r = subprocess.run([sys.executable, "-m", "resettrace.cli", "bench", "stacks",
+                        "--rounds", "3", "--block-ms", "20", "--warmup", "3", "--settle", "1",
+                        "--motrixlab-envs", "256", "--gymnasium-envs", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    blocks = {s["stack"]: s["block"] for s in result["stacks"]}
+    assert all(b >= 1 for b in blocks.values())
+    assert blocks["gymnasium"] > blocks["motrixlab"]  # shorter steps, more of them
+    for s in result["stacks"]:
+        assert s["timing_steps"] == 3 * s["block"] + 3 + (3 + 1) * 1
+        assert f"blocks of {s['block']} steps" in r.stdout
+    for bad, says in ((["--block-ms", "0"], "--block-ms must be > 0"),
+                      (["--warmup", "0"], "--warmup must be >= 1 when --block-ms"),
+                      (["--block", "0"], "--block must be >= 1")):
+        r = subprocess.run([sys.executable, "-m", "resettrace.cli", "bench", "stacks",
+                            "--rounds", "3", *bad], capture_output=True, text=True,
+                           timeout=60, env=clean_env())
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1

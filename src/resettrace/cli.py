@@ -229,8 +229,8 @@ def _stacks_bench(args: argparse.Namespace) -> int:
     return _bench(args, lambda: StacksBenchConfig(
         stacks=tuple(args.stack), motrixlab_envs=args.motrixlab_envs,
         gymnasium_envs=args.gymnasium_envs,
-        rounds=args.rounds, block=args.block, warmup=args.warmup, settle=args.settle,
-        seed=args.seed),
+        rounds=args.rounds, block=args.block, block_ms=args.block_ms, warmup=args.warmup,
+        settle=args.settle, seed=args.seed),
         run_stacks_bench, render_stacks_bench)
 
 
@@ -492,7 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--gymnasium-envs", type=int, default=16,
                     help="sub-envs of the Gymnasium sync vector env")
     st.add_argument("--rounds", type=int, default=40, help="interleaved rounds")
-    st.add_argument("--block", type=int, default=10, help="env steps per timed block")
+    st.add_argument("--block", type=int, default=None,
+                    help="env steps per timed block (default: as many as --block-ms takes)")
+    st.add_argument("--block-ms", type=float, default=100.0,
+                    help="length of a timed block in ms, its steps sized from the off "
+                         "mode's warm-up steps (default 100)")
     st.add_argument("--warmup", type=int, default=10, help="untimed steps per mode first")
     st.add_argument("--settle", type=int, default=2,
                     help="untimed steps before each timed block, in its mode")

@@ -7,7 +7,11 @@ their own pace in each sub-env, as in training). Rounds visit the modes in a fre
 random order and time a block of env steps in each (random actions drawn beforehand),
 after a few untimed steps in that mode (``settle``: switching modes re-installs patches
 and brings the other session's state back into the caches, a cost a run that stays in one
-mode never pays):
+mode never pays). A block lasts about ``block_ms`` (100 ms: 10 MotrixLab steps, ~70
+Gymnasium ones), its steps worked out from the ``off`` mode's warm-up steps, unless
+``block`` gives them: blocks of one length in time average the machine's short stalls
+and the resets' spread alike in both stacks (10-step Gymnasium blocks, 15 ms, varied
+5.5% block to block, and their ratios +-0.5% run to run):
 
 - ``bare``: the instrumentation not installed (installed and undone between blocks);
 - ``off`` and ``off_aa``: installed, tracing off (the A/A twin: two blocks of one mode);
@@ -50,8 +54,10 @@ class StacksBenchConfig:
     #: sub-envs of the Gymnasium sync vector env
     gymnasium_envs: int = 16
     rounds: int = 40
-    #: env steps per timed block
-    block: int = 10
+    #: env steps per timed block (None: as many as take ``block_ms``)
+    block: int | None = None
+    #: the length of a timed block, when ``block`` is None
+    block_ms: float = 100.0
     #: untimed steps per mode first
     warmup: int = 10
     #: untimed steps before each timed block, in its mode: what switching modes costs
@@ -65,14 +71,21 @@ class StacksBenchConfig:
         if unknown or not self.stacks:
             raise ValueError(f"--stack must be among {', '.join(STACKS)}, got "
                              f"{', '.join(unknown) or 'none'}")
-        for name in ("motrixlab_envs", "gymnasium_envs", "rounds", "block"):
+        for name in ("motrixlab_envs", "gymnasium_envs", "rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got "
                                  f"{getattr(self, name)}")
         if self.rounds < 3:
             raise ValueError(f"--rounds must be >= 3 (a paired interval), got {self.rounds}")
+        if self.block is not None and self.block < 1:
+            raise ValueError(f"--block must be >= 1, got {self.block}")
+        if not self.block_ms > 0:
+            raise ValueError(f"--block-ms must be > 0, got {self.block_ms}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.block is None and self.warmup < 1:
+            raise ValueError("--warmup must be >= 1 when --block-ms sizes the blocks "
+                             "(the warm-up steps time a step), or give --block")
         if self.settle < 0:
             raise ValueError(f"--settle must be >= 0, got {self.settle}")
 
@@ -119,6 +132,7 @@ def _one_stack(name: str, cfg: StacksBenchConfig, progress: Callable[[str], None
             step, close, what = (_motrixlab if name == "motrixlab" else _gymnasium)(cfg)
         rng = np.random.default_rng(cfg.seed)
         times: dict[str, list[float]] = {m: [] for m in MODES}
+        block = cfg.block or 0
         i = 0
         for r in range(-1, cfg.rounds):
             for mode in rng.permutation(MODES):
@@ -131,14 +145,22 @@ def _one_stack(name: str, cfg: StacksBenchConfig, progress: Callable[[str], None
                     for _ in range(cfg.settle):
                         step(i)
                         i += 1
-                    n = cfg.warmup if r < 0 else cfg.block
+                    if r < 0:  # warm-up: each step timed, to size the blocks
+                        each = []
+                        for _ in range(cfg.warmup):
+                            t0 = time.perf_counter_ns()
+                            step(i)
+                            each.append(time.perf_counter_ns() - t0)
+                            i += 1
+                        if mode == "off" and not block:
+                            block = max(1, round(cfg.block_ms * 1e6 / statistics.median(each)))
+                        continue
                     t0 = time.perf_counter_ns()
-                    for _ in range(n):
+                    for _ in range(block):
                         step(i)
                         i += 1
                     t1 = time.perf_counter_ns()
-                if r >= 0:
-                    times[mode].append((t1 - t0) / n / 1e3)
+                times[mode].append((t1 - t0) / block / 1e3)
             if r >= 0 and (r + 1) % max(1, cfg.rounds // 5) == 0:
                 progress(f"{name}: round {r + 1}/{cfg.rounds}")
         close()
@@ -157,7 +179,7 @@ def _one_stack(name: str, cfg: StacksBenchConfig, progress: Callable[[str], None
                               "total_ci95": paired_ratio_ci(times[a], times[b], np.sum)}
     steps = stats.get(C.ENV_STEP.key)
     resets = stats.get(C.RESET_DONE_COUNT)
-    return {"stack": name, "env": what, "us_per_step": med, "ratios": ratios,
+    return {"stack": name, "env": what, "block": block, "us_per_step": med, "ratios": ratios,
             "timing_steps": steps.count if steps else 0,
             "timing_resets": int(resets.total_ms) if resets else 0,
             "samples_us": times}
@@ -185,8 +207,9 @@ def render_stacks_bench(result: dict[str, Any]) -> str:
                         ["stack", "ratio", "median", "95% CI (paired)", "total",
                          "95% CI (paired)", "median us per step"], rows)]
     for s in result["stacks"]:
-        out.append(f"{s['stack']}: {s['env']}; timing mode recorded {s['timing_steps']} env "
-                   f"steps and {s['timing_resets']} env resets")
+        out.append(f"{s['stack']}: {s['env']}; blocks of {s['block']} steps; timing mode "
+                   f"recorded {s['timing_steps']} env steps and {s['timing_resets']} env "
+                   "resets")
     out.append("timing/off is the instrumentation's cost with RESETTRACE=timing; off/bare "
                "its cost installed with tracing off; off_aa/off two blocks of one mode "
                "(the noise of this run); median: of the per-step medians, total: of all the "
