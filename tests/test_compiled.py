@@ -251,3 +251,19 @@ def test_records_stay_out_of_the_cyclic_gc() -> None:
             assert not gc.is_tracked(inner)
     finally:
         session.shutdown()
+
+
+def test_the_compiled_path_keeps_no_recorder_alive() -> None:
+    """The C code caches the last recorder's lists per call site's lookups: it must not
+    keep that recorder (nor, through it, its sinks and traces) alive once dropped."""
+    import weakref
+
+    wrapped = traced("dr_reset", count="env_ids")(lambda env_ids: None)
+    rec = recorder_module.Recorder()
+    with resettrace.bind(rec), rec.scope(C.ENV_STEP):
+        wrapped(3)  # inside the open trace: the compiled path reads rec's lists
+    assert [r[0] for r in rec._last] == [C.ENV_STEP.index, C.DR_RESET.index]
+    gone = weakref.ref(rec)
+    del rec
+    gc.collect()
+    assert gone() is None

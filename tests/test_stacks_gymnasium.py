@@ -144,7 +144,9 @@ def test_bench_stacks_reports_median_and_total_ratios_of_both_stacks(tmp_path: P
                        capture_output=True, text=True, timeout=300, env=clean_env())
     assert r.returncode == 0, r.stderr
     assert "timing/off" in r.stdout and "Traceback" not in r.stderr
+    assert "the recorder's hot path: compiled" in r.stdout
     result = json.loads(out.read_text())
+    assert result["compiled"] is True
     assert [s["stack"] for s in result["stacks"]] == ["motrixlab", "gymnasium"]
     for s in result["stacks"]:
         times = s["samples_us"]

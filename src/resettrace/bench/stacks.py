@@ -187,8 +187,10 @@ def _one_stack(name: str, cfg: StacksBenchConfig, progress: Callable[[str], None
 
 def run_stacks_bench(cfg: StacksBenchConfig, progress: Callable[[str], None] | None = None
                      ) -> dict[str, Any]:
+    from resettrace.tracing.recorder import COMPILED
+
     say = progress or (lambda _m: None)
-    return {"config": asdict(cfg),
+    return {"config": asdict(cfg), "compiled": COMPILED,
             "stacks": [_one_stack(name, cfg, say) for name in cfg.stacks]}
 
 
@@ -210,6 +212,8 @@ def render_stacks_bench(result: dict[str, Any]) -> str:
         out.append(f"{s['stack']}: {s['env']}; blocks of {s['block']} steps; timing mode "
                    f"recorded {s['timing_steps']} env steps and {s['timing_resets']} env "
                    "resets")
+    out.append("the recorder's hot path: " + ("compiled" if result.get("compiled") else
+                                               "Python (RESETTRACE_PURE_PYTHON=1, or not built)"))
     out.append("timing/off is the instrumentation's cost with RESETTRACE=timing; off/bare "
                "its cost installed with tracing off; off_aa/off two blocks of one mode "
                "(the noise of this run); median: of the per-step medians, total: of all the "

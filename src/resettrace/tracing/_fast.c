@@ -355,14 +355,17 @@ static PyTypeObject ScopeBaseType = {
 };
 
 /* A recorder's lists and owner (set once, in its __init__), cached for the last
- * recorder seen: a weak reference tells that it is the same one, alive. */
+ * recorder seen. The cache holds a weak reference to the recorder and borrows its lists:
+ * they are valid while that reference gives the recorder back, and the cache keeps
+ * nothing alive (a strong reference to the lists would keep the recorder alive through
+ * its scopes). */
 typedef struct {
     PyObject *stack, *records, *scopes;  /* new references */
     int mine;                             /* its owner is this thread */
 } Parts;
 
 static PyObject *cache_ref;
-static PyObject *cache_stack, *cache_records, *cache_scopes;
+static PyObject *cache_stack, *cache_records, *cache_scopes;  /* borrowed from it */
 static unsigned long cache_owner;
 
 /* 0, or -1 (no error set) when rec does not have a recorder's lists. */
@@ -377,22 +380,24 @@ rec_parts(PyObject *rec, Parts *parts)
         unsigned long ident = owner && PyLong_CheckExact(owner)
             ? PyLong_AsUnsignedLong(owner) : (unsigned long)-1;
         PyObject *ref = owner ? PyWeakref_NewRef(rec, NULL) : NULL;
-        if (ref == NULL || !PyList_CheckExact(stack) || !PyList_CheckExact(records)
-                || !PyList_CheckExact(scopes) || PyErr_Occurred()) {
-            PyErr_Clear();
-            Py_XDECREF(stack);
-            Py_XDECREF(records);
-            Py_XDECREF(scopes);
-            Py_XDECREF(owner);
-            Py_XDECREF(ref);
+        int ok = ref != NULL && PyList_CheckExact(stack) && PyList_CheckExact(records)
+            && PyList_CheckExact(scopes) && !PyErr_Occurred();
+        PyErr_Clear();
+        if (ok) {
+            Py_XSETREF(cache_ref, Py_NewRef(ref));
+            cache_stack = stack;  /* held by the recorder */
+            cache_records = records;
+            cache_scopes = scopes;
+            cache_owner = ident;
+        }
+        Py_XDECREF(stack);
+        Py_XDECREF(records);
+        Py_XDECREF(scopes);
+        Py_XDECREF(owner);
+        Py_XDECREF(ref);
+        if (!ok) {
             return -1;
         }
-        Py_DECREF(owner);
-        Py_XSETREF(cache_ref, ref);
-        Py_XSETREF(cache_stack, stack);
-        Py_XSETREF(cache_records, records);
-        Py_XSETREF(cache_scopes, scopes);
-        cache_owner = ident;
     }
     parts->stack = Py_NewRef(cache_stack);
     parts->records = Py_NewRef(cache_records);
