@@ -876,22 +876,27 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
             }
             return to_python(self, args, kwargs);
         }
+        Py_INCREF(session);  /* another thread may replace the default meanwhile */
         PyObject *processor = PyObject_GetAttr(session, str_processor);
         if (processor == NULL) {
+            Py_DECREF(session);
             return NULL;
         }
         Py_DECREF(processor);
         if (processor == Py_None) {
+            Py_DECREF(session);
             return call_fn(self, args, kwargs);  /* tracing off */
         }
         PyObject *local = PyObject_GetAttr(session, str_local);
         rec = local ? PyObject_GetAttr(local, str_recorder) : NULL;
         Py_XDECREF(local);
         if (rec == NULL) {
+            Py_DECREF(session);
             PyErr_Clear();
             return to_python(self, args, kwargs);  /* this thread's first call */
         }
         PyObject *closed = PyObject_GetAttr(session, str_closed);
+        Py_DECREF(session);
         int is_closed = closed == NULL ? -1 : PyObject_IsTrue(closed);
         Py_XDECREF(closed);
         if (is_closed != 0 || rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
