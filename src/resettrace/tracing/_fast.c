@@ -204,7 +204,16 @@ new_record(Py_ssize_t index, PyObject *parent, PyObject *count)
     return r;
 }
 
-/* Set item i of list r to the int t (replacing what was there). */
+/* Set item i of list r to v, a reference it takes (replacing what was there). */
+static inline void
+set_item(PyObject *r, Py_ssize_t i, PyObject *v)
+{
+    PyObject *old = PyList_GET_ITEM(r, i);
+    PyList_SET_ITEM(r, i, v);
+    Py_DECREF(old);
+}
+
+/* Set item i of list r to the int t. */
 static inline int
 set_int(PyObject *r, Py_ssize_t i, long long t)
 {
@@ -212,9 +221,7 @@ set_int(PyObject *r, Py_ssize_t i, long long t)
     if (v == NULL) {
         return -1;
     }
-    PyObject *old = PyList_GET_ITEM(r, i);
-    PyList_SET_ITEM(r, i, v);
-    Py_DECREF(old);
+    set_item(r, i, v);
     return 0;
 }
 
@@ -307,9 +314,7 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(r);
             return NULL;
         }
-        PyObject *old = PyList_GET_ITEM(r, 5);
-        PyList_SET_ITEM(r, 5, code);
-        Py_DECREF(old);
+        set_item(r, 5, code);  /* R_ERROR */
     }
     Py_DECREF(r);
     list_drop(stack, 1);
@@ -983,9 +988,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
             && PyList_GET_ITEM(records, pos) == r) {
         set_int(r, 3, t);  /* R_END */
         if (code != NULL) {
-            PyObject *old = PyList_GET_ITEM(r, 5);
-            PyList_SET_ITEM(r, 5, code);  /* R_ERROR */
-            Py_DECREF(old);
+            set_item(r, 5, code);  /* R_ERROR */
             code = NULL;
         }
         list_drop(stack, 1);
@@ -1066,9 +1069,7 @@ run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
     PyObject *exc_type;
     PyObject *code = pending_code(&exc_type);
     if (code != NULL) {
-        PyObject *old = PyList_GET_ITEM(r, 5);
-        PyList_SET_ITEM(r, 5, code);
-        Py_DECREF(old);
+        set_item(r, 5, code);  /* R_ERROR */
     }
     if (PyList_GET_SIZE(records) != pos + 1) {  /* scopes opened inside it: its children */
         PyObject *ppos = PyLong_FromSsize_t(pos);
@@ -1211,9 +1212,7 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
         for (int k = 0; k < 4; k++) {
             set_int(opened[k], 3, t);  /* R_END */
             if (code != NULL) {
-                PyObject *old = PyList_GET_ITEM(opened[k], 5);
-                PyList_SET_ITEM(opened[k], 5, Py_NewRef(code));
-                Py_DECREF(old);
+                set_item(opened[k], 5, Py_NewRef(code));
             }
             ((ScopeBase *)PyList_GET_ITEM(scopes, idx[k]))->pos = base + k;
         }
