@@ -321,3 +321,63 @@ def test_sigterm_flushes_before_exit() -> None:
         roots = [s for s in rx.spans() if s.parent_span_id is None]
     # every call that completed arrived, and the one the signal interrupted, if any
     assert done <= len(roots) <= done + 1
+
+
+# SIGTERM at a chosen line of the code that hands a trace on: a tracer, armed after 40
+# calls, signals this process at the n-th line the target runs
+SIGTERM_INSIDE_SCRIPT = """
+import os, signal, sys
+import numpy as np
+import resettrace
+from resettrace.tracing.export.parent import ProcessExporter
+from resettrace.tracing.recorder import Recorder
+resettrace.configure(mode="trace", exporters=("otlp",), otlp_endpoint=sys.argv[1])
+b = resettrace.make_backend("mujoco", num_envs=8, nthread=1)
+cls, name = sys.argv[2].split(".")
+target = getattr({"ProcessExporter": ProcessExporter, "Recorder": Recorder}[cls], name).__code__
+nth = int(sys.argv[3])
+lines = [0]
+
+def line(frame, event, arg):
+    if event == "line":
+        lines[0] += 1
+        if lines[0] == nth:
+            sys.settrace(None)
+            frame.f_trace = None
+            os.kill(os.getpid(), signal.SIGTERM)
+    return line
+
+def call(frame, event, arg):
+    return line if frame.f_code is target and lines[0] < nth else None
+
+q = np.tile(b.keyframe_qpos, (1, 1))
+i = 0
+while True:
+    if i == 40:
+        sys.settrace(call)
+    b.set_state([i % 8], q, np.zeros((1, b.nv)))
+    i += 1
+    print(i, flush=True)
+"""
+
+
+@pytest.mark.parametrize("target,nth", [
+    ("ProcessExporter._pack_held", 6),  # between a trace's bytes and its frame entry
+    ("ProcessExporter._pump", 5),  # written to the pipe, not yet taken off the buffer
+    ("ProcessExporter.on_trace", 5),  # held, not yet counted
+])
+def test_sigterm_inside_the_trace_hand_over_loses_and_repeats_nothing(target, nth) -> None:
+    """A SIGTERM that lands while a trace is handed on waits until it is: the export's
+    counts stay whole, every trace arrives once (none dropped, none sent twice)."""
+    with GrpcReceiver() as rx:
+        proc = subprocess.run([sys.executable, "-c", SIGTERM_INSIDE_SCRIPT, rx.endpoint,
+                               target, str(nth)], env=_clean_env(), capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+        done = int(proc.stdout.split()[-1])
+        spans = rx.spans()
+    assert done >= 40  # the signal came from inside the target, once the tracer was armed
+    assert "not delivered" not in proc.stderr, proc.stderr
+    assert len({s.span_id for s in spans}) == len(spans)  # none sent twice
+    roots = [s for s in spans if s.parent_span_id is None]
+    assert done <= len(roots) <= done + 1

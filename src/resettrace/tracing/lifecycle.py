@@ -27,9 +27,10 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["ForkAware", "track", "at_fork", "EXIT_STAGES", "at_exit", "arm_worker_exit"]
+__all__ = ["ForkAware", "track", "at_fork", "EXIT_STAGES", "at_exit", "arm_worker_exit",
+           "uncut", "inside_uncut"]
 
 log = logging.getLogger("resettrace")
 
@@ -38,6 +39,7 @@ class ForkAware(Protocol):
     def _after_fork_in_child(self) -> None: ...
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
 _lock = threading.Lock()
 _parts: list[weakref.ref[Any]] = []
 _steps: list[Callable[[], None]] = []
@@ -49,6 +51,29 @@ def track(part: ForkAware) -> None:
         if len(_parts) > 64 and len(_parts) % 64 == 0:  # forget the dead now and then
             _parts[:] = [ref for ref in _parts if ref() is not None]
         _parts.append(weakref.ref(part))
+
+
+#: the code of the calls a SIGTERM must not cut in two (see :func:`uncut`)
+_uncut: set[Any] = set()
+
+
+def uncut(func: _F) -> _F:
+    """Mark ``func`` as a call a SIGTERM must not cut in two: resettrace's SIGTERM handler,
+    finding it under way on the main thread, lets it finish and takes the signal again a
+    moment later. For the code that changes a queue and its counts a statement at a time
+    (an exception raised between two of them would leave a trace counted and not queued,
+    or written to the pipe and queued again). The function itself is returned unchanged."""
+    _uncut.add(func.__code__)
+    return func
+
+
+def inside_uncut(frame: Any) -> bool:
+    """Whether ``frame`` (the one a signal interrupted) runs inside an :func:`uncut` call."""
+    while frame is not None:
+        if frame.f_code in _uncut:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def at_fork(step: Callable[[], None]) -> None:

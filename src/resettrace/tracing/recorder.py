@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from resettrace.catalog import CATALOG, Catalog, Phase
+from resettrace.tracing import lifecycle
 
 __all__ = [
     "Recorder", "NoopRecorder", "NOOP_RECORDER", "Record", "Scope", "NoopScope", "TraceSink",
@@ -747,6 +748,7 @@ class Recorder:
         self._laps.clear()
         self._close_trace()
 
+    @lifecycle.uncut
     def _close_trace(self) -> None:
         """The trace's outermost scope closed: the thread's current recorder is again the
         one before it opened, and a copy of the trace goes to the sinks (the scopes hold

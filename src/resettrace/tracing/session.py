@@ -367,6 +367,7 @@ class Tracing:
         return report
 
     # -- lifecycle ------------------------------------------------------------------------------
+    @lifecycle.uncut
     def force_flush(self, timeout_s: float | None = None) -> bool:
         """Build every queued span and flush the exporters, within ``timeout_s``."""
         timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
@@ -383,6 +384,7 @@ class Tracing:
             ok = self.process.flush(max(0.01, deadline - time.monotonic())) and ok
         return ok
 
+    @lifecycle.uncut
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Flush within the timeout, then stop; a provider passed in is left running."""
         if self._closed:
@@ -542,7 +544,12 @@ def install_sigterm_exit() -> bool:
 def _on_sigterm(signum: int, frame: Any) -> None:
     # Leave through SystemExit rather than flushing here: the signal may land while the
     # training thread holds an exporter lock. The stack unwinds (releasing it), then the
-    # exit hooks flush. A second SIGTERM kills at once.
+    # exit hooks flush. A second SIGTERM kills at once. A signal that lands inside a call
+    # that must not be cut in two (a trace handed to the sinks, the export queue's
+    # bookkeeping) is taken again once that call is done.
+    if lifecycle.inside_uncut(frame) and _take_again_later(signum):
+        return
+    _AGAIN["delay_s"] = _AGAIN_FIRST_S
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if _leaving(frame):
         # A multiprocessing worker already leaving (a pool's terminate() comes just as its
@@ -551,6 +558,37 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         # the run record. It is leaving anyway.
         return
     raise SystemExit(128 + signum)
+
+
+#: a SIGTERM put off (:func:`_take_again_later`) comes back after this, then twice as long
+#: each time it is put off again, up to the last
+_AGAIN_FIRST_S = 0.001
+_AGAIN_LAST_S = 0.05
+_AGAIN: dict[str, Any] = {"pending": False, "delay_s": _AGAIN_FIRST_S}
+
+
+def _take_again_later(signum: int) -> bool:
+    """Send ``signum`` to this process again in a moment (once, however many arrive
+    meanwhile): the handler stays in place and runs then. False when no thread can start
+    (the interpreter is shutting down): the signal is taken now."""
+    if _AGAIN["pending"]:
+        return True
+    delay = _AGAIN["delay_s"]
+    _AGAIN["delay_s"] = min(_AGAIN_LAST_S, 2 * delay)
+
+    def again() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # they go to the main thread
+        time.sleep(delay)
+        _AGAIN["pending"] = False
+        os.kill(os.getpid(), signum)
+
+    _AGAIN["pending"] = True
+    try:
+        threading.Thread(target=again, daemon=True, name="resettrace-sigterm-again").start()
+    except RuntimeError:
+        _AGAIN["pending"] = False
+        return False
+    return True
 
 
 def _leaving(frame: Any) -> bool:
@@ -658,6 +696,14 @@ def _unwatch_after_fork() -> None:
 
 
 lifecycle.at_fork(_unwatch_after_fork)
+
+
+def _forget_again_after_fork() -> None:
+    """A signal put off in the parent is the parent's: its sending thread is not here."""
+    _AGAIN.update(pending=False, delay_s=_AGAIN_FIRST_S)
+
+
+lifecycle.at_fork(_forget_again_after_fork)
 
 
 def _arm_worker_exit() -> None:

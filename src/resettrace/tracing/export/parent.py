@@ -151,6 +151,7 @@ class ProcessExporter:
         self._reset_counters()
 
     # -- hot path -----------------------------------------------------------------------------
+    @lifecycle.uncut
     def on_trace(self, records: list[Record], recorder: Recorder) -> None:
         """Hold the trace; pack the held ones into frames every :data:`_HOLD_TRACES`.
 
@@ -183,6 +184,7 @@ class ProcessExporter:
                         or _now() - self._last_write >= _WRITE_DELAY_S):
                     self._pump()  # one write (a syscall and a wake-up of the child) per batch
 
+    @lifecycle.uncut
     def _pack_held(self) -> None:
         """Turn the held traces into frames (caller holds the lock)."""
         held = self._held
@@ -211,6 +213,7 @@ class ProcessExporter:
             frames.append((packer.size, n))
             self.sent_spans += n
 
+    @lifecycle.uncut
     def _register(self, recorder: Recorder, rid: int | None = None) -> int:
         """Send the recorder's attributes (again, under ``rid``, when they changed)."""
         if rid is None:
@@ -248,6 +251,7 @@ class ProcessExporter:
             self._frame(frame(Kind.PHASE, i, rest=catalog[i].span.encode()), 0, force=True)
             self._phases_sent += 1
 
+    @lifecycle.uncut
     def _frame(self, data: bytes, spans: int, *, force: bool = False) -> bool:
         """Queue one frame (:func:`~resettrace.tracing.export.protocol.frame`); False
         (nothing queued) when ``max_traces`` wait already."""
@@ -257,6 +261,7 @@ class ProcessExporter:
         self._frames.append((len(data), spans))
         return True
 
+    @lifecycle.uncut
     def _pump(self) -> None:
         """Write what the pipe takes now, never waiting."""
         if not self._buf or self._dead or self._in < 0:
@@ -283,6 +288,7 @@ class ProcessExporter:
         self._head_written = k
 
     # -- status ---------------------------------------------------------------------------------
+    @lifecycle.uncut
     def _read_status(self) -> None:
         if self._proc is None or self._out_fd < 0:
             return
@@ -315,6 +321,7 @@ class ProcessExporter:
     def pending_spans(self) -> int:
         return sum(s for _, s in self._frames) + self._held_spans
 
+    @lifecycle.uncut
     def report(self) -> dict[str, Any]:
         """Spans sent, dropped, and per exporter what became of them.
 
