@@ -358,3 +358,39 @@ def test_one_exit_path_runs_its_stages_once_in_order(tmp_path) -> None:  # type:
     assert list(by_pid.values()) == [workers, workers]
     with pytest.raises(ValueError, match="unknown exit stage 'nope'"):
         lifecycle.at_exit("nope", lambda: None)
+
+
+_UNSHUT_SCRIPT = '''
+import sys
+import numpy as np
+import resettrace
+from resettrace.config import Config
+from resettrace.tracing import lifecycle
+from resettrace.tracing.session import Tracing
+
+t = Tracing(Config(mode="trace", exporters=("memory",)))
+b = resettrace.make_backend("mujoco", num_envs=8, tracing=t, nthread=1)
+q = np.tile(b.keyframe_qpos, (1, 1))
+for i in range(10):
+    b.set_state([i % 8], q, np.zeros((1, b.nv)))
+
+def count() -> None:  # after the exit flush (the stage before this one)
+    spans = t.exporters[0].get_finished_spans()
+    print(sum(s.parent is None for s in spans), flush=True)
+
+lifecycle.at_exit("run record", count)
+'''
+
+
+def test_a_session_left_open_builds_its_queued_spans_at_exit() -> None:
+    """A session never shut down is flushed at exit: the traces still queued for its own
+    SDK provider are built and exported then (the SDK's exit hook, which runs first,
+    would shut the provider and refuse them, one warning per span)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _UNSHUT_SCRIPT], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "already shutdown" not in proc.stderr
+    assert proc.stdout.split() == ["10"]

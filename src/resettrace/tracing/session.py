@@ -228,7 +228,10 @@ class Tracing:
 
         from resettrace.tracing.export.exporters import make_exporter
 
-        provider = TracerProvider(resource=Resource.create(self.resource_attributes()))
+        # shut down by this session's own exit flush, after the spans still queued are
+        # built (the SDK's exit hook would run first, and refuse them)
+        provider = TracerProvider(resource=Resource.create(self.resource_attributes()),
+                                  shutdown_on_exit=False)
         for spec in specs:
             exporter = make_exporter(spec, self.config)
             self.exporters.append(exporter)
