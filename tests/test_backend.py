@@ -60,28 +60,34 @@ def test_timing_schema_every_key_every_call(timing_session) -> None:
 @pytest.mark.parametrize("backend", ["mujoco", "motrix"])
 def test_timing_closes_on_the_set_state_span(trace_session, backend) -> None:
     """Phases + gap = the set_state span's duration (within 1%), and never more than
-    the wall time measured around the call."""
+    the wall time measured around the call; the phases, not the gap, hold most of it
+    (in the median call of each size: one call can lose the core in its gap)."""
     b = resettrace.make_backend(backend, num_envs=N, tracing=trace_session, nthread=2)
     rng = np.random.default_rng(2)
-    walls, timings = [], []
+    sizes, walls, timings = [], [], []
     for k in (2, 8, 32):
-        ids = np.sort(rng.choice(N, k, replace=False))
-        q, v = stand_rows(b, k, rng)
-        t0 = time.perf_counter_ns()
-        out = b.set_state(ids, q, v)
-        walls.append((time.perf_counter_ns() - t0) / 1e6)
-        timings.append(out["timing"])
+        for _ in range(5):
+            ids = np.sort(rng.choice(N, k, replace=False))
+            q, v = stand_rows(b, k, rng)
+            t0 = time.perf_counter_ns()
+            out = b.set_state(ids, q, v)
+            walls.append((time.perf_counter_ns() - t0) / 1e6)
+            timings.append(out["timing"])
+            sizes.append(k)
     assert trace_session.force_flush()
     spans = [s for s in trace_session.exporters[0].get_finished_spans()
              if s.name == C.SET_STATE.span]
-    assert len(spans) == 3
-    for span, timing, wall in zip(spans, timings, walls, strict=True):
+    assert len(spans) == len(timings)
+    measured_share: dict[int, list[float]] = {}
+    for span, timing, wall, k in zip(spans, timings, walls, sizes, strict=True):
         span_ms = (span.end_time - span.start_time) / 1e6
         total = sum(timing.values())
         assert total == pytest.approx(span_ms, rel=0.01)
         assert total <= wall
         measured = total - timing["set_state_internal_gap_ms"]
-        assert measured > 0.5 * total  # the phases, not the gap, hold the time
+        measured_share.setdefault(k, []).append(measured / total)
+    for k, shares in measured_share.items():
+        assert np.median(shares) > 0.5, (k, shares)
     b.close()
 
 
