@@ -184,7 +184,6 @@ class ProcessExporter:
                         or _now() - self._last_write >= _WRITE_DELAY_S):
                     self._pump()  # one write (a syscall and a wake-up of the child) per batch
 
-    @lifecycle.uncut
     def _pack_held(self) -> None:
         """Turn the held traces into frames (caller holds the lock)."""
         held = self._held
@@ -213,7 +212,6 @@ class ProcessExporter:
             frames.append((packer.size, n))
             self.sent_spans += n
 
-    @lifecycle.uncut
     def _register(self, recorder: Recorder, rid: int | None = None) -> int:
         """Send the recorder's attributes (again, under ``rid``, when they changed)."""
         if rid is None:
@@ -251,7 +249,6 @@ class ProcessExporter:
             self._frame(frame(Kind.PHASE, i, rest=catalog[i].span.encode()), 0, force=True)
             self._phases_sent += 1
 
-    @lifecycle.uncut
     def _frame(self, data: bytes, spans: int, *, force: bool = False) -> bool:
         """Queue one frame (:func:`~resettrace.tracing.export.protocol.frame`); False
         (nothing queued) when ``max_traces`` wait already."""
@@ -261,7 +258,6 @@ class ProcessExporter:
         self._frames.append((len(data), spans))
         return True
 
-    @lifecycle.uncut
     def _pump(self) -> None:
         """Write what the pipe takes now, never waiting."""
         if not self._buf or self._dead or self._in < 0:
@@ -288,7 +284,6 @@ class ProcessExporter:
         self._head_written = k
 
     # -- status ---------------------------------------------------------------------------------
-    @lifecycle.uncut
     def _read_status(self) -> None:
         if self._proc is None or self._out_fd < 0:
             return
@@ -386,6 +381,7 @@ class ProcessExporter:
             select.select([], [self._in], [], min(left, 0.05))
         return True
 
+    @lifecycle.uncut
     def flush(self, timeout_s: float) -> bool:
         """Hand every queued trace to the child and wait until it exported them."""
         deadline = time.monotonic() + timeout_s
@@ -408,6 +404,7 @@ class ProcessExporter:
                     select.select([self._out_fd], [], [], min(0.05, max(
                         0.0, deadline - time.monotonic())))
 
+    @lifecycle.uncut
     def close(self, timeout_s: float) -> None:
         """Deliver what is queued within ``timeout_s``, then stop the child (killed if late)."""
         deadline = time.monotonic() + timeout_s
