@@ -63,6 +63,7 @@ def test_a_scheme_less_grpc_endpoint_means_tls_and_reaches_the_tls_collector(
         env.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"authorization={TOKEN}")
         env.setenv("RESETTRACE", "trace")
         env.setenv("RESETTRACE_EXPORTER", "otlp")
+        env.setenv("RESETTRACE_SHUTDOWN_TIMEOUT", "60")  # a TLS start on a loaded machine
         session = Tracing(Config.from_env())
         record_traces(session, 50, count=2, plan=False)
         session.shutdown()
@@ -85,7 +86,8 @@ def test_tls_with_a_self_signed_certificate_and_headers_on_both_transports(
         clean_otlp_env.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(tmp_path / "ca.pem"))
         clean_otlp_env.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"authorization={TOKEN}")
         session = Tracing(Config(mode="trace", exporters=("otlp",), otlp_protocol=protocol,
-                                 otlp_endpoint=rx.endpoint, otlp_compression="gzip"))
+                                 otlp_endpoint=rx.endpoint, otlp_compression="gzip",
+                                 shutdown_timeout_s=60))  # a TLS start on a loaded machine
         record_traces(session, 20, count=2, plan=False)
         session.shutdown()
         assert len(rx.span_keys()) == 40

@@ -57,6 +57,9 @@ def test_a_slow_collector_cut_short_by_the_deadline_is_counted_exactly(protocol:
     with PROTOCOLS[protocol](delay_s=1.0) as rx:
         session = _session(rx.endpoint, protocol)
         record_traces(session, 400)  # 1,200 spans: 20 batches of 60
+        session.force_flush(0.05)  # handed to the export process, not waited for ...
+        rx.wait_for(1, timeout=60)  # ... until its export is under way (a loaded machine
+        # starts the export process slowly: the deadline below must not cut it all)
         session.shutdown()
         held = len(rx.span_keys())
     otlp = _closed_accounts(session.export_report())
@@ -71,6 +74,9 @@ def test_answers_slower_than_the_timeout_are_timed_out_not_lost(protocol: str) -
     with PROTOCOLS[protocol](delay_s=0.5) as rx:
         session = _session(rx.endpoint, protocol, otlp_timeout_s=0.2, shutdown_timeout_s=3.0)
         record_traces(session, 100)
+        session.force_flush(0.05)  # handed to the export process, not waited for ...
+        rx.wait_for(1, timeout=60)  # ... until its export is under way (a loaded machine
+        # starts the export process slowly: the deadline below must not cut it all)
         session.shutdown()
         held = len(rx.span_keys())
     otlp = _closed_accounts(session.export_report())

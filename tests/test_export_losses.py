@@ -319,6 +319,8 @@ def test_a_long_run_never_stalls_on_the_status_pipe(monkeypatch: pytest.MonkeyPa
     """Thousands of export calls, each followed by a status line: the export process must
     never block on a status pipe the training process reads seldom (it used to, after 64
     KiB, and from then on every trace was dropped)."""
+    import time
+
     from resettrace.testing.receivers import GrpcReceiver
     from resettrace.tracing.export import parent as export_process
 
@@ -328,7 +330,16 @@ def test_a_long_run_never_stalls_on_the_status_pipe(monkeypatch: pytest.MonkeyPa
                                  shutdown_timeout_s=30,
                                  export_delay_s=0.0))  # ... and an export call per wake-up
         _fill_the_status_pipe(session, monkeypatch)
-        record_traces(session, 16_000)  # more than the trace pipe and the queue hold together
+        # 16,000 more traces, more than the trace pipe and the queue hold together, in
+        # chunks the queue holds, each waited for at the receiver: an export process stalled
+        # on the status pipe delivers no more, however fast the machine (a chunk is never
+        # dropped for want of CPU, so the count below holds on a loaded one)
+        for sent in range(1000, 16_001, 1000):
+            record_traces(session, 1000)
+            deadline = time.monotonic() + 60
+            while rx.counted < 3 * (700 + sent) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert rx.counted == 3 * (700 + sent), f"stalled after {rx.counted} spans"
         monkeypatch.undo()
         assert session.force_flush(30)
         session.shutdown()

@@ -204,8 +204,10 @@ def _run_collector_against(endpoint: str, tmp_path, protocol: str = "grpc",
     cmd = [sys.executable, "-c", EXIT_SCRIPT, str(out)]
     if netns:  # a network namespace of our own: name resolution fails without traffic
         cmd = ["unshare", "--net", "--"] + cmd
+    # one export call may take a minute: an exit that waited on one would take that long
     env = _clean_env(RESETTRACE="trace", RESETTRACE_EXPORTER="otlp",
-                     OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+                     OTEL_EXPORTER_OTLP_PROTOCOL=protocol, OTEL_EXPORTER_OTLP_TIMEOUT="60",
+                     RESETTRACE_SHUTDOWN_TIMEOUT="2",
                      OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -239,8 +241,9 @@ def test_endpoint_down_run_completes_and_exits_promptly(case, tmp_path) -> None:
     assert otlp["undelivered"] == data["export"]["spans_sent"] + data["export"]["spans_dropped"]
     assert otlp["undelivered"] > 0
     assert data["stats"][C.ENV_STEP.key]["count"] == 40  # training went on
-    # the interpreter's own teardown comes after the shutdown: allow it a little
-    assert exit_s < 3.0, f"process took {exit_s:.2f} s to exit after the run"
+    # bounded by the 2 s shutdown timeout, not by the 60 s export call; the interpreter's
+    # teardown comes after it, and a loaded machine stretches both
+    assert exit_s < 15.0, f"process took {exit_s:.2f} s to exit after the run"
 
 
 WORKER_SCRIPT = """

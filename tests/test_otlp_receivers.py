@@ -158,7 +158,7 @@ def test_wait_for_times_out_with_count_and_clear_resets() -> None:
         t = time.monotonic()
         with pytest.raises(AssertionError, match=r"expected at least 3 span\(s\).* got 2"):
             rx.wait_for(3, timeout=0.2)
-        assert 0.15 < time.monotonic() - t < 2
+        assert time.monotonic() - t > 0.15  # it waited for its timeout
         rx.clear()
         assert rx.spans() == [] and rx.requests == 0
         with pytest.raises(AssertionError, match="got 0"):
@@ -199,7 +199,9 @@ def test_slow_receiver_delays_the_answer(kind) -> None:
         finally:
             exporter.shutdown()
         assert result is SpanExportResult.SUCCESS
-        assert 0.35 < elapsed < 3, elapsed
+        # it waited for the receiver's answer (and, with SUCCESS, did not give up at the
+        # exporter's 5 s timeout)
+        assert elapsed > 0.35, elapsed
         assert [s.name for s in rx.spans()] == ["lonely"]
 
 

@@ -36,7 +36,7 @@ def _export(specs: list[str], traces: int) -> dict[str, Any]:
     """A trace session through the export process; its export report after shutdown."""
     session = Tracing(Config(mode="trace", exporters=tuple(specs)))
     record_traces(session, traces, plan=False)
-    session.shutdown()
+    session.shutdown(timeout_s=60)  # returns once delivered: room for a loaded machine
     return session.export_report()
 
 
