@@ -306,3 +306,72 @@ def test_an_unknown_compression_still_delivers_every_span(protocol: str,
         session.shutdown()
         assert len(rx.span_keys()) == 64
     assert session.export_report()["exporters"]["otlp"]["delivered"] == 64
+
+
+#: a traced step in a process of its own: what it printed is all it said
+_TRACED_STEP = """
+import resettrace
+from resettrace import catalog as C
+
+rec = resettrace.recorder(backend="b", task="t")
+for _ in range(3):
+    with rec.scope(C.RESET_DONE, 2):
+        pass
+print("steps done")
+"""
+
+
+def _traced_step(tmp_path, **env: str):
+    import subprocess
+    import sys
+
+    from helpers import clean_env
+
+    return subprocess.run([sys.executable, "-c", _TRACED_STEP], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=clean_env(**env))
+
+
+_HUGE = "9" * 400
+_NUMERIC = ("RESETTRACE_SAMPLE_EVERY", "RESETTRACE_MAX_SAMPLES", "RESETTRACE_QUEUE_SIZE",
+            "RESETTRACE_SHUTDOWN_TIMEOUT", "RESETTRACE_WORKER_RANK",
+            "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+            "OTEL_METRIC_EXPORT_INTERVAL", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            "OTEL_BSP_SCHEDULE_DELAY")
+
+
+def test_a_number_of_any_length_is_one_warning_not_a_traceback(tmp_path) -> None:
+    """Every numeric setting 400 digits long (past a float's range): the process runs
+    and exports, each variable said once; RANK (the launcher's) is not used."""
+    env = {name: _HUGE for name in _NUMERIC}
+    r = _traced_step(tmp_path, RESETTRACE="trace", RESETTRACE_EXPORTER="file:spans.jsonl",
+                     RANK=_HUGE, RESETTRACE_SAMPLE=f"slowest:{_HUGE}", **env)
+    assert r.returncode == 0 and "steps done" in r.stdout, r.stderr
+    assert "Traceback" not in r.stderr and "OverflowError" not in r.stderr, r.stderr
+    lines = r.stderr.splitlines()
+    for name in (*_NUMERIC, "RESETTRACE_SAMPLE"):
+        said = [line for line in lines if line.startswith(f"{name}=")]
+        assert len(said) == 1 and "default" in said[0], (name, r.stderr)
+    assert len((tmp_path / "spans.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("name", ["RANK", "RESETTRACE_SAMPLE_EVERY", "RESETTRACE_QUEUE_SIZE",
+                                  "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"])
+def test_one_huge_number_alone(tmp_path, name) -> None:
+    r = _traced_step(tmp_path, RESETTRACE="timing", **{name: _HUGE})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("env", "name"), [
+    ({"RESETTRACE_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://collector x"},
+     "OTEL_EXPORTER_OTLP_ENDPOINT"),
+    ({"RESETTRACE_EXPORTER": "otlp", "RESETTRACE_METRICS": "otlp",
+      "OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://collector x"}, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+    ({"RESETTRACE_EXPORTER": "abc"}, "RESETTRACE_EXPORTER"),
+], ids=["endpoint", "endpoint-and-metrics", "exporter"])
+def test_each_bad_setting_is_said_once(tmp_path, env, name) -> None:
+    """However many readers a setting has (the session, the export process, the summary,
+    OTLP metrics), one bad value is one line."""
+    r = _traced_step(tmp_path, RESETTRACE="trace", **env)
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if name in line]
+    assert len(said) == 1, r.stderr

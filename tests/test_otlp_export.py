@@ -384,3 +384,69 @@ def test_sigterm_inside_the_trace_hand_over_loses_and_repeats_nothing(target, nt
     assert len({s.span_id for s in spans}) == len(spans)  # none sent twice
     roots = [s for s in spans if s.parent_span_id is None]
     assert done <= len(roots) <= done + 1
+
+
+#: 20 traces of one span each, in a process of its own (its stderr is all it printed)
+TWENTY_SPANS = """
+import resettrace
+from resettrace import catalog as C
+
+rec = resettrace.recorder(backend="b", task="t")
+for _ in range(20):
+    with rec.scope(C.RESET_DONE, 2):
+        pass
+"""
+
+
+def _twenty_spans(endpoint: str, protocol: str, **env: str) -> subprocess.CompletedProcess:
+    from helpers import clean_env
+
+    return subprocess.run(
+        [sys.executable, "-c", TWENTY_SPANS], capture_output=True, text=True, timeout=120,
+        env=clean_env(RESETTRACE="trace", RESETTRACE_EXPORTER="otlp",
+                      OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint,
+                      OTEL_EXPORTER_OTLP_PROTOCOL=protocol, **env))
+
+
+SECRET = "s3cr3t-t0ken-4711"
+
+
+@pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_HEADERS",
+                                  "OTEL_EXPORTER_OTLP_TRACES_HEADERS"])
+@pytest.mark.parametrize("protocol", sorted(RECEIVERS))
+def test_a_malformed_headers_variable_never_prints_its_secret(name, protocol) -> None:
+    """A header value the OpenTelemetry SDK cannot parse is said in one line that names
+    the variable, not its value; the SDK never sees it (it would print it) and the spans
+    still go out. OTLP metrics (made in the training process) read the same variable."""
+    malformed = f"authorization=Bearer {SECRET};v=1,x-tenant=a"  # ';': not a header
+    with RECEIVERS[protocol]() as rx:
+        r = _twenty_spans(rx.endpoint, protocol, RESETTRACE_METRICS="otlp",
+                          **{name: malformed})
+        assert len(rx.wait_for(20, timeout=30)) >= 20, r.stderr
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    assert SECRET not in out and "Bearer" not in out, out
+    said = [line for line in r.stderr.splitlines() if name in line]
+    assert len(said) == 1 and "malformed" in said[0], r.stderr
+    assert all(headers == {} or "authorization" not in headers for headers in rx.headers)
+
+
+@pytest.mark.parametrize(("protocol", "name", "raw"), [
+    ("grpc", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "abc"),
+    ("grpc", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", ""),
+    ("grpc", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "\udcff\udcfe"),  # bytes not UTF-8
+    ("grpc", "OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES", "NOT_A_CODE"),
+    ("http/protobuf", "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER", "nope"),
+], ids=["timeout-abc", "timeout-empty", "timeout-not-utf8", "retryable-codes",
+        "http-credential-provider"])
+def test_an_sdk_variable_resettrace_refuses_never_stops_the_exporter(protocol, name,
+                                                                     raw) -> None:
+    """Every OTEL_* variable the SDK reads itself is checked first: a bad one is said
+    once and left out of what the SDK sees, so the exporter is made and the spans go."""
+    with RECEIVERS[protocol]() as rx:
+        r = _twenty_spans(rx.endpoint, protocol, **{name: raw})
+        assert len(rx.wait_for(20, timeout=30)) == 20, r.stderr
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if name in line]
+    assert len(said) == (1 if raw else 0), r.stderr
+    assert "Traceback" not in r.stderr, r.stderr

@@ -3,6 +3,7 @@ driven by selenium through Debian's chromedriver; ``make test`` installs both)."
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import shutil
@@ -310,3 +311,101 @@ def test_report_cli_bad_input_is_one_line(tmp_path: Path) -> None:
                        (["bench", "collector", "--report", "--steps", "1"], "give --out")):
         r = _cli(*args)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+#: names that would run script if a page took them as markup or ended its script block
+HOSTILE = ("</script><script>window.__pwned=1;alert(1)</script>",
+           "<img src=x onerror=\"window.__pwned=2;alert(2)\">",
+           "<!--<script>window.__pwned=3</script>\u2028&amp;")
+
+HOSTILE_MODULE = """
+    import time
+
+
+    def inner(ids):
+        time.sleep(0.0003)
+
+
+    def reset(ids):
+        inner(ids)
+        time.sleep(0.0001)
+
+
+    def main():
+        for i in range(30):
+            reset(list(range(i % 5 + 1)))
+"""
+
+
+def _hostile_spec(name: str) -> str:
+    phase = json.dumps(f"dr_reset.{name}")
+    return textwrap.dedent(f"""
+        [[phases]]
+        span = {phase}
+        parent = "dr_reset"
+
+        [instrument]
+        "rt_hostile:reset" = {{ phase = "dr_reset", count = "ids" }}
+        "rt_hostile:inner" = {phase}
+    """)
+
+
+def _load_unattended(browser: Any, path: Path) -> list[str]:
+    """Open ``path``; the text of every alert it raised (dismissed), in order."""
+    from selenium.common.exceptions import NoAlertPresentException, UnexpectedAlertPresentException
+
+    alerts: list[str] = []
+    try:
+        browser.get(path.resolve().as_uri())
+    except UnexpectedAlertPresentException as e:
+        alerts.append(str(e.alert_text))
+    for _ in range(10):
+        try:
+            alert = browser.switch_to.alert
+            alerts.append(alert.text)
+            alert.dismiss()
+        except NoAlertPresentException:
+            break
+    return alerts
+
+
+@pytest.mark.parametrize("name", HOSTILE, ids=["script", "img", "comment"])
+def test_the_report_shows_hostile_names_as_text(tmp_path: Path, browser: Any,
+                                                name: str) -> None:
+    """A phase name, a config value (the task and backend: attributes of the run) and a
+    command line from the record are text in the page: no script of theirs runs, every
+    chart draws, and the page shows them as they are."""
+    (tmp_path / "rt_hostile.py").write_text(textwrap.dedent(HOSTILE_MODULE))
+    (tmp_path / "train.py").write_text("import rt_hostile\n\nrt_hostile.main()\n")
+    (tmp_path / "spec.toml").write_text(_hostile_spec(name))
+    r = _cli("run", "--no-summary", "--instrument", "spec.toml", "--stats-json", "job.json",
+             "--", sys.executable, "train.py", name, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert f"dr_reset.{name}" in [p["span"] for p in job["phases"]]
+    # a base run to compare with, differing in its config values (what the page lists as
+    # not comparable)
+    for side, task in (("base", "walk"), ("new", name)):
+        (tmp_path / f"{side}.json").write_text(json.dumps(
+            dict(job, config={"task": task, "backend": name, "num_envs": 5})))
+    r = _cli("report", "new.json", "--compare", "base.json", "-o", "report.html", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+    alerts = _load_unattended(browser, tmp_path / "report.html")
+    assert alerts == [], alerts
+    assert browser.execute_script("return window.__pwned === undefined")
+    dom = json.loads(browser.execute_script(_DOM))
+    for chart in ("icicle", "histograms", "percentiles", "over-run", "compare-table",
+                  "compare-deltas"):
+        assert dom[chart]["drawn"] and dom[chart]["svg"] > 0 and dom[chart]["traces"] > 0, chart
+    tree = _tree(browser)
+    # Plotly reads markup in its text: the page hands it the name escaped, and it draws
+    # the name as it is (the box of the phase, the table's cell)
+    assert html.escape(f"dr_reset.{name}", quote=False) in tree["table"], tree
+    assert name in tree["h1"], tree
+    texts = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#icicle g.slice, #percentiles "
+        ".cell-text')).map(e => e.textContent)")
+    assert any(t.startswith(f"dr_reset.{name}") for t in texts), texts
+    assert not browser.execute_script("return document.querySelectorAll('img').length")
+    assert not _severe(browser)

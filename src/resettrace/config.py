@@ -68,16 +68,29 @@ variable                           meaning                                  rang
 =================================  =======================================  ===========
 
 A malformed value (not a number, not finite, out of range, or not one of the choices) is
-logged as a warning naming the variable and the value used instead; the same values
-given as arguments raise ``ValueError``, and so do contradictory settings.
+logged as a warning naming the variable and the value used instead, once per process
+however many readers the setting has; the same values given as arguments raise
+``ValueError``, and so do contradictory settings. A number is bounded before it is
+computed with: one of any length is a warning, never an ``OverflowError``.
+
+The OpenTelemetry SDK reads some ``OTEL_*`` variables itself when resettrace makes an OTLP
+exporter (headers, timeouts, compression, TLS files, the gRPC retry codes, credential
+providers, span limits: :func:`sdk_environment_problems`). Each is checked first; a
+malformed one is said in one line and left out of what the SDK sees, so the SDK uses its
+default and the exporter is still made. ``OTEL_EXPORTER_OTLP_(TRACES_|METRICS_)HEADERS``
+hold credentials: the line names the variable, never its value (the SDK's own warning
+would print it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
-from collections.abc import Mapping
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
@@ -146,6 +159,8 @@ DEFAULT_OTLP_ENDPOINT = {"grpc": "http://localhost:4317",
                          "http/protobuf": "http://localhost:4318/v1/traces"}
 
 _INT_MAX = 2**31 - 1
+#: a numeric setting longer than this is refused unread (no valid one comes close)
+_MAX_NUMBER_TEXT = 64
 
 
 @dataclass(frozen=True)
@@ -160,16 +175,41 @@ class Number:
     scale: float = 1.0
 
     def problem(self, value: float) -> str | None:
-        """Why ``value`` (in the field's unit) is not valid, or ``None``."""
+        """Why ``value`` (in the field's unit) is not valid, or ``None``. Exact for an int
+        of any size (never converted to a float, which overflows past 1e308)."""
         if not isinstance(value, (int, float)) or isinstance(value, bool) or (
-                self.kind is int and not float(value).is_integer()):
+                self.kind is int and isinstance(value, float) and not value.is_integer()):
             return f"must be {'an integer' if self.kind is int else 'a number'}"
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             return "must be a finite number"
         lo, hi = self.low * self.scale, self.high * self.scale
         if not lo <= value <= hi:
             return f"must be in {_fmt(lo)} - {_fmt(hi)}"
         return None
+
+    def parse(self, raw: str) -> tuple[Any, str | None]:
+        """The value of the variable text ``raw`` in the field's unit, or ``None`` and
+        why not: every numeric setting is read here, bounded before any arithmetic (a
+        number of any length is refused, never an ``OverflowError``)."""
+        text = raw.strip()
+        bad = f"is not valid ({_fmt(self.low)} - {_fmt(self.high)})"
+        if len(text) > _MAX_NUMBER_TEXT:
+            return None, bad
+        try:
+            value: float = int(text) if self.kind is int else float(text)
+        except ValueError:
+            try:
+                value = float(text)  # "1e3" or "2.0" for an integer setting
+            except ValueError:
+                return None, "is not a number"
+        if isinstance(value, float) and not math.isfinite(value):
+            return None, bad
+        if not self.low <= value <= self.high:  # in the variable's unit: exact for ints
+            return None, bad
+        value = value * self.scale if self.scale != 1.0 else value
+        if self.problem(value) is not None:  # 2.5 for an integer setting
+            return None, bad
+        return self.kind(value), None
 
 
 def _fmt(x: float) -> str:
@@ -354,8 +394,8 @@ class Config:
         if unknown:
             raise TypeError(f"unknown config option(s): {', '.join(sorted(unknown))}")
         if values["mode"] == "trace" and env.get(ENV_SDK_DISABLED, "").strip().lower() == "true":
-            log.warning("%s=true: tracing mode 'trace' runs as 'timing' (no spans built)",
-                        ENV_SDK_DISABLED)
+            _warn(env, "%s=true: tracing mode 'trace' runs as 'timing' (no spans built)",
+                  ENV_SDK_DISABLED)
             values["mode"] = "timing"
         return cls(**values)
 
@@ -438,7 +478,7 @@ def _metrics(env: Mapping[str, str]) -> tuple[str, ...]:
     for spec in (x.strip() for x in raw.split(",") if x.strip()):
         problem = metrics_problem(spec)
         if problem:
-            log.warning("%s: ignoring %r: %s", ENV_METRICS, spec, problem)
+            _warn(env, "%s: ignoring %s: %s", ENV_METRICS, _shown(spec), problem)
             continue
         good.append(spec)
     return tuple(good)
@@ -471,6 +511,172 @@ def endpoint_problem(url: str, protocol: str = "grpc") -> str | None:
     return None
 
 
+# -- what the OpenTelemetry SDK reads itself ------------------------------------------------------
+#: the OTLP exporter variables of every signal (generic, traces, metrics) by what they hold
+def _otlp_vars(what: str) -> tuple[str, ...]:
+    return tuple(f"OTEL_EXPORTER_OTLP_{signal}{what}" for signal in ("", "TRACES_", "METRICS_"))
+
+
+#: a ``name=value`` item of ``OTEL_EXPORTER_OTLP_*HEADERS``, as the SDK's liberal parser
+#: takes it (a token name; a value of printable ASCII without ``"``, ``,``, ``;``, ``\``)
+_HEADER_ITEM = re.compile(r"[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+"
+                          r"[ \t]*=[ \t]*[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")
+_HEADER_SPLIT = re.compile(r"[ \t]*,[ \t]*")
+#: gRPC status code names (``OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES``)
+_GRPC_CODES = frozenset((
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED"))
+ENV_GRPC_RETRYABLE = "OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES"
+#: the SDK's span limits (a non-negative integer or ``unset``)
+ENV_SPAN_LIMITS = tuple(f"OTEL_{x}_LIMIT" for x in (
+    "ATTRIBUTE_COUNT", "ATTRIBUTE_VALUE_LENGTH", "SPAN_ATTRIBUTE_COUNT",
+    "SPAN_ATTRIBUTE_VALUE_LENGTH", "SPAN_EVENT_COUNT", "SPAN_LINK_COUNT",
+    "EVENT_ATTRIBUTE_COUNT", "LINK_ATTRIBUTE_COUNT"))
+_CREDENTIAL_PROVIDERS = tuple(
+    f"OTEL_PYTHON_EXPORTER_OTLP_{transport}_{signal}CREDENTIAL_PROVIDER"
+    for transport in ("GRPC", "HTTP") for signal in ("", "TRACES_", "METRICS_"))
+
+
+def headers_problem(raw: str) -> str | None:
+    """Why ``raw`` is not a list of OTLP headers (``name=value,...``), or ``None``; the
+    answer never holds the value (it is a credential)."""
+    if not raw.isascii():
+        return "has a character that is not ASCII (URL-encode it)"
+    items = _HEADER_SPLIT.split(raw.strip(" \t"))
+    for i, item in enumerate(items, 1):
+        if item and not _HEADER_ITEM.fullmatch(item):
+            return (f"item {i} of {len(items)} is not name=value (a value may hold printable "
+                    "ASCII but not '\"', ',', ';' or '\\': URL-encode them)")
+    return None
+
+
+def _file_problem(raw: str) -> str | None:
+    if not os.path.isfile(raw):
+        return "names no file"
+    if not os.access(raw, os.R_OK):
+        return "names a file this process cannot read"
+    return None
+
+
+def _credential_provider_problem(raw: str) -> str | None:
+    from importlib.metadata import entry_points
+
+    if not list(entry_points(group="opentelemetry_otlp_credential_provider", name=raw)):
+        return "names no installed credential provider"
+    return None
+
+
+def sdk_environment_problems(env: Mapping[str, str] | None = None
+                             ) -> list[tuple[str, str | None]]:
+    """The ``OTEL_*`` variables of ``env`` (default: this process's) that the
+    OpenTelemetry SDK reads itself when resettrace makes an exporter, and would fail on
+    (no exporter made) or print (a header's credential): ``(name, what to say)``, said as
+    ``=VALUE ...`` or `` is ...`` (never a header's value), ``None`` for an empty variable
+    (resettrace reads it as unset; the SDK may not). The endpoint, protocol, TLS and
+    compression are given to the SDK explicitly; their variables are checked all the
+    same, so the SDK never reads a value resettrace refused."""
+    env = os.environ if env is None else env
+    d = Config()
+    out: list[tuple[str, str | None]] = []
+
+    def check(name: str, problem: Callable[[str], str | None]) -> None:
+        raw = env.get(name)
+        if raw is None:
+            return
+        if not raw.strip():
+            out.append((name, None))
+            return
+        said = problem(raw)
+        if said is not None:
+            out.append((name, said))
+
+    def number(field: str, default: Any) -> Callable[[str], str | None]:
+        def problem(raw: str) -> str | None:
+            bad = NUMBERS[field].parse(raw)[1]
+            return None if bad is None else (f"={_shown(raw)} {bad}; using the default "
+                                             f"{_default_text(default, NUMBERS[field])}")
+        return problem
+
+    def choice(choices: tuple[str, ...], default: Any) -> Callable[[str], str | None]:
+        def problem(raw: str) -> str | None:
+            if raw.strip().lower() in choices:
+                return None
+            return f"={_shown(raw)} is not one of {', '.join(choices)}; using the default " \
+                   f"{default!r}"
+        return problem
+
+    for name in _otlp_vars("HEADERS"):
+        raw = env.get(name)
+        if raw is not None and raw.strip():
+            bad = headers_problem(raw)
+            if bad is not None:  # the value is never shown: it holds credentials
+                out.append((name, f" is malformed ({bad}): no header of it is sent"))
+    for name in _otlp_vars("TIMEOUT"):
+        metrics = "METRICS" in name
+        check(name, number("metrics_timeout_s" if metrics else "otlp_timeout_s",
+                           d.metrics_timeout_s if metrics else d.otlp_timeout_s))
+    for name in _otlp_vars("COMPRESSION"):
+        check(name, choice(OTLP_COMPRESSIONS, d.otlp_compression))
+    for name in _otlp_vars("INSECURE"):
+        check(name, lambda raw: None if raw.strip().lower() in _FLAG_WORDS else
+              f"={_shown(raw)} is not a boolean; using the default None")
+    for what in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE"):
+        for name in _otlp_vars(what):
+            check(name, lambda raw: None if (bad := _file_problem(raw)) is None else
+                  f"={_shown(raw)} {bad}; it is not used")
+    check(ENV_GRPC_RETRYABLE, lambda raw: None if all(
+        c.strip().upper() in _GRPC_CODES for c in raw.split(",") if c.strip()) else
+        f"={_shown(raw)} is not a list of gRPC status codes; using the default")
+    for name in ENV_SPAN_LIMITS:
+        check(name, lambda raw: None if raw.strip().lower() == "unset" or (
+            raw.strip().isascii() and raw.strip().isdigit()
+            and len(raw.strip()) <= _MAX_NUMBER_TEXT) else
+            f"={_shown(raw)} is not a non-negative integer or 'unset'; using the default")
+    for name in _CREDENTIAL_PROVIDERS:
+        check(name, lambda raw: None if (bad := _credential_provider_problem(raw)) is None
+              else f"={_shown(raw)} {bad}; it is not used")
+    return out
+
+
+def sdk_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) for the OpenTelemetry SDK: without
+    the variables :func:`sdk_environment_problems` finds in this process's environment,
+    each said once per process (one line naming it; never a header's value), so that the
+    SDK uses its default instead and still makes the exporter."""
+    out = dict(os.environ if base is None else base)
+    for name, said in sdk_environment_problems():
+        out.pop(name, None)
+        if said is not None:
+            _warn(os.environ, "%s%s", name, said)
+    return out
+
+
+_SDK_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def sdk_environ() -> Iterator[None]:
+    """While the OpenTelemetry SDK makes an exporter in this process: the variables of
+    :func:`sdk_environment_problems` out of ``os.environ`` (said once), put back after.
+    Nothing is touched when every variable is well formed (the usual case)."""
+    problems = sdk_environment_problems()
+    if not problems:
+        yield
+        return
+    with _SDK_ENV_LOCK:
+        sdk_environment()  # says what is wrong, once
+        saved = {name: os.environ[name] for name, _ in problems if name in os.environ}
+        for name in saved:
+            del os.environ[name]
+        try:
+            yield
+        finally:
+            for name, raw in saved.items():
+                os.environ.setdefault(name, raw)
+
+
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str | None]:
     for name in names:
         raw = env.get(name)
@@ -488,8 +694,8 @@ def _choice(env: Mapping[str, str], names: str | tuple[str, ...], choices: tuple
     if names == ENV_MODE and value in ("0", "false", "no"):
         value = "off"
     if value not in choices:
-        log.warning("%s=%r is not one of %s; using the default %r", name, raw,
-                    ", ".join(choices), default)
+        _warn(env, "%s=%s is not one of %s; using the default %r", name, _shown(raw),
+              ", ".join(choices), default)
         return default
     return value
 
@@ -502,27 +708,52 @@ def env_number(env: Mapping[str, str], name: str, default: Any) -> Any:
     var, raw = _first(env, number.env)
     if raw is None:
         return default
-    try:
-        value = float(raw) if number.kind is float else int(raw)
-    except ValueError:
-        try:
-            value = float(raw)  # "1e3" or "2.0" for an integer setting
-        except ValueError:
-            log.warning("%s=%r is not a number; using the default %s", var, raw,
-                        _default_text(default, number))
-            return default
-    value = value * number.scale if number.scale != 1.0 else value
-    problem = number.problem(value)
-    if problem:
-        lo, hi = _fmt(number.low), _fmt(number.high)
-        log.warning("%s=%r is not valid (%s - %s); using the default %s", var, raw, lo, hi,
-                    _default_text(default, number))
+    value, problem = number.parse(raw)
+    if problem is not None:
+        _warn(env, "%s=%s %s; using the default %s", var, _shown(raw), problem,
+              _default_text(default, number))
         return default
-    return number.kind(value)
+    return value
+
+
+#: the warnings about this process's environment given so far: each is given once
+_REPORTED: set[str] = set()
+_REPORTED_LOCK = threading.Lock()
+
+
+def _warn(env: Mapping[str, str], msg: str, *args: Any, level: int = logging.WARNING) -> None:
+    """Log ``msg % args``: once per process when ``env`` is the process's environment
+    (every reader of a setting may read it again: one bad setting is still one line)."""
+    if env is os.environ:
+        text = msg % args
+        with _REPORTED_LOCK:
+            if text in _REPORTED:
+                return
+            _REPORTED.add(text)
+    log.log(level, msg, *args)
+
+
+def say_once(msg: str, *args: Any, level: int = logging.WARNING) -> None:
+    """Log ``msg % args`` about a setting of this process's environment, once per process
+    (the same text from another reader of the setting is not said again)."""
+    _warn(os.environ, msg, *args, level=level)
+
+
+class EndpointRefused(ValueError):
+    """The environment named an OTLP endpoint that cannot be used: nothing is sent (said
+    once per process, by :func:`say_once`)."""
+
+
+def _shown(raw: str) -> str:
+    """``raw`` quoted for a one-line warning, cut to a readable length."""
+    return repr(raw) if len(raw) <= 40 else repr(raw[:20]) + f"... ({len(raw)} characters)"
 
 
 def _default_text(default: Any, number: Number) -> str:
     return "(unset)" if default is None else _fmt(default / number.scale)
+
+
+_FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
 def _flag(env: Mapping[str, str], names: tuple[str, ...], default: Any) -> Any:
@@ -534,7 +765,7 @@ def _flag(env: Mapping[str, str], names: tuple[str, ...], default: Any) -> Any:
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    log.warning("%s=%r is not a boolean; using the default %r", name, raw, default)
+    _warn(env, "%s=%s is not a boolean; using the default %r", name, _shown(raw), default)
     return default
 
 
@@ -543,15 +774,12 @@ def _slowest(env: Mapping[str, str]) -> int | None:
     if raw is None or not raw.strip() or raw.strip().lower() == "all":
         return None
     kind, _, arg = raw.strip().partition(":")
-    try:
-        window = int(arg)
-    except ValueError:
-        window = 0
-    if kind != "slowest" or NUMBERS["sample_slowest_window"].problem(window):
-        log.warning("%s=%r is not 'all' or 'slowest:W' (W in 1 - %d); using the default "
-                    "'all'", ENV_SAMPLE, raw, _INT_MAX)
+    window, problem = NUMBERS["sample_slowest_window"].parse(arg)
+    if kind != "slowest" or problem is not None:
+        _warn(env, "%s=%s is not 'all' or 'slowest:W' (W in 1 - %d); using the default "
+              "'all'", ENV_SAMPLE, _shown(raw), _INT_MAX)
         return None
-    return window
+    return int(window)
 
 
 #: what a process publishes of its rank for the multiprocessing workers it starts:
@@ -638,6 +866,8 @@ def process_rank(env: Mapping[str, str] | None = None, *, publish: bool | None =
         ancestry: tuple[int, ...] = ()
         try:
             p_rank, p_id, _ = env.get(ENV_PARENT_RANK, "").split(":", 2)
+            if len(p_rank) + len(p_id) > 4 * _MAX_NUMBER_TEXT:
+                raise ValueError(p_rank)
             published = (int(p_rank), tuple(int(x) for x in p_id.split(".") if x))
         except ValueError:
             published = None
@@ -666,19 +896,15 @@ def env_worker_rank(env: Mapping[str, str] | None = None) -> int | None:
     for name in ENV_RANK:
         raw = env.get(name, "").strip()
         if raw:
-            try:
-                value = int(raw)
-            except ValueError:
-                value = -1
-            ranks[name] = None if NUMBERS["worker_rank"].problem(value) else value
+            ranks[name] = NUMBERS["worker_rank"].parse(raw)[0]
     rank = ranks.get(ENV_WORKER_RANK)
     if rank is not None:
         return rank
     fallback = ranks.get("RANK")
     if ENV_WORKER_RANK in ranks:
-        log.warning("%s=%r is not a rank (an integer in 0 - %d); using %s", ENV_WORKER_RANK,
-                    env[ENV_WORKER_RANK], _INT_MAX,
-                    f"RANK={fallback}" if fallback is not None else "the default 0")
+        _warn(env, "%s=%s is not a rank (an integer in 0 - %d); using %s", ENV_WORKER_RANK,
+              _shown(env[ENV_WORKER_RANK]), _INT_MAX,
+              f"RANK={fallback}" if fallback is not None else "the default 0")
     return fallback
 
 
@@ -709,7 +935,7 @@ def metrics_endpoint(config: Config, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     endpoint, refused = _otlp_endpoint(env, config.otlp_protocol, "metrics")
     if refused:
-        raise ValueError(refused)
+        raise EndpointRefused(refused)
     if endpoint is None:
         endpoint = "http://localhost:4317" if config.otlp_protocol == "grpc" else \
             "http://localhost:4318/v1/metrics"
@@ -727,18 +953,22 @@ def _exporters(env: Mapping[str, str], default: tuple[str, ...]) -> tuple[str, .
     if raw is None or not raw.strip():
         return default
     good = []
+    bad = []
     for spec in _split_exporters(raw):
         problem = exporter_problem(spec)
         if problem:
-            log.warning("%s: ignoring %r: %s", ENV_EXPORTER, spec, problem)
+            bad.append(problem)
             continue
         good.append(spec)
     unique, problems = unique_exporters(tuple(good))
-    for problem in problems:  # the first of two items is kept
-        log.warning("%s: %s", ENV_EXPORTER,
-                    problem if "twice" in problem else f"{problem}: ignoring the second")
-    if not unique:
-        log.warning("%s=%r names no usable exporter; using the default %r", ENV_EXPORTER, raw,
-                    ",".join(default or DEFAULT_EXPORTERS))
+    if not unique:  # one line: what was wrong, and what is used instead
+        _warn(env, "%s=%s names no usable exporter (%s); using the default %r", ENV_EXPORTER,
+              _shown(raw), "; ".join(bad) or "none named",
+              ",".join(default or DEFAULT_EXPORTERS))
         return default
+    for problem in bad:
+        _warn(env, "%s: ignoring %s", ENV_EXPORTER, problem)
+    for problem in problems:  # the first of two items is kept
+        _warn(env, "%s: %s", ENV_EXPORTER,
+              problem if "twice" in problem else f"{problem}: ignoring the second")
     return unique

@@ -81,6 +81,23 @@ _MIN_REST = 1e-6
 _ALL_ROOT = "(every phase recorded)"
 
 
+def _t(text: object) -> str:
+    """A string from the record as Plotly text: Plotly reads ``<b>``, ``<a href>``, ... in
+    labels, titles, names and cells as markup; escaped, it shows the string as it is."""
+    return html.escape(str(text), quote=False)
+
+
+def _script_json(value: Any) -> str:
+    """``value`` as JSON that can stand inside a ``<script>`` block: no ``<``, ``>`` or
+    ``&`` (``</script>`` or ``<!--`` in a string would end or change the block) and no
+    U+2028/U+2029 (line ends to older JavaScript); each is a ``\\uXXXX`` escape, the same
+    string to ``JSON.parse`` and to JavaScript."""
+    text = json.dumps(value)
+    for ch in "<>&\u2028\u2029":
+        text = text.replace(ch, f"\\u{ord(ch):04x}")
+    return text
+
+
 def _plural(n: int, word: str, plural: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else plural or word + 's'}"
 
@@ -196,7 +213,7 @@ def _fill(view: _View, roots: Sequence[str], parents: Mapping[str, str | None],
         hover = (f"<b>{html.escape(label)}</b><br>{value:.4f} ms {unit}"
                  + (f" ({share} of {html.escape(parent_label)})" if share else "")
                  + f"<br>{_plural(calls, 'call')}, {mean:.4f} ms per call")
-        view.add(key, label, parent, value, text, hover,
+        view.add(key, _t(label), parent, value, text, hover,
                  _PHASE_COLOURS[phase.index % len(_PHASE_COLOURS)])
         children = kids.get(key, [])
         values = [raw(k) for k in children]
@@ -209,7 +226,7 @@ def _fill(view: _View, roots: Sequence[str], parents: Mapping[str, str | None],
         if children and rest > _MIN_REST * value:
             rest_id = phase.gap_key or f"{key} (rest)"
             rest_label = f"{label} (rest)"
-            view.add(rest_id, rest_label, key, rest, f"{rest:.3f} ms, {rest / value:.1%}",
+            view.add(rest_id, _t(rest_label), key, rest, f"{rest:.3f} ms, {rest / value:.1%}",
                      f"<b>{html.escape(rest_label)}</b><br>{rest:.4f} ms {unit} "
                      f"({rest / value:.1%} of {html.escape(label)}): time in "
                      f"{html.escape(label)} outside the phases drawn below it", _REST_COLOUR)
@@ -244,13 +261,13 @@ def _views(stats: Mapping[str, Mapping[str, Any]], cat: Any) -> list[_View]:
     def per_call(key: str) -> tuple[float, str]:
         if steps:
             return float(steps), "per env step"
-        return float(stats[key]["count"]), f"per {cat.label(key)} call"
+        return float(stats[key]["count"]), f"per {_t(cat.label(key))} call"
 
     per, unit = per_call(root)
     share = (f" ({float(stats[root]['total_ms']) / float(stats[step]['total_ms']):.1%} of the "
              "env step)") if step is not None and root != step else ""
-    first = _View(VIEWS[0] if on_path else cat.label(root),
-                  f"{'reset path' if on_path else 'phase tree'}: {cat.label(root)}, mean ms "
+    first = _View(VIEWS[0] if on_path else _t(cat.label(root)),
+                  f"{'reset path' if on_path else 'phase tree'}: {_t(cat.label(root))}, mean ms "
                   f"{unit}{share}, {_plural(int(stats[root]['count']), 'call')}")
     _fill(first, [root], parents, stats, cat, per, unit)
     if step is not None:
@@ -323,12 +340,12 @@ def _histograms(stats: Mapping[str, Mapping[str, Any]], samples: Mapping[str, Se
 
     cols = 3
     rows = max(1, math.ceil(len(keys) / cols))
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[cat.label(k) for k in keys])
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[_t(cat.label(k)) for k in keys])
     for i, key in enumerate(keys):
         r, c = i // cols + 1, i % cols + 1
         v = np.asarray(samples[key], dtype=np.float64)
         hi = float(np.percentile(v, 99.5)) if v.size else 1.0
-        fig.add_trace(go.Histogram(x=v[v <= hi], nbinsx=60, name=cat.label(key),
+        fig.add_trace(go.Histogram(x=v[v <= hi], nbinsx=60, name=_t(cat.label(key)),
                                    showlegend=False, marker_color="#4c78a8"), row=r, col=c)
         for q, dash in (("p50_ms", "solid"), ("p90_ms", "dash"), ("p99_ms", "dot")):
             x = stats[key].get(q)
@@ -356,7 +373,7 @@ def _percentiles(stats: Mapping[str, Mapping[str, Any]], keys: Sequence[str], id
 
     share = [("-" if stats[k].get("share_of_parent") is None
               else f"{100 * float(stats[k]['share_of_parent']):.1f}") for k in keys]
-    cells = [[cat.label(k) for k in keys], *[[cell(k, c) for k in keys] for c in cols], share]
+    cells = [[_t(cat.label(k)) for k in keys], *[[cell(k, c) for k in keys] for c in cols], share]
     return go.Figure(go.Table(header={"values": ["phase", *cols, "% of parent"],
                                       "align": "left"},
                               cells={"values": cells, "align": "left"}),
@@ -380,7 +397,7 @@ def _over_run(samples: Mapping[str, Sequence[float]], keys: Sequence[str],
         m = v.size // block
         med = np.median(v[:m * block].reshape(m, block), axis=1)
         fig.add_trace(go.Scatter(x=np.arange(m) * block, y=med, mode="lines",
-                                 name=cat.label(key), yaxis="y2" if key == physics else "y"))
+                                 name=_t(cat.label(key)), yaxis="y2" if key == physics else "y"))
     layout: dict[str, Any] = {
         "title": "phase time over the run (median of each block of consecutive calls"
                  + ("; physics on the right axis)" if drawn else ")"),
@@ -409,14 +426,14 @@ def _cost_model(samples: Mapping[str, Sequence[float]], model: Mapping[str, Any]
         y = np.asarray(samples.get(key, []), dtype=np.float64)
         if k.size and y.size == k.size:  # one sample of each per reset_done call, in order
             fig.add_trace(go.Scatter(x=k[pick], y=y[pick], mode="markers",
-                                     name=f"{cat.label(key)} calls"
+                                     name=f"{_t(cat.label(key))} calls"
                                      + (f" ({pick.size} of {k.size})" if pick.size < k.size
                                         else ""),
                                      marker={"size": 4, "opacity": 0.35, "color": colour}))
         fit = (model.get("keys") or {}).get(key, {}).get("fit")
         if fit and fit.get("b_ms") is not None and fit.get("k_max") is not None:
             xs = np.array([fit["k_min"], fit["k_max"]])
-            label = (f"{cat.label(key)}: {fit['a_ms']:.4f} ms + "
+            label = (f"{_t(cat.label(key))}: {fit['a_ms']:.4f} ms + "
                      f"{1e3 * fit['b_ms']:.2f} us x k"
                      + (f" (R2 {fit['r2']:.2f})" if fit.get("r2") is not None else ""))
             fig.add_trace(go.Scatter(x=xs, y=fit["a_ms"] + fit["b_ms"] * xs, mode="lines",
@@ -449,13 +466,13 @@ def _compare_figures(result: Mapping[str, Any], cat: Any) -> tuple[Any, Any]:
     def f(x: Any, spec: str = ".4f") -> str:
         return "-" if x is None else format(x, spec)
 
-    rows = [[k["key"] for k in listed],
+    rows = [[_t(k["key"]) for k in listed],
             [f(k["base_p50"]) for k in listed], [f(k["new_p50"]) for k in listed],
             [f(k["delta_ms"]) for k in listed],
             [f(k["delta_pct"], "+.1f") for k in listed],
             ["-" if k["ci_low_pct"] is None
              else f"[{k['ci_low_pct']:+.1f}, {k['ci_high_pct']:+.1f}]" for k in listed],
-            [k["verdict"] for k in listed]]
+            [_t(k["verdict"]) for k in listed]]
     colours = [[_VERDICT_COLOURS.get(k["verdict"], "#000") for k in listed]]
     e = result["env_per_s"]
     speed = f"env/s {e['base']:,.0f} -> {e['new']:,.0f}; " if e["base"] or e["new"] else ""
@@ -467,18 +484,18 @@ def _compare_figures(result: Mapping[str, Any], cat: Any) -> tuple[Any, Any]:
         layout={"title": f"compare: {speed}noise floor "
                          f"+-{result['settings']['noise_floor_pct']:.1f}%"
                          + _left_out(idle, " on either side")
-                         + ("; NOT COMPARABLE: " + "; ".join(result["not_comparable"])
+                         + ("; NOT COMPARABLE: " + _t("; ".join(result["not_comparable"]))
                             if result["not_comparable"] else ""),
                 "height": 21 * len(rows[0]) + 120, "margin": {"t": 60, "b": 10}})
     deltas = go.Figure(go.Bar(
-        y=[cat.label(k["key"]) for k in keys], x=[k["delta_pct"] or 0.0 for k in keys],
+        y=[_t(cat.label(k["key"])) for k in keys], x=[k["delta_pct"] or 0.0 for k in keys],
         orientation="h",
         error_x={"type": "data", "symmetric": False,
                  "array": [(k["ci_high_pct"] or 0) - (k["delta_pct"] or 0) for k in keys],
                  "arrayminus": [(k["delta_pct"] or 0) - (k["ci_low_pct"] or 0) for k in keys]},
         marker_color=[_VERDICT_COLOURS.get(k["verdict"], "#000") for k in keys],
         text=["took no time before" if k["delta_pct"] is None else "" for k in keys],
-        textposition="outside", hovertext=[k["verdict"] for k in keys]),
+        textposition="outside", hovertext=[_t(k["verdict"]) for k in keys]),
         layout={"title": "delta per phase, % (bar: NEW/BASE - 1, whiskers: the interval; red "
                          "slower, green faster, grey within noise)",
                 "height": 22 * len(keys) + 140, "yaxis": {"autorange": "reversed"},
@@ -539,8 +556,9 @@ def build_report(run: RunRecord | Mapping[str, Any], *, source: str = "",
     for name, fig in figures.items():
         spec = json.loads(fig.to_json())
         divs.append(f'<section><div id="{name}" class="chart"></div><script>'
-                    f'Plotly.newPlot("{name}", {json.dumps(spec["data"])}, '
-                    f'{json.dumps(spec["layout"])}, {{"responsive": true}});</script></section>')
+                    f'Plotly.newPlot("{name}", {_script_json(spec["data"])}, '
+                    f'{_script_json(spec["layout"])}, {{"responsive": true}});</script>'
+                    '</section>')
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title>"
             "<style>body{font-family:sans-serif;margin:16px}section{margin-bottom:24px}"

@@ -195,16 +195,22 @@ class MetricsExport:
             # the endpoint, TLS, compression and timeout as resettrace resolved them (a
             # refused endpoint is never replaced); headers and certificates as the SDK
             # reads them (OTEL_EXPORTER_OTLP_METRICS_*, else the generic variables)
-            from resettrace.config import metrics_endpoint
+            from resettrace.config import metrics_endpoint, sdk_environ
             from resettrace.tracing.export.exporters import otlp_arguments
 
             args = otlp_arguments(cfg, timeout_s=cfg.metrics_push_timeout_s, metrics=True)
             args["endpoint"], insecure = metrics_endpoint(cfg)
             if "insecure" in args:
                 args["insecure"] = insecure
-            self._exporter = OTLPMetricExporter(**args)
+            with sdk_environ():  # no OTEL_* variable it would fail on or print
+                self._exporter = OTLPMetricExporter(**args)
         except Exception as e:  # a bad setting: said once, training goes on
-            log.warning("resettrace: OTLP metrics are off: %s", e)
+            from resettrace.config import EndpointRefused, say_once
+
+            if isinstance(e, EndpointRefused):  # the line the span export says too
+                say_once("resettrace: %s", e, level=logging.ERROR)
+            else:
+                log.warning("resettrace: OTLP metrics are off: %s", e)
             return
         self._thread = threading.Thread(target=self._push_loop, daemon=True,
                                         name="resettrace-metrics")

@@ -176,8 +176,10 @@ class Tracing:
         specs = cfg.exporters or (() if tracer_provider is not None else DEFAULT_EXPORTERS)
         local = [s for s in specs if s in IN_PROCESS_EXPORTERS]
         remote = [s for s in specs if s not in IN_PROCESS_EXPORTERS]
-        if cfg.otlp_refused and "otlp" in remote:
-            log.error("resettrace: the otlp exporter sends nothing: %s", cfg.otlp_refused)
+        if cfg.otlp_refused and "otlp" in remote:  # OTLP metrics say the same line: once
+            from resettrace.config import say_once
+
+            say_once("resettrace: %s", cfg.otlp_refused, level=logging.ERROR)
         if tracer_provider is None and local:
             tracer_provider = self._make_provider(local)
             self._owns_provider = True
@@ -226,12 +228,14 @@ class Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+        from resettrace.config import sdk_environ
         from resettrace.tracing.export.exporters import make_exporter
 
         # shut down by this session's own exit flush, after the spans still queued are
         # built (the SDK's exit hook would run first, and refuse them)
-        provider = TracerProvider(resource=Resource.create(self.resource_attributes()),
-                                  shutdown_on_exit=False)
+        with sdk_environ():  # its span limits: no OTEL_* variable it would fail on
+            provider = TracerProvider(resource=Resource.create(self.resource_attributes()),
+                                      shutdown_on_exit=False)
         for spec in specs:
             exporter = make_exporter(spec, self.config)
             self.exporters.append(exporter)
@@ -413,10 +417,14 @@ class Tracing:
             if lost:
                 from resettrace.tables import exporter_outcome
 
-                log.warning("resettrace: %d spans were not delivered (%s)", lost, "; ".join(
+                said = "; ".join(
                     f"{name}: {exporter_outcome(e, report['spans_dropped'])}"
-                    for name, e in report.get("exporters", {}).items())
-                    or f"{report['spans_dropped']} dropped")
+                    for name, e in report.get("exporters", {}).items()) \
+                    or f"{report['spans_dropped']} dropped"
+                if self.config.otlp_refused:  # said once already, at the start
+                    said = said.replace(self.config.otlp_refused,
+                                        "its endpoint was refused (said above)")
+                log.warning("resettrace: %d spans were not delivered (%s)", lost, said)
 
 
 def _keep_env_count(counts: set[int], attributes: Mapping[str, Any]) -> None:

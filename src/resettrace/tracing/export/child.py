@@ -102,6 +102,8 @@ class _Child:
         self.in_flight: dict[str, int] = {}
         #: why an exporter cannot export (it could not be created): its spans are failed
         self.broken: dict[str, str] = {}
+        #: the broken exporters the training process has said why of already
+        self._said: set[str] = set()
         #: ``time.monotonic()`` by which everything must be done (set when told to leave)
         self.deadline: float | None = None
         self.shutdown_timeout = 2.0
@@ -157,7 +159,7 @@ class _Child:
             except Exception as e:  # a setting the exporter refuses: said, and counted
                 wire = None
                 for spec in settings["exporters"]:
-                    self.broken[spec] = f"cannot create {spec!r}: {e}"
+                    self._broke(spec, e)
             if wire is not None:  # no SDK span is built: the records are encoded as they are
                 phases = self.phases
                 self.wire = WireEncoder(
@@ -185,14 +187,24 @@ class _Child:
                                                           config.worker_rank)))
                 self.exporters.append((spec, exporter))
             except Exception as e:  # a bad exporter must not stop the others
-                self.broken[spec] = f"cannot create {spec!r}: {e}"
+                self._broke(spec, e)
         if records:  # no SDK span is built: every format is written from the records
             from resettrace.tracing.export.records import SpanSource, TraceQueue
 
             self.queue = TraceQueue(SpanSource(dict(resource.attributes), self.span_name,
                                                self.error_name))
-        for reason in self.broken.values():
-            print(f"resettrace export process: {reason}", file=sys.stderr)
+        for spec, reason in self.broken.items():
+            if spec not in self._said:
+                print(f"resettrace export process: {reason}", file=sys.stderr)
+
+    def _broke(self, spec: str, e: Exception) -> None:
+        """``spec`` cannot be made because of ``e``: counted, and said here unless the
+        training process said it already (an endpoint it refused: named there, once)."""
+        from resettrace.tracing.export.exporters import EndpointRefused
+
+        self.broken[spec] = f"cannot create {spec!r}: {e}"
+        if isinstance(e, EndpointRefused):
+            self._said.add(spec)
 
     def span_name(self, index: int) -> str:
         return self.phases.get(index) or f"resettrace.phase.{index}"

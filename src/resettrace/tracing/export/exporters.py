@@ -34,14 +34,20 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from resettrace import outputs
 from resettrace.catalog import ATTR_WORKER_RANK
-from resettrace.config import ENV_OTLP_CERTIFICATE, ENV_OTLP_HTTP_CREDENTIAL_PROVIDER, Config
+from resettrace.config import (
+    ENV_OTLP_CERTIFICATE,
+    ENV_OTLP_HTTP_CREDENTIAL_PROVIDER,
+    Config,
+    EndpointRefused,
+    sdk_environ,
+)
 from resettrace.tracing.export.file_formats import _FileExporter, _span_attributes
 from resettrace.tracing.export.records import Slot, TextTemplates, Traces
 from resettrace.tracing.recorder import R_ERROR, R_PARENT, R_PHASE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JsonLinesSpanExporter", "span_to_dict", "make_exporter"]
+__all__ = ["JsonLinesSpanExporter", "span_to_dict", "make_exporter", "EndpointRefused"]
 
 
 def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
@@ -147,18 +153,22 @@ def make_exporter(spec: str, config: Config | None = None, *, pid: int | None = 
 
 
 def make_otlp_exporter(config: Config) -> SpanExporter:
-    """The SDK's OTLP span exporter for ``config.otlp_protocol`` and ``config.endpoint``."""
+    """The SDK's OTLP span exporter for ``config.otlp_protocol`` and ``config.endpoint``
+    (made without the ``OTEL_*`` variables it would fail on: :func:`~resettrace.config.
+    sdk_environ`)."""
     if config.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,
         )
 
-        return GrpcExporter(**otlp_arguments(config))
+        with sdk_environ():
+            return GrpcExporter(**otlp_arguments(config))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,
     )
 
-    return HttpExporter(**otlp_arguments(config))
+    with sdk_environ():
+        return HttpExporter(**otlp_arguments(config))
 
 
 def otlp_arguments(config: Config, *, timeout_s: float | None = None,
@@ -168,7 +178,7 @@ def otlp_arguments(config: Config, *, timeout_s: float | None = None,
     reading of the environment (which would accept what the config refused). A trace
     endpoint the environment named unusably raises ``ValueError``: no other one is used."""
     if config.otlp_refused and not metrics:
-        raise ValueError(config.otlp_refused)
+        raise EndpointRefused(config.otlp_refused)
     timeout = config.otlp_timeout_s if timeout_s is None else timeout_s
     if config.otlp_protocol == "grpc":
         from grpc import Compression as GrpcCompression

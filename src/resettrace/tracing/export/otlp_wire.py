@@ -373,18 +373,22 @@ def _grpc_exporter(config: Any) -> Any:
             self.timed_out = False
             return self._export(payload)  # type: ignore[arg-type]
 
+    from resettrace.config import sdk_environ
     from resettrace.tracing.export.exporters import otlp_arguments
 
-    return WireGrpcExporter(**otlp_arguments(config))
+    with sdk_environ():
+        return WireGrpcExporter(**otlp_arguments(config))
 
 
 def _http_exporter(config: Any) -> Any:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import SpanExportResult
 
+    from resettrace.config import sdk_environ
     from resettrace.tracing.export.exporters import otlp_arguments
 
-    exporter = OTLPSpanExporter(**otlp_arguments(config))
+    with sdk_environ():
+        exporter = OTLPSpanExporter(**otlp_arguments(config))
     client = getattr(exporter, "_client", None)
     if client is None or not hasattr(client, "export"):
         return None

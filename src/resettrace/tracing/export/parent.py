@@ -117,7 +117,11 @@ class ProcessExporter:
             self._settings["resource"] = dict(
                 self._settings["resource"],
                 **{ATTR_WORKER_RANK: process_rank(), ATTR_PARENT_PID: parent_pid()})
-        env = helper_environment()
+        from resettrace.config import sdk_environment
+
+        # the SDK in the child reads OTEL_* itself: a malformed one (said here, once) is left
+        # out, so that it uses its default and still makes the exporter
+        env = sdk_environment(helper_environment())
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("RUST_LOG", "error")
         self._proc = subprocess.Popen(
