@@ -140,9 +140,13 @@ def recorder(*, backend: str | None = None, task: str | None = None,
     """A recorder of ``tracing`` (default: the default session) for one env/backend.
 
     ``backend``, ``task``, ``env_count`` and ``attributes`` go on every span it
-    exports. With tracing off it is the shared no-op recorder. An attribute key or string
-    value that no exporter could write (a lone surrogate, a control character) raises
-    ``ValueError`` naming its key, here, in every mode.
+    exports. With tracing off it is the shared no-op recorder. Attribute values are taken
+    as OpenTelemetry carries them: a numpy scalar (``np.int64(7)``, ``np.float32``,
+    ``np.bool_``) becomes its Python value, a list or tuple of them a list or tuple of one
+    type. Anything else (bytes, a set, None, any other object, a sequence mixing types, a
+    key that is not a string) raises ``TypeError``, and text no exporter could write (a
+    lone surrogate, a control character) or an int outside int64 ``ValueError``, naming
+    its key, here, in every mode.
     """
     session = tracing if tracing is not None else get_tracing()
     return session.recorder(backend=backend, task=task, env_count=env_count,

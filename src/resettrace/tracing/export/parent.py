@@ -32,10 +32,17 @@ from itertools import chain
 from typing import Any
 
 from resettrace._run import helper_environment
-from resettrace.catalog import ATTR_PARENT_PID, ATTR_WORKER_RANK, CATALOG, Catalog
+from resettrace.catalog import (
+    ATTR_PARENT_PID,
+    ATTR_WORKER_RANK,
+    CATALOG,
+    Catalog,
+    attribute_value,
+    text_problem,
+)
 from resettrace.tracing import lifecycle
 from resettrace.tracing.export.protocol import FRAME, Kind, frame, trace_packer
-from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder
+from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, note_once
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +220,12 @@ class ProcessExporter:
             self.sent_spans += n
 
     def _register(self, recorder: Recorder, rid: int | None = None) -> int:
-        """Send the recorder's attributes (again, under ``rid``, when they changed)."""
+        """Send the recorder's attributes (again, under ``rid``, when they changed).
+
+        They were checked where they were given; one set on ``recorder.attributes`` later
+        that OpenTelemetry cannot carry is left out here (logged once), so the recorder is
+        registered whatever its attributes hold and its spans are exported."""
+        attrs = json.dumps(_carried(recorder.attributes)).encode()
         if rid is None:
             rid = self._next_rid
             self._next_rid += 1
@@ -222,7 +234,6 @@ class ProcessExporter:
             weakref.finalize(recorder, self._forget, id(recorder), rid)
         else:
             self._sent_attrs[rid] = dict(recorder.attributes)
-        attrs = json.dumps(recorder.attributes).encode()
         self._frame(frame(Kind.REGISTER, rid, recorder.epoch_offset_ns, rest=attrs), 0,
                     force=True)
         return rid
@@ -449,6 +460,21 @@ class ProcessExporter:
                 proc.stdin = None
             if proc.stdout is not None:
                 proc.stdout = None
+
+
+def _carried(attributes: dict[str, Any]) -> dict[str, Any]:
+    """The attributes OpenTelemetry can carry (:func:`attribute_value`), the rest left out."""
+    out: dict[str, Any] = {}
+    for key, value in list(attributes.items()):
+        try:
+            if text_problem(key) is None:
+                out[key] = attribute_value(key, value)
+                continue
+            problem = f"span attribute key {key!r} {text_problem(key)}"
+        except (TypeError, ValueError) as e:
+            problem = str(e)
+        note_once(f"attribute:{problem}", "%s; left out of the exported spans", problem)
+    return out
 
 
 def _close_stream(stream: Any) -> None:
