@@ -760,14 +760,21 @@ call_keeping_error(PyObject *callable, PyObject *name, PyObject *const *args, si
     PyErr_Restore(type, value, tb);
 }
 
-/* api.count_of for the common values, else NULL (no error): an int as is; a numpy
+/* recorder.count_of for the common values, else NULL (no error): an int in [0, 2**63) as
+ * is; a numpy
  * array of bools, 1-D: its True values; another numpy array of 1 or more dimensions: its
  * len(). */
 static PyObject *
 count_fast(PyObject *v)
 {
-    if (PyLong_CheckExact(v)) {
-        return Py_NewRef(v);
+    if (PyLong_CheckExact(v)) {  /* the count itself, in [0, 2**63); else count_of says */
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (x == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return NULL;
+        }
+        return overflow == 0 && x >= 0 ? Py_NewRef(v) : NULL;
     }
     if (strcmp(Py_TYPE(v)->tp_name, "numpy.ndarray") != 0) {
         return NULL;

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import sys
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping
@@ -35,10 +34,12 @@ from resettrace.tracing import recorder as _rec
 from resettrace.tracing.recorder import (
     _SLOT,
     CURRENT,
+    MAX_COUNT,
     MAX_TRACE_RECORDS,
     NO_COUNT,
     NoopRecorder,
     Recorder,
+    count_of,
     error_code,
     note_once,
 )
@@ -59,9 +60,6 @@ _get_current = _CURRENT.get
 _get_ident = threading.get_ident
 if _rec.COMPILED:
     _rec._FAST.setup_api(globals(), _SLOT, Recorder, ATTR_ENV_COUNT)
-#: numpy's array type and count_nonzero once count_of has met a numpy array (this module
-#: does not import numpy: ``import resettrace`` stays light)
-_NUMPY: list[Any] = [None, None]
 
 
 # -- sessions -----------------------------------------------------------------------------
@@ -406,34 +404,6 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
     return wrapper
 
 
-def count_of(value: Any) -> int:
-    """The env count of a value: an int as is, a bool array's True values, else ``len()``."""
-    t = type(value)
-    if t is int:
-        return value
-    if t is _NUMPY[0]:  # numpy's: the common case of a done mask or env ids
-        if value.dtype.kind == "b":
-            return int(_NUMPY[1](value))
-        return len(value) if value.ndim else int(value)
-    if t is list or t is tuple:
-        return len(value)
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    dtype = getattr(value, "dtype", None)
-    if dtype is not None:
-        if t.__name__ == "ndarray" and t.__module__ == "numpy":  # known from now on
-            _NUMPY[:] = [t, sys.modules["numpy"].count_nonzero]
-            return count_of(value)
-        kind = getattr(dtype, "kind", None)  # numpy's (str() of a numpy dtype is slow)
-        if kind == "b" or (kind is None and str(dtype) == "torch.bool"):
-            return int(value.sum())
-        if getattr(value, "ndim", 1) == 0:
-            return int(value)
-    return len(value)
-
-
 def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | None, what: str
                     ) -> Callable[[tuple[Any, ...], dict[str, Any]], Any] | None:
     """A function of ``(args, kwargs)`` reading ``spec`` from a call of ``fn``.
@@ -502,9 +472,10 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
     ``count`` (the envs the call resets) and ``env_count`` (envs in the batch, set on
     the recorder's attributes on its first call) are an argument name, an attribute
     path from one (``"self.done"``), or a callable taking the call's arguments; the
-    value counts by :func:`count_of`; an int ``count`` is that count for every call (a
-    Gymnasium sub-env's reset: 1). A count that cannot be read is left out (logged once),
-    never raised. An unknown phase raises ``ValueError`` here, at decoration.
+    value counts by :func:`count_of` (a bool mask its True values, env ids their number,
+    an int itself); an int ``count`` is that count for every call (a Gymnasium sub-env's
+    reset: 1). A count that cannot be read, or is none by that rule, is left out (logged
+    once), never raised. An unknown phase raises ``ValueError`` here, at decoration.
 
     ``within``: record a call only while a scope of that phase is open (a method shared
     by the step and the reset path, recorded on the reset path only); other calls run as
@@ -523,9 +494,10 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
     """
     resolved = CATALOG.resolve(phase)
     inside = None if within is None else CATALOG.resolve(within)
-    if isinstance(count, bool) or (isinstance(count, int) and count < 0):
-        raise ValueError(f"count must be an argument name, a callable or an int >= 0, "
-                         f"got {count!r}")
+    if isinstance(count, bool) or (isinstance(count, int) and not 0 <= count <= MAX_COUNT):
+        raise ValueError(f"count must be an argument name, a callable or an int in "
+                         f"[0, 2**63), got {count!r}" if isinstance(count, bool) or count < 0 else
+                         "count must be an int in [0, 2**63), got one beyond int64")
     fixed = count if isinstance(count, int) else None
     lineage: list[Phase] = []  # its parents, nearest first
     if parents:
@@ -576,8 +548,9 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
             c = count_now(args, kwargs)
             if read_envs is not None and ATTR_ENV_COUNT not in rec.attributes:
                 try:
-                    rec.attributes[ATTR_ENV_COUNT] = count_of(
-                        read_envs(args, kwargs))
+                    n = count_of(read_envs(args, kwargs))
+                    if n >= 0:
+                        rec.attributes[ATTR_ENV_COUNT] = n
                 except Exception as e:
                     note_once(f"env_count:{resolved.span}", "cannot read the env count of "
                               "%r (%s: %s)", resolved.span, type(e).__name__, e)
@@ -592,12 +565,12 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 return NO_COUNT if fixed is None else fixed
             try:
                 v = args[at] if 0 <= at < len(args) else read_count(args, kwargs)
-                return v if type(v) is int else count_of(v)
             except Exception as e:  # never break the user's call over a count
                 note_once(f"count:{resolved.span}", "cannot read the count of %r "
                           "(%s: %s); recorded without one", resolved.span,
                           type(e).__name__, e)
                 return NO_COUNT
+            return v if v.__class__ is int and 0 <= v <= MAX_COUNT else count_of(v)
 
         # the count of every call when it is one (else read per call by count_now)
         static = None if read_count is not None else NO_COUNT if fixed is None else fixed

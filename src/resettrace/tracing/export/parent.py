@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import select
+import struct
 import subprocess
 import sys
 import threading
@@ -214,8 +215,16 @@ class ProcessExporter:
                 self.dropped_spans += n
                 continue
             packer = trace_packer(n, fields)
-            buf += packer.pack(packer.size - FRAME.size, Kind.TRACE, rid, n,
-                               self.dropped_spans, *chain.from_iterable(records))
+            try:
+                buf += packer.pack(packer.size - FRAME.size, Kind.TRACE, rid, n,
+                                   self.dropped_spans, *chain.from_iterable(records))
+            except (struct.error, TypeError, ValueError, OverflowError):
+                # a field that is not an int64 (a record written by hand): this trace
+                # alone is dropped, never the others packed with it
+                note_once("unpackable", "a trace held a record field that is not an int64 "
+                          "(%s); the trace was dropped", _bad_field(records))
+                self.dropped_spans += n
+                continue
             frames.append((packer.size, n))
             self.sent_spans += n
 
@@ -460,6 +469,15 @@ class ProcessExporter:
                 proc.stdin = None
             if proc.stdout is not None:
                 proc.stdout = None
+
+
+def _bad_field(records: list[Record]) -> str:
+    """Where a trace holds its first field that is not an int64, in words."""
+    for r in records:
+        for i, v in enumerate(r):
+            if type(v) is not int or not -(1 << 63) <= v < 1 << 63:
+                return f"field {i} is a {type(v).__name__}"
+    return "a record of another length"
 
 
 def _carried(attributes: dict[str, Any]) -> dict[str, Any]:
