@@ -258,11 +258,18 @@ def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
                     return general(args, kwargs)
             return fn(*args, **kwargs)
         scopes = rec._scopes
-        pos = len(records)
-        if pos >= MAX_TRACE_RECORDS or index >= len(scopes) or (
-                envs and ATTR_ENV_COUNT not in rec.attributes):
+        if index >= len(scopes) or (envs and ATTR_ENV_COUNT not in rec.attributes):
             return general(args, kwargs)
-        c = static if static is not None else count_now(args, kwargs)
+        if static is not None:
+            c = static
+        else:  # read before the trace's state: a reader may run traced code (a property
+            depth = len(stack)  # calling a traced helper) that opens and closes scopes
+            c = count_now(args, kwargs)
+            if len(stack) != depth or (within >= 0 and records[stack[-1]][0] != within):
+                return general(args, kwargs, c)  # it left the stack otherwise: as it is now
+        pos = len(records)
+        if pos >= MAX_TRACE_RECORDS:
+            return general(args, kwargs, c)
         if stack:
             r = [index, stack[-1], 0, 0, c, 0]
         else:  # a trace opens: its recorder is the current one until it closes
@@ -312,12 +319,19 @@ def _fast_leaf(fn: Callable[..., Any], general: Callable[..., Any],
         if not stack or rec._owner != _get_ident():
             return general(args, kwargs)
         records = rec._records
+        if records[stack[-1]][0] != within:
+            return general(args, kwargs)
+        if static is not None:
+            c = static
+        else:  # read before the trace's state: a reader may run traced code
+            c = count_now(args, kwargs)
+            if not stack or records[stack[-1]][0] != within:
+                return general(args, kwargs, c)
         parent = stack[-1]
         pos = len(records)
-        if records[parent][0] != within or pos >= MAX_TRACE_RECORDS:
-            return general(args, kwargs)
-        r = [index, parent, 0, 0, static if static is not None else count_now(args, kwargs),
-             0]
+        if pos >= MAX_TRACE_RECORDS:
+            return general(args, kwargs, c)
+        r = [index, parent, 0, 0, c, 0]
         records.append(r)
         exc_type = None
         r[2] = _rec._perf_ns()
@@ -362,11 +376,19 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
             known = known_of[records[parent][0]] = (chain, max(chain))
         chain, top = known
         n = len(chain)
-        base = len(records)
         scopes = rec._scopes
-        if base + n > MAX_TRACE_RECORDS or top >= len(scopes):
+        if top >= len(scopes):
             return general(args, kwargs)
-        c = static if static is not None else count_now(args, kwargs)
+        if static is not None:
+            c = static
+        else:  # read before the trace's state: a reader may run traced code
+            depth = len(stack)
+            c = count_now(args, kwargs)
+            if len(stack) != depth or stack[-1] != parent:
+                return general(args, kwargs, c)
+        base = len(records)
+        if base + n > MAX_TRACE_RECORDS:
+            return general(args, kwargs, c)
         if n == 4:  # a reset under an env step (reset_done down to set_state): unrolled
             i0, i1, i2, i3 = chain
             r0 = [i0, parent, 0, 0, c, 0]
@@ -475,7 +497,10 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
     value counts by :func:`count_of` (a bool mask its True values, env ids their number,
     an int itself); an int ``count`` is that count for every call (a Gymnasium sub-env's
     reset: 1). A count that cannot be read, or is none by that rule, is left out (logged
-    once), never raised. An unknown phase raises ``ValueError`` here, at decoration.
+    once), never raised. It is read before the call's scope opens, so a reader that runs
+    traced code (a ``done`` property calling a traced helper) records that code beside
+    the call's scope, not inside it. An unknown phase raises ``ValueError`` here, at
+    decoration.
 
     ``within``: record a call only while a scope of that phase is open (a method shared
     by the step and the reset path, recorded on the reset path only); other calls run as
@@ -525,9 +550,11 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
         chains: dict[int, tuple[int, ...]] = {}  # see _with_parents
         leaf = isinstance(fn, types.BuiltinFunctionType)  # an extension's: see call_leaf
 
-        def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def general(args: tuple[Any, ...], kwargs: dict[str, Any], c: int | None = None
+                    ) -> Any:
             """Every case, as the recorder's methods route it (the fast paths below take
-            the common ones, recording what this records)."""
+            the common ones, recording what this records). ``c``: the count, when a fast
+            path read it already (a count is read once per call)."""
             rec = _get_current()
             if rec is None:
                 session = _default
@@ -545,7 +572,8 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 if not (stack and rec._records[stack[-1]][0] == inside.index) \
                         and not rec.is_open(inside):
                     return fn(*args, **kwargs)  # not on the path it is recorded on
-            c = count_now(args, kwargs)
+            if c is None:
+                c = count_now(args, kwargs)
             if read_envs is not None and ATTR_ENV_COUNT not in rec.attributes:
                 try:
                     n = count_of(read_envs(args, kwargs))
