@@ -223,7 +223,8 @@ def test_pure_python_fallback_passes_the_recorder_tests() -> None:
     0, 7, -1, 2**40, np.array([True, False, True]), np.zeros(1031, bool),
     np.random.default_rng(0).random(1031) < 0.3, (np.arange(40) % 3 == 0)[::3],
     np.arange(6), np.zeros((3, 4)), np.array(5), np.zeros((2, 2), bool), np.int64(4), 2.0,
-    [1, 2], (1,), b"abc", np.array([], bool)])
+    [1, 2], (1,), b"abc", np.array([], bool), -5, 2**63, 10**400, np.uint64(2**64 - 1),
+    np.float32(2.0), None])
 def test_counts_read_in_c_are_count_of(value: object) -> None:
     """What the C reader counts (``_fast.count``; None: left to ``count_of``) is what
     ``api.count_of`` counts."""

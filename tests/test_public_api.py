@@ -27,6 +27,7 @@ from helpers import FakeClock
 from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.tracing import recorder as recorder_module
+from resettrace.tracing.recorder import R_COUNT
 from resettrace.tracing.session import Tracing
 
 MS = 1_000_000
@@ -919,12 +920,162 @@ def test_an_extension_function_is_recorded_in_place_and_adopts_what_it_calls_bac
     assert timing[C.SET_STATE.gap_key] == 1.0
 
 
-def test_counts_given_as_floats_or_numpy_ints_aggregate(session: Tracing) -> None:
-    """Records hold what a caller gave as a count; aggregation reads them all."""
+def test_counts_are_read_by_one_rule(session: Tracing) -> None:
+    """Every entry point reads a count by ``count_of``: a record holds an int, and a
+    value that is no count is left out (-1), never raised and never stored."""
+    count_of = resettrace.tracing.api.count_of
+    cases: list[tuple[Any, int]] = [
+        (7, 7), (0, 0), (np.int64(3), 3), (np.array(9), 9), (np.uint8(4), 4),
+        (True, 1), (np.bool_(False), 0), (np.array(True), 1),
+        (np.array([True, False, True]), 2), (np.zeros((2, 3), bool), 0), (np.arange(6), 6),
+        ([4, 5], 2), ((1,), 1), (range(3), 3),
+        (-1, -1), (-5, -1), (2**63, -1), (10**400, -1), (np.uint64(2**64 - 1), -1),
+        (2.0, -1), (np.float32(2.0), -1), (np.array(2.5), -1), (None, -1), ("abc", -1),
+        (b"ab", -1), ({1: 2}, -1), (object(), -1)]
+    for value, want in cases:
+        got = count_of(value)
+        assert got == want and type(got) is int, value
     rec = session.thread_recorder()
     with resettrace.use_tracing(session):
-        for k in (2, np.int64(3), 4.0):
+        for k in (2, np.int64(3), 4.0, np.array([True, True]), None):
             with rec.scope(C.RESET_DONE, k):  # type: ignore[arg-type]
                 pass
+            assert type(rec._last[0][R_COUNT]) is int
     st = session.stats()
-    assert st["reset_done_count"].total_ms == 9.0 and st["reset_done_ms"].count == 3
+    assert st["reset_done_count"].total_ms == 7.0 and st["reset_done_ms"].count == 5
+    with pytest.raises(ValueError, match="beyond int64"):
+        resettrace.traced("dr_reset", count=2**63)
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*63\), got -2"):
+        resettrace.traced("dr_reset", count=-2)
+
+
+#: counts that are no count, or not an int (each beside a good trace): a bool mask (the
+#: ``done`` of a reset), None, a string, a list of ids, floats, ints beyond int64
+BAD_COUNTS: list[tuple[Any, int]] = [
+    (np.array([True, False, True]), 2), (None, -1), ("abc", -1), ([1, 2, 3], 3), (2.5, -1),
+    (np.float32(2.0), -1), (np.uint64(2**64 - 1), -1), (2**63, -1), (10**400, -1)]
+
+
+@pytest.mark.parametrize("mode", ["timing", "trace"])
+def test_a_bad_count_costs_no_step_and_no_trace(tmp_path: Path, mode: str) -> None:
+    """A bool mask as a count killed the aggregation (``stats()`` raised, every later step
+    lost); in trace mode a count outside int64 lost its whole batch of traces, and
+    ``shutdown()`` raised. Each entry point now records an int, whatever it is given."""
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode=mode, exporters=(f"file:{out}",) if mode == "trace"
+                             else ()))
+    rec = session.recorder()
+
+    @resettrace.traced(C.DR_RESET, count="ids")
+    def dr_reset(ids: Any) -> None:
+        return None
+
+    steps, total = 0, 0
+    with resettrace.use_tracing(session):
+        for _ in range(3):
+            for bad, want in BAD_COUNTS:
+                for value, k in ((bad, want), (3, 3)):  # a good trace beside each bad one
+                    with rec.scope(C.ENV_STEP):
+                        with rec.scope(C.RESET_DONE, value) as s:
+                            s.lap(C.RESET_DONE_TERMINAL_OBS, value)
+                            s.lap(C.RESET_DONE_RESET_CALL, value)
+                            dr_reset(value)
+                            s.lap(C.RESET_DONE_OBS_SCATTER)
+                            with rec.scope(C.SET_STATE) as inner:
+                                inner.set_count(value)
+                                inner.count = value
+                            s.lap(None)
+                    last = rec._last
+                    assert all(type(r[R_COUNT]) is int for r in last), value
+                    assert [r[R_COUNT] for r in last] == [-1, k, k, k, k, -1, k], value
+                    steps += 1
+                    total += max(k, 0)
+    st = session.stats()  # raised IndexError
+    assert st["env_step_total_ms"].count == steps == 54
+    assert st["reset_done_count"].total_ms == total
+    session.shutdown()  # raised struct.error
+    if mode == "trace":
+        spans = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(spans) == 7 * steps
+        counts = [x["attributes"].get(C.ATTR_RESET_COUNT) for x in spans
+                  if x["name"] == C.RESET_DONE.span]
+        assert sorted(c for c in counts if c is not None) == sorted(
+            k for _ in range(3) for _, want in BAD_COUNTS for k in (want, 3) if k >= 0)
+        assert session.export_report()["spans_dropped"] == 0
+
+
+def test_a_record_that_is_not_ints_costs_no_other_trace(tmp_path: Path) -> None:
+    """Behind the recorders (which store ints only): a trace whose record holds something
+    else reaches the sinks; the aggregation and the span packer lose that trace at most."""
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode="trace", exporters=(f"file:{out}",)))
+    rec = session.recorder()
+    assert session.processor is not None and session.process is not None
+    for i in range(40):
+        with rec.scope(C.ENV_STEP):
+            with rec.scope(C.RESET_DONE, 2):
+                pass
+        if i % 10 == 5:
+            bad = [list(r) for r in rec._last]
+            bad[1][R_COUNT] = [np.array([True, False]), 2.5, 2**63, 10**400][i // 10]
+            session.processor.on_trace(bad)
+            session.process.on_trace(bad, rec)
+    st = session.stats()
+    assert st["env_step_total_ms"].count == 44  # the bad ones aggregate, without a count
+    assert st["reset_done_count"].count == 40
+    session.shutdown()
+    spans = out.read_text().splitlines()
+    assert len(spans) == 80 and session.export_report()["spans_dropped"] == 4 * 2
+
+
+def test_attribute_values_are_carried_as_opentelemetry_types_or_refused_at_the_call(
+        tmp_path: Path) -> None:
+    """``recorder(attributes={"seed": np.int64(7)})`` left the recorder unregistered in the
+    export process: 0 of 50 spans written. numpy values become Python ones; a value
+    OpenTelemetry cannot carry is refused where it is given, naming its key."""
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode="trace", exporters=(f"file:{out}",),
+                             resource_attributes={"mylab.node": np.int64(3)}))
+    rec = session.recorder(backend="mylab", attributes={
+        "mylab.seed": np.int64(7), "mylab.scale": np.float32(0.5), "mylab.flag": np.bool_(True),
+        "mylab.ids": [np.int64(1), 2], "mylab.names": ("a", np.str_("b")),
+        "mylab.w": np.arange(3), "mylab.ok": 1.5})
+    assert rec.enabled
+    carried = {k: v for k, v in rec.attributes.items() if k.startswith("mylab.")}
+    assert carried == {"mylab.seed": 7, "mylab.scale": 0.5, "mylab.flag": True,
+                       "mylab.ids": [1, 2], "mylab.names": ("a", "b"), "mylab.w": [0, 1, 2],
+                       "mylab.ok": 1.5}
+    assert [type(v) for v in carried.values()] == [int, float, bool, list, tuple, list, float]
+    assert type(carried["mylab.ids"][0]) is int and type(carried["mylab.names"][1]) is str
+    for i in range(50):
+        if i == 25:  # set on the recorder later: what can be carried is, the rest left out
+            rec.attributes["mylab.late"] = np.int64(5)
+            rec.attributes["mylab.junk"] = object()
+        with rec.scope(C.ENV_STEP):
+            pass
+    bad: list[tuple[dict[Any, Any], str]] = [
+        ({"mylab.raw": b"x"}, "'mylab.raw'"), ({"mylab.set": {1, 2}}, "'mylab.set'"),
+        ({"mylab.obj": object()}, "'mylab.obj'"), ({"mylab.mixed": [1, "a"]}, "'mylab.mixed'"),
+        ({"mylab.mixed2": [1, True]}, "'mylab.mixed2'"), ({"mylab.none": None}, "'mylab.none'"),
+        ({"mylab.nested": [[1]]}, "'mylab.nested'"), ({3: 1}, "key 3"),
+        ({"mylab.big": 2**63}, "'mylab.big'"), ({"mylab.m": np.zeros((2, 2))}, "'mylab.m'"),
+        ({"mylab.c": np.complex64(1)}, "'mylab.c'")]
+    off = Tracing(Config(mode="off"))
+    for attributes, named in bad:
+        for where in (session, off):
+            with pytest.raises((TypeError, ValueError)) as info:
+                where.recorder(attributes=attributes)
+            assert named in str(info.value) and "\n" not in str(info.value), attributes
+        with pytest.raises((TypeError, ValueError), match=named):
+            Config(mode="off", resource_attributes=attributes)
+    session.shutdown()
+    spans = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(spans) == 50  # was 0
+    first, last = spans[0], spans[-1]
+    assert {k: v for k, v in first["attributes"].items() if k.startswith("mylab.")} == {
+        "mylab.seed": 7, "mylab.scale": 0.5, "mylab.flag": True, "mylab.ids": [1, 2],
+        "mylab.names": ["a", "b"], "mylab.w": [0, 1, 2], "mylab.ok": 1.5}
+    node = session.resource_attributes()["mylab.node"]  # what the export process was sent
+    assert node == 3 and type(node) is int
+    assert last["attributes"]["mylab.late"] == 5 and "mylab.junk" not in last["attributes"]
+    assert session.export_report()["spans_not_delivered"] == 0

@@ -247,3 +247,70 @@ def test_motrixlab_bridge_records_its_scopes_and_their_errors_where_they_are_ent
         assert session.stats()["reset_done_done_mask_ms"].count == 5
     finally:
         session.shutdown()
+
+
+class _DoneEnv:
+    """``done`` is a property that runs traced code: the count reader of ``reset_done``."""
+
+    mask = np.array([True, False, True, False])
+
+    @traced("env_step.update_state")
+    def compute_done(self) -> np.ndarray:
+        return self.mask
+
+    @property
+    def done(self) -> np.ndarray:
+        return self.compute_done()
+
+    @traced("reset_done", count="self.done")
+    def reset_done(self) -> None:
+        self.terminal_obs()
+
+    @traced("reset_done.terminal_obs")
+    def terminal_obs(self) -> None:
+        return None
+
+    @traced("set_state", count="self.done", parents=True)
+    def sub_reset(self) -> None:
+        data_reset(2.5)
+
+    @traced("env_step")
+    def step(self, how: str) -> None:
+        if how == "call":
+            self.reset_done()
+        else:
+            self.sub_reset()
+
+
+@pytest.mark.parametrize("how", ["call", "chain"])
+def test_a_count_reader_that_runs_traced_code_leaves_the_scope_it_counts_whole(
+        how: str) -> None:
+    """``traced(count="self.done")`` where ``done`` calls a traced helper: the scope's
+    position was taken before the count was read, so the helper's record took it; every
+    ``reset_done_ms`` sample came out about -4.16 M ms, ``env_step_other_ms`` +4.16 M ms
+    and the scopes inside filed under the helper. The count is read first."""
+    session = Tracing(Config(mode="timing"))
+    env = _DoneEnv()
+    try:
+        with resettrace.use_tracing(session):
+            rec = session.thread_recorder()
+            for _ in range(20):
+                env.step(how)
+                trace = rec._last
+                for r in trace:
+                    assert 0 < r[2] <= r[3], _shape(trace)  # opened and closed, in order
+                assert _shape(trace) == {
+                    "call": [("env_step", -1, -1, 0), ("env_step.update_state", 0, -1, 0),
+                             ("reset_done", 0, 2, 0), ("reset_done.terminal_obs", 2, -1, 0)],
+                    "chain": [("env_step", -1, -1, 0), ("env_step.update_state", 0, -1, 0),
+                              ("reset_done", 0, 2, 0), ("reset_done.reset_call", 2, 2, 0),
+                              ("dr_reset", 3, 2, 0), ("set_state", 4, 2, 0),
+                              ("set_state.data_reset", 5, -1, 0)]}[how]
+        st = session.stats()
+        assert st["env_step_total_ms"].count == 20
+        for key, s in st.items():
+            if key.endswith("_ms"):
+                assert s.max_ms >= s.p50_ms >= 0 and s.total_ms >= 0, key
+                assert s.max_ms <= st["env_step_total_ms"].max_ms, key
+    finally:
+        session.shutdown()

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "Phase",
@@ -32,6 +34,8 @@ __all__ = [
     "CATALOG",
     "register_phase",
     "text_problem",
+    "span_attributes",
+    "attribute_value",
     "PHASES",
     "BY_SPAN",
     "SET_STATE_KEYS",
@@ -81,6 +85,76 @@ def text_problem(text: object, *, empty: bool = False) -> str | None:
     if bad is not None:
         return f"has a control character {bad.group()!r} at index {bad.start()}"
     return None
+
+
+_INT64 = range(-(1 << 63), 1 << 63)
+_CARRIED = "a str, bool, int or float, or a list or tuple of one of those"
+
+
+def _attribute_scalar(key: str, value: Any) -> str | bool | int | float:
+    """One value OpenTelemetry can carry, as its Python type (a numpy scalar's ``item()``),
+    or ``TypeError`` / ``ValueError`` naming ``key``."""
+    t = type(value)
+    if t is str or (t is not bool and isinstance(value, str)):
+        value = str(value)  # a str subclass (numpy's str_, an enum): the plain text
+        problem = text_problem(value, empty=True)
+        if problem is not None:
+            raise ValueError(f"span attribute {key!r}: its value {value!r} {problem}")
+        return value
+    if t is bool or t is float:
+        return value
+    np = sys.modules.get("numpy")  # not imported here: ``import resettrace`` stays light
+    if np is not None and isinstance(value, np.generic) and value.dtype.kind in "biufU":
+        return _attribute_scalar(key, value.item())  # np.int64(7) -> 7, np.bool_ -> bool
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        if value not in _INT64:
+            raise ValueError(f"span attribute {key!r}: its value is an int outside int64, "
+                             "which OpenTelemetry cannot carry")
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    raise TypeError(f"span attribute {key!r}: a value of type {t.__module__}."
+                    f"{t.__qualname__} is not one OpenTelemetry can carry ({_CARRIED})")
+
+
+def attribute_value(key: str, value: Any) -> Any:
+    """``value`` as OpenTelemetry carries it: str, bool, int (int64) and float as they are, a
+    numpy scalar as its Python value, a list or tuple (or 1-D numpy array, made a list) of
+    one of those types, converted item by item. Anything else (None, bytes, a set, a dict,
+    any other object, a sequence that mixes types or nests) raises ``TypeError``; text no
+    exporter can write or an int outside int64 raises ``ValueError``; both name ``key``."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray):
+        if value.ndim != 1:
+            raise TypeError(f"span attribute {key!r}: a {value.ndim}-d numpy array is not a "
+                            f"value OpenTelemetry can carry ({_CARRIED})")
+        value = value.tolist()
+    if isinstance(value, list | tuple):
+        items = [_attribute_scalar(key, v) for v in value]
+        kinds = {type(v).__name__ for v in items}
+        if len(kinds) > 1:
+            raise TypeError(f"span attribute {key!r}: a sequence mixing "
+                            f"{', '.join(sorted(kinds))}; OpenTelemetry carries sequences "
+                            "of one type")
+        return items if isinstance(value, list) else tuple(items)
+    return _attribute_scalar(key, value)
+
+
+def span_attributes(attributes: Mapping[Any, Any]) -> dict[str, Any]:
+    """A copy of ``attributes`` as OpenTelemetry carries them (:func:`attribute_value`);
+    a key that is not text every exporter can write (:func:`text_problem`) raises
+    ``TypeError`` (not a string) or ``ValueError``, naming it. Checked where attributes
+    are given, never on the hot path."""
+    out: dict[str, Any] = {}
+    for key, value in attributes.items():
+        problem = text_problem(key)
+        if problem is not None:
+            error = ValueError if isinstance(key, str) else TypeError
+            raise error(f"span attribute key {key!r} {problem}")
+        out[key] = attribute_value(key, value)
+    return out
 
 
 def default_key(span: str) -> str:

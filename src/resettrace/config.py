@@ -95,6 +95,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
 
+from resettrace.catalog import span_attributes
+
 log = logging.getLogger(__name__)
 
 MODES = ("off", "timing", "trace")
@@ -271,7 +273,9 @@ class Config:
     #: Why the ``otlp`` exporter and OTLP metrics cannot send (an unusable endpoint in the
     #: environment): they then send nothing, and count what they did not send.
     otlp_refused: str | None = None
-    #: Extra resource attributes for exported spans.
+    #: Extra resource attributes for exported spans, as OpenTelemetry carries them (a
+    #: numpy scalar becomes its Python value; a value it cannot carry raises here, naming
+    #: its key: :func:`resettrace.catalog.span_attributes`)
     resource_attributes: Mapping[str, Any] = field(default_factory=dict)
     #: metrics of the aggregated statistics: ``otlp``, ``prometheus[:[HOST:]PORT]``
     #: (``RESETTRACE_METRICS``)
@@ -326,6 +330,8 @@ class Config:
             problem = endpoint_problem(self.otlp_endpoint, self.otlp_protocol)
             if problem:
                 raise ValueError(f"otlp_endpoint {self.otlp_endpoint!r}: {problem}")
+        object.__setattr__(self, "resource_attributes",
+                           span_attributes(self.resource_attributes))
         if isinstance(self.metrics, str):
             object.__setattr__(self, "metrics", tuple(
                 x.strip() for x in self.metrics.split(",") if x.strip()))

@@ -760,14 +760,21 @@ call_keeping_error(PyObject *callable, PyObject *name, PyObject *const *args, si
     PyErr_Restore(type, value, tb);
 }
 
-/* api.count_of for the common values, else NULL (no error): an int as is; a numpy
+/* recorder.count_of for the common values, else NULL (no error): an int in [0, 2**63) as
+ * is; a numpy
  * array of bools, 1-D: its True values; another numpy array of 1 or more dimensions: its
  * len(). */
 static PyObject *
 count_fast(PyObject *v)
 {
-    if (PyLong_CheckExact(v)) {
-        return Py_NewRef(v);
+    if (PyLong_CheckExact(v)) {  /* the count itself, in [0, 2**63); else count_of says */
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (x == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return NULL;
+        }
+        return overflow == 0 && x >= 0 ? Py_NewRef(v) : NULL;
     }
     if (strcmp(Py_TYPE(v)->tp_name, "numpy.ndarray") != 0) {
         return NULL;
@@ -811,6 +818,29 @@ static PyObject *
 to_python(Traced *self, PyObject *args, PyObject *kwargs)
 {
     return PyObject_CallFunctionObjArgs(self->general, args, kwargs, NULL);
+}
+
+/* general(args, kwargs, c): every case, with the count already read (once per call) */
+static PyObject *
+to_python_counted(Traced *self, PyObject *args, PyObject *kwargs, PyObject *c)
+{
+    return PyObject_CallFunctionObjArgs(self->general, args, kwargs, c, NULL);
+}
+
+/* Whether the stack is not empty and its top record is of phase `within` (-1: any, or an
+ * empty stack too). */
+static int
+top_is(PyObject *stack, PyObject *records, Py_ssize_t within)
+{
+    if (within < 0) {
+        return 1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    Py_ssize_t top = n > 0 ? int_at(stack, n - 1) : -2;
+    PyObject *tr = top >= 0 && top < PyList_GET_SIZE(records)
+        ? PyList_GET_ITEM(records, top) : NULL;
+    return tr != NULL && PyList_CheckExact(tr) && PyList_GET_SIZE(tr) == 6
+        && int_at(tr, 0) == within;
 }
 
 static PyObject *
@@ -934,8 +964,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
             return call_fn(self, args, kwargs);  /* not on the path it is recorded on */
         }
     }
-    Py_ssize_t pos = PyList_GET_SIZE(records);
-    if (pos >= max_records() || self->index >= PyList_GET_SIZE(scopes)) {
+    if (self->index >= PyList_GET_SIZE(scopes)) {
         goto to_general;
     }
     PyObject *s = PyList_GET_ITEM(scopes, self->index);
@@ -951,9 +980,19 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
             goto to_general;  /* it sets the env count first */
         }
     }
+    /* the count first, then the trace's state: a reader may run traced code (a property
+     * calling a traced helper) that opens and closes scopes, or leaves one open, or
+     * closes the trace; the stack is read after it */
     c = count_of_call(self, args, kwargs);
     if (c == NULL) {
         goto done;
+    }
+    if (PyList_GET_SIZE(stack) != n || !top_is(stack, records, self->within)) {
+        goto to_general_counted;  /* it left the stack otherwise: as it is now */
+    }
+    Py_ssize_t pos = PyList_GET_SIZE(records);
+    if (pos >= max_records()) {
+        goto to_general_counted;
     }
     PyObject *parent = no_count;  /* -1: the root */
     if (!root) {
@@ -1009,6 +1048,9 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_SystemError, "resettrace: a traced call failed without an error");
     }
     goto done;
+to_general_counted:
+    result = to_python_counted(self, args, kwargs, c);
+    goto done;
 to_general:
     result = to_python(self, args, kwargs);
 done:
@@ -1039,19 +1081,20 @@ run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
             || PyList_GET_SIZE(stack) == 0 || !mine) {
         goto to_general;
     }
-    Py_ssize_t n = PyList_GET_SIZE(stack);
-    Py_ssize_t pos = PyList_GET_SIZE(records);
-    PyObject *parent = PyList_GET_ITEM(stack, n - 1);
-    Py_ssize_t at = int_at(stack, n - 1);
-    PyObject *tr = at >= 0 && at < pos ? PyList_GET_ITEM(records, at) : NULL;
-    if (tr == NULL || !PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != 6
-            || int_at(tr, 0) != self->within || pos >= max_records()) {
+    if (!top_is(stack, records, self->within)) {
         goto to_general;
     }
+    /* the count first, then the trace's state (see run_call) */
     c = count_of_call(self, args, kwargs);
     if (c == NULL) {
         goto done;
     }
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    Py_ssize_t pos = PyList_GET_SIZE(records);
+    if (n == 0 || !top_is(stack, records, self->within) || pos >= max_records()) {
+        goto to_general_counted;
+    }
+    PyObject *parent = PyList_GET_ITEM(stack, n - 1);
     Py_INCREF(parent);
     r = new_record(self->index, parent, c);
     if (r == NULL || PyList_Append(records, r) < 0) {
@@ -1082,6 +1125,9 @@ run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
         Py_XDECREF(idx);
     }
     Py_DECREF(parent);
+    goto done;
+to_general_counted:
+    result = to_python_counted(self, args, kwargs, c);
     goto done;
 to_general:
     result = to_python(self, args, kwargs);
@@ -1151,13 +1197,21 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
     PyObject *chain = PyTuple_GET_ITEM(known, 0);
     Py_ssize_t top = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, 1));
     Py_ssize_t n = PyTuple_GET_SIZE(chain);
-    Py_ssize_t base = PyList_GET_SIZE(records);
-    if (base + n > max_records() || top >= PyList_GET_SIZE(scopes)) {
+    if (top >= PyList_GET_SIZE(scopes)) {
         goto to_general;
     }
+    /* the count first, then the trace's state (see run_call) */
     c = count_of_call(self, args, kwargs);
     if (c == NULL) {
         goto done;
+    }
+    if (PyList_GET_SIZE(stack) != n0 || int_at(stack, n0 - 1) != at) {
+        goto to_general_counted;
+    }
+    parent = PyList_GET_ITEM(stack, n0 - 1);  /* the stack's own, now */
+    Py_ssize_t base = PyList_GET_SIZE(records);
+    if (base + n > max_records()) {
+        goto to_general_counted;
     }
     if (n != 4) {  /* other lengths: as the Python path takes them */
         result = PyObject_CallMethod(rec, "call_chain", "OOOOO", chain, c, self->fn, args,
@@ -1236,6 +1290,9 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
         }
     }
     Py_XDECREF(code);
+    goto done;
+to_general_counted:
+    result = to_python_counted(self, args, kwargs, c);
     goto done;
 to_general:
     PyErr_Clear();

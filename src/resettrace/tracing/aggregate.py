@@ -48,6 +48,7 @@ from resettrace.costmodel import FitSums
 from resettrace.distribution import Distribution
 from resettrace.tracing import lifecycle
 from resettrace.tracing.recorder import (
+    NO_COUNT,
     R_COUNT,
     R_END,
     R_PARENT,
@@ -256,6 +257,17 @@ class _Plan:
             yield key, v * 1e-6
 
 
+def _counts(values: list[Any]) -> array[float]:
+    """Record counts as an array of floats, whole or not at all: a count that is not an
+    int >= 0 (a record written by hand: the recorders store ints only) is -1, none, so one
+    bad record never misaligns its plan's buffers nor stops the aggregation."""
+    try:
+        return array("d", array("q", values))  # int64s: what a record holds
+    except (TypeError, ValueError, OverflowError):
+        return array("d", [v if type(v) is int and 0 <= v < 1 << 63 else NO_COUNT
+                           for v in values])
+
+
 def _recursive(records: Sequence[Record], phases: Sequence[Phase]) -> list[bool]:
     """Per record: does its phase also open one of its ancestors?"""
     out = [False] * len(records)
@@ -370,7 +382,10 @@ class Aggregator:
         while not self._stopped:
             self._wake.wait(5.0)
             self._wake.clear()
-            self._drain()
+            try:
+                self._drain()
+            except Exception:  # the thread outlives a batch it could not aggregate
+                log.exception("resettrace: a batch of traces could not be aggregated")
 
     def _drain(self) -> None:
         pending = self._pending
@@ -424,9 +439,10 @@ class Aggregator:
             plan.durations.extend([r[R_END] - r[R_START] for r in _flat(mine)])
             if plan.k_at >= 0:
                 k = plan.k_at
-                plan.ks.extend([t[k][R_COUNT] for t in mine])
+                plan.ks.extend(_counts([t[k][R_COUNT] for t in mine]))
             if plan.count_at:
-                plan.counts.extend([t[i][R_COUNT] for t in mine for i in plan.count_at])
+                plan.counts.extend(_counts([t[i][R_COUNT] for t in mine
+                                            for i in plan.count_at]))
             self._buffered += len(places) * plan.width
 
     def _fold(self) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import sys
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping
@@ -35,10 +34,12 @@ from resettrace.tracing import recorder as _rec
 from resettrace.tracing.recorder import (
     _SLOT,
     CURRENT,
+    MAX_COUNT,
     MAX_TRACE_RECORDS,
     NO_COUNT,
     NoopRecorder,
     Recorder,
+    count_of,
     error_code,
     note_once,
 )
@@ -59,9 +60,6 @@ _get_current = _CURRENT.get
 _get_ident = threading.get_ident
 if _rec.COMPILED:
     _rec._FAST.setup_api(globals(), _SLOT, Recorder, ATTR_ENV_COUNT)
-#: numpy's array type and count_nonzero once count_of has met a numpy array (this module
-#: does not import numpy: ``import resettrace`` stays light)
-_NUMPY: list[Any] = [None, None]
 
 
 # -- sessions -----------------------------------------------------------------------------
@@ -140,9 +138,13 @@ def recorder(*, backend: str | None = None, task: str | None = None,
     """A recorder of ``tracing`` (default: the default session) for one env/backend.
 
     ``backend``, ``task``, ``env_count`` and ``attributes`` go on every span it
-    exports. With tracing off it is the shared no-op recorder. An attribute key or string
-    value that no exporter could write (a lone surrogate, a control character) raises
-    ``ValueError`` naming its key, here, in every mode.
+    exports. With tracing off it is the shared no-op recorder. Attribute values are taken
+    as OpenTelemetry carries them: a numpy scalar (``np.int64(7)``, ``np.float32``,
+    ``np.bool_``) becomes its Python value, a list or tuple of them a list or tuple of one
+    type. Anything else (bytes, a set, None, any other object, a sequence mixing types, a
+    key that is not a string) raises ``TypeError``, and text no exporter could write (a
+    lone surrogate, a control character) or an int outside int64 ``ValueError``, naming
+    its key, here, in every mode.
     """
     session = tracing if tracing is not None else get_tracing()
     return session.recorder(backend=backend, task=task, env_count=env_count,
@@ -256,11 +258,18 @@ def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
                     return general(args, kwargs)
             return fn(*args, **kwargs)
         scopes = rec._scopes
-        pos = len(records)
-        if pos >= MAX_TRACE_RECORDS or index >= len(scopes) or (
-                envs and ATTR_ENV_COUNT not in rec.attributes):
+        if index >= len(scopes) or (envs and ATTR_ENV_COUNT not in rec.attributes):
             return general(args, kwargs)
-        c = static if static is not None else count_now(args, kwargs)
+        if static is not None:
+            c = static
+        else:  # read before the trace's state: a reader may run traced code (a property
+            depth = len(stack)  # calling a traced helper) that opens and closes scopes
+            c = count_now(args, kwargs)
+            if len(stack) != depth or (within >= 0 and records[stack[-1]][0] != within):
+                return general(args, kwargs, c)  # it left the stack otherwise: as it is now
+        pos = len(records)
+        if pos >= MAX_TRACE_RECORDS:
+            return general(args, kwargs, c)
         if stack:
             r = [index, stack[-1], 0, 0, c, 0]
         else:  # a trace opens: its recorder is the current one until it closes
@@ -310,12 +319,19 @@ def _fast_leaf(fn: Callable[..., Any], general: Callable[..., Any],
         if not stack or rec._owner != _get_ident():
             return general(args, kwargs)
         records = rec._records
+        if records[stack[-1]][0] != within:
+            return general(args, kwargs)
+        if static is not None:
+            c = static
+        else:  # read before the trace's state: a reader may run traced code
+            c = count_now(args, kwargs)
+            if not stack or records[stack[-1]][0] != within:
+                return general(args, kwargs, c)
         parent = stack[-1]
         pos = len(records)
-        if records[parent][0] != within or pos >= MAX_TRACE_RECORDS:
-            return general(args, kwargs)
-        r = [index, parent, 0, 0, static if static is not None else count_now(args, kwargs),
-             0]
+        if pos >= MAX_TRACE_RECORDS:
+            return general(args, kwargs, c)
+        r = [index, parent, 0, 0, c, 0]
         records.append(r)
         exc_type = None
         r[2] = _rec._perf_ns()
@@ -360,11 +376,19 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
             known = known_of[records[parent][0]] = (chain, max(chain))
         chain, top = known
         n = len(chain)
-        base = len(records)
         scopes = rec._scopes
-        if base + n > MAX_TRACE_RECORDS or top >= len(scopes):
+        if top >= len(scopes):
             return general(args, kwargs)
-        c = static if static is not None else count_now(args, kwargs)
+        if static is not None:
+            c = static
+        else:  # read before the trace's state: a reader may run traced code
+            depth = len(stack)
+            c = count_now(args, kwargs)
+            if len(stack) != depth or stack[-1] != parent:
+                return general(args, kwargs, c)
+        base = len(records)
+        if base + n > MAX_TRACE_RECORDS:
+            return general(args, kwargs, c)
         if n == 4:  # a reset under an env step (reset_done down to set_state): unrolled
             i0, i1, i2, i3 = chain
             r0 = [i0, parent, 0, 0, c, 0]
@@ -400,34 +424,6 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
         return rec.call_chain(chain, c, fn, args, kwargs)  # other lengths: as they come
 
     return wrapper
-
-
-def count_of(value: Any) -> int:
-    """The env count of a value: an int as is, a bool array's True values, else ``len()``."""
-    t = type(value)
-    if t is int:
-        return value
-    if t is _NUMPY[0]:  # numpy's: the common case of a done mask or env ids
-        if value.dtype.kind == "b":
-            return int(_NUMPY[1](value))
-        return len(value) if value.ndim else int(value)
-    if t is list or t is tuple:
-        return len(value)
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    dtype = getattr(value, "dtype", None)
-    if dtype is not None:
-        if t.__name__ == "ndarray" and t.__module__ == "numpy":  # known from now on
-            _NUMPY[:] = [t, sys.modules["numpy"].count_nonzero]
-            return count_of(value)
-        kind = getattr(dtype, "kind", None)  # numpy's (str() of a numpy dtype is slow)
-        if kind == "b" or (kind is None and str(dtype) == "torch.bool"):
-            return int(value.sum())
-        if getattr(value, "ndim", 1) == 0:
-            return int(value)
-    return len(value)
 
 
 def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | None, what: str
@@ -498,9 +494,13 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
     ``count`` (the envs the call resets) and ``env_count`` (envs in the batch, set on
     the recorder's attributes on its first call) are an argument name, an attribute
     path from one (``"self.done"``), or a callable taking the call's arguments; the
-    value counts by :func:`count_of`; an int ``count`` is that count for every call (a
-    Gymnasium sub-env's reset: 1). A count that cannot be read is left out (logged once),
-    never raised. An unknown phase raises ``ValueError`` here, at decoration.
+    value counts by :func:`count_of` (a bool mask its True values, env ids their number,
+    an int itself); an int ``count`` is that count for every call (a Gymnasium sub-env's
+    reset: 1). A count that cannot be read, or is none by that rule, is left out (logged
+    once), never raised. It is read before the call's scope opens, so a reader that runs
+    traced code (a ``done`` property calling a traced helper) records that code beside
+    the call's scope, not inside it. An unknown phase raises ``ValueError`` here, at
+    decoration.
 
     ``within``: record a call only while a scope of that phase is open (a method shared
     by the step and the reset path, recorded on the reset path only); other calls run as
@@ -519,9 +519,10 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
     """
     resolved = CATALOG.resolve(phase)
     inside = None if within is None else CATALOG.resolve(within)
-    if isinstance(count, bool) or (isinstance(count, int) and count < 0):
-        raise ValueError(f"count must be an argument name, a callable or an int >= 0, "
-                         f"got {count!r}")
+    if isinstance(count, bool) or (isinstance(count, int) and not 0 <= count <= MAX_COUNT):
+        raise ValueError(f"count must be an argument name, a callable or an int in "
+                         f"[0, 2**63), got {count!r}" if isinstance(count, bool) or count < 0 else
+                         "count must be an int in [0, 2**63), got one beyond int64")
     fixed = count if isinstance(count, int) else None
     lineage: list[Phase] = []  # its parents, nearest first
     if parents:
@@ -549,9 +550,11 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
         chains: dict[int, tuple[int, ...]] = {}  # see _with_parents
         leaf = isinstance(fn, types.BuiltinFunctionType)  # an extension's: see call_leaf
 
-        def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def general(args: tuple[Any, ...], kwargs: dict[str, Any], c: int | None = None
+                    ) -> Any:
             """Every case, as the recorder's methods route it (the fast paths below take
-            the common ones, recording what this records)."""
+            the common ones, recording what this records). ``c``: the count, when a fast
+            path read it already (a count is read once per call)."""
             rec = _get_current()
             if rec is None:
                 session = _default
@@ -569,11 +572,13 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 if not (stack and rec._records[stack[-1]][0] == inside.index) \
                         and not rec.is_open(inside):
                     return fn(*args, **kwargs)  # not on the path it is recorded on
-            c = count_now(args, kwargs)
+            if c is None:
+                c = count_now(args, kwargs)
             if read_envs is not None and ATTR_ENV_COUNT not in rec.attributes:
                 try:
-                    rec.attributes[ATTR_ENV_COUNT] = count_of(
-                        read_envs(args, kwargs))
+                    n = count_of(read_envs(args, kwargs))
+                    if n >= 0:
+                        rec.attributes[ATTR_ENV_COUNT] = n
                 except Exception as e:
                     note_once(f"env_count:{resolved.span}", "cannot read the env count of "
                               "%r (%s: %s)", resolved.span, type(e).__name__, e)
@@ -588,12 +593,12 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 return NO_COUNT if fixed is None else fixed
             try:
                 v = args[at] if 0 <= at < len(args) else read_count(args, kwargs)
-                return v if type(v) is int else count_of(v)
             except Exception as e:  # never break the user's call over a count
                 note_once(f"count:{resolved.span}", "cannot read the count of %r "
                           "(%s: %s); recorded without one", resolved.span,
                           type(e).__name__, e)
                 return NO_COUNT
+            return v if v.__class__ is int and 0 <= v <= MAX_COUNT else count_of(v)
 
         # the count of every call when it is one (else read per call by count_now)
         static = None if read_count is not None else NO_COUNT if fixed is None else fixed

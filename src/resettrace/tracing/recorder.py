@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +45,7 @@ from resettrace.tracing import lifecycle
 
 __all__ = [
     "Recorder", "NoopRecorder", "NOOP_RECORDER", "Record", "Scope", "NoopScope", "TraceSink",
-    "use_clock", "note_once",
+    "use_clock", "note_once", "count_of",
 ]
 
 log = logging.getLogger("resettrace")
@@ -81,6 +82,98 @@ def error_code(name: str) -> int:
 
 def error_name(code: int) -> str:
     return _ERROR_NAMES[code] if 0 < code < len(_ERROR_NAMES) else f"error {code}"
+
+
+#: the largest count a record holds: records pack as int64
+MAX_COUNT = (1 << 63) - 1
+#: numpy's array type and count_nonzero once count_of has met a numpy array (this module
+#: does not import numpy: ``import resettrace`` stays light)
+_NUMPY: list[Any] = [None, None]
+_NOT_COUNTS = (str, bytes, bytearray, memoryview, Mapping)
+
+
+def _not_a_count(kind: str) -> int:
+    note_once(f"count:{kind}", "a count of %s is not one (a count is an int in [0, 2**63), a "
+              "bool mask or a sequence of env ids); recorded without a count", kind)
+    return NO_COUNT
+
+
+def _int_count(n: int) -> int:
+    if 0 <= n <= MAX_COUNT:
+        return n
+    return _not_a_count("a negative int" if n < 0 else "an int beyond int64")
+
+
+def _array_count(value: Any) -> int:
+    """A numpy array's count: a bool mask's True values, else its length; 0-d: its int."""
+    kind = value.dtype.kind
+    if value.ndim:
+        return int(_NUMPY[1](value)) if kind == "b" else len(value)
+    if kind == "b":
+        return int(bool(value))
+    if kind in "iu":
+        return _int_count(int(value))
+    return _not_a_count(f"a 0-d numpy array of {value.dtype}")
+
+
+def count_of(value: Any) -> int:
+    """The envs a count value stands for: the one rule every entry point reads a count by
+    (``scope(phase, count)``, ``Scope.set_count`` and ``.count``, ``Scope.lap``,
+    ``traced(count=...)``, in Python and in C), so a record holds an int, never the value.
+
+    - a bool mask (numpy or torch array, any shape) counts its True values; a bool alone
+      (Python's or numpy's) is a mask of one: 1 or 0;
+    - an int (Python's, not a bool; a numpy integer scalar; a 0-d integer array) *is* the
+      count, when in ``[0, 2**63)``;
+    - an index array (numpy or torch, 1-d or more), a list, a tuple or another sized
+      collection of env ids counts its length (its first dimension);
+    - anything else (a negative or too large int, a float, a 0-d float array, None, a
+      string, bytes, a mapping, an object without ``len()``) is no count: ``NO_COUNT``
+      (-1), with one warning per kind. It never raises.
+    """
+    try:
+        t = type(value)
+        if t is int:
+            return value if 0 <= value <= MAX_COUNT else _int_count(value)
+        if t is _NUMPY[0]:  # numpy's: the common case of a done mask or env ids
+            return _array_count(value)
+        if t is list or t is tuple:
+            return len(value)
+        if t is bool:
+            return int(value)
+        dtype = getattr(value, "dtype", None)
+        if dtype is not None:
+            if t.__name__ == "ndarray" and t.__module__ == "numpy":  # known from now on
+                _NUMPY[:] = [t, sys.modules["numpy"].count_nonzero]
+                return _array_count(value)
+            kind = getattr(dtype, "kind", None)  # numpy's (str() of a numpy dtype is slow)
+            if kind is None:  # torch's: torch.bool, torch.int64, torch.float32, ...
+                name = str(dtype)
+                kind = "b" if name == "torch.bool" else "i" if name.startswith(
+                    ("torch.int", "torch.uint")) else "f"
+            if getattr(value, "ndim", 0):
+                return int(value.sum()) if kind == "b" else len(value)
+            if kind == "b":
+                return int(bool(value))
+            if kind in "iu":
+                return _int_count(int(value))
+            return _not_a_count(f"a {t.__name__} of {dtype}")
+        if isinstance(value, int):  # an int subclass (an IntEnum)
+            return _int_count(int(value))
+        if value is None or isinstance(value, _NOT_COUNTS) or not hasattr(t, "__len__"):
+            return _not_a_count(f"a {t.__name__}")
+        return len(value)
+    except Exception as e:  # a count never breaks the call it is read for
+        return _not_a_count(f"a {type(value).__name__} that failed to count "
+                            f"({type(e).__name__})")
+
+
+def _count(count: Any) -> int:
+    """``count`` as a record holds it: an int as given (``NO_COUNT``: none), else
+    :func:`count_of`'s."""
+    if count.__class__ is int and NO_COUNT <= count <= MAX_COUNT:
+        return count
+    return count_of(count)
 
 
 _perf_ns = time.perf_counter_ns
@@ -350,6 +443,9 @@ class Scope(_ScopeBase):
         child like a ``with`` scope's (scopes opened during it are its children); call it
         only while this scope, or its running lap, is the innermost open scope (else it
         is ignored, logged once)."""
+        if count.__class__ is not int or not NO_COUNT <= count <= MAX_COUNT:
+            count = count_of(count)  # a record holds an int: the one rule (read before
+            # the clock and the stack: a value's len() may run traced code)
         t = _perf_ns()
         stack = self._stack
         if not stack:
@@ -405,13 +501,13 @@ class Scope(_ScopeBase):
     def set_count(self, count: int) -> None:
         """Set the envs this scope's open call resets, once it is known (a done mask
         computed inside the timed code, say): an int, a bool mask (its True values) or
-        anything with ``len()``. Outside the scope it is ignored (logged once)."""
+        a sequence of env ids, read by :func:`count_of` (anything else: no count, logged
+        once). Outside the scope it is ignored (logged once)."""
+        count = _count(count)  # first: a value whose len() runs traced code cannot move it
         stack, records = self._stack, self._records
         for k in range(len(stack) - 1, -1, -1):
             if records[stack[k]][0] == self._index:
-                from resettrace.tracing.api import count_of
-
-                records[stack[k]][4] = count if type(count) is int else count_of(count)
+                records[stack[k]][4] = count
                 return
         note_once("count-unopened", "count of scope %r set while it is not open; ignored",
                   self._rec.catalog[self._index].span)
@@ -488,14 +584,18 @@ class Recorder:
               lap: Phase | str | None = None) -> Scope:
         """The scope of ``phase`` (a :class:`Phase` or a registered span name).
 
-        ``count`` is the envs it resets (an attribute); an unknown name raises
-        ``ValueError`` listing the closest registered names. ``lap``: a phase the scope
-        opens with as its first lap (:meth:`Scope.lap`), on the same clock read.
+        ``count`` is the envs it resets (an attribute), read by :func:`count_of`: an int,
+        a bool mask, env ids; anything else is no count (logged once, never raised). An
+        unknown name raises ``ValueError`` listing the closest registered names. ``lap``:
+        a phase the scope opens with as its first lap (:meth:`Scope.lap`), on the same
+        clock read.
         """
         if not self._stack or _get_ident() != self._owner:
             rec = self._target()  # another thread's, or this thread's open trace
             if rec is not self:
                 return rec.scope(phase, count, lap)
+        if count.__class__ is not int or not NO_COUNT <= count <= MAX_COUNT:
+            count = count_of(count)  # a record holds an int: the one rule
         if phase.__class__ is str:
             s = self._named.get(phase)
             if s is None:
@@ -578,6 +678,8 @@ class Recorder:
             rec = self._target()  # another thread's, or this thread's open trace
             if rec is not self:
                 return rec.call(phase, count, fn, args, kwargs)
+        if count.__class__ is not int or not NO_COUNT <= count <= MAX_COUNT:
+            count = count_of(count)  # a record holds an int: the one rule
         index = phase.index
         if index >= len(self._scopes):  # a phase registered after this recorder
             index = self._scope_of(phase)._index
@@ -626,6 +728,8 @@ class Recorder:
         stack = self._stack
         if not stack or _get_ident() != self._owner:
             return self.call(phase, count, fn, args, kwargs)
+        if count.__class__ is not int or not NO_COUNT <= count <= MAX_COUNT:
+            count = count_of(count)  # a record holds an int: the one rule
         index = phase.index
         if index >= len(self._scopes):  # a phase registered after this recorder
             index = self._scope_of(phase)._index
@@ -672,6 +776,8 @@ class Recorder:
         rec = self
         if not self._stack or _get_ident() != self._owner:
             rec = self._target()  # another thread's, or this thread's open trace
+        if count.__class__ is not int or not NO_COUNT <= count <= MAX_COUNT:
+            count = count_of(count)  # a record holds an int: the one rule
         n = len(indices)
         if max(indices) >= len(rec._scopes):  # a phase registered after this recorder
             rec._grow()

@@ -41,7 +41,7 @@ from resettrace.catalog import (
     ATTR_WORKER_RANK,
     CATALOG,
     Catalog,
-    text_problem,
+    span_attributes,
 )
 from resettrace.config import DEFAULT_EXPORTERS, Config
 from resettrace.tracing import lifecycle
@@ -82,6 +82,7 @@ def add_default_attributes(values: Mapping[str, Any]) -> Callable[[], None]:
     ``[attributes]``); return the undo, which puts back what each key held before, unless
     the key was set again since."""
     missing = object()
+    values = span_attributes(values)
     with _DEFAULT_LOCK:
         previous = {k: _DEFAULT_ATTRIBUTES.get(k, missing) for k in values}
         _DEFAULT_ATTRIBUTES.update(values)
@@ -100,19 +101,14 @@ def add_default_attributes(values: Mapping[str, Any]) -> Callable[[], None]:
 
 
 def attribute_problem(attributes: Mapping[Any, Any]) -> str | None:
-    """What is wrong with the first span attribute of ``attributes`` whose key, or string
-    value (or string in a list or tuple value), is not text every exporter can write
-    (:func:`~resettrace.catalog.text_problem`; a value may be empty), naming its key;
-    None when all are good. Checked where attributes are given, never at export."""
-    for key, value in attributes.items():
-        problem = text_problem(key)
-        if problem is not None:
-            return f"span attribute key {key!r} {problem}"
-        for item in value if isinstance(value, list | tuple) else (value,):
-            if isinstance(item, str):
-                problem = text_problem(item, empty=True)
-                if problem is not None:
-                    return f"span attribute {key!r}: its value {item!r} {problem}"
+    """What is wrong with the first span attribute of ``attributes`` that OpenTelemetry
+    cannot carry (:func:`~resettrace.catalog.span_attributes`: a key or string value no
+    exporter can write, a value of another type), naming its key; None when all are good.
+    Checked where attributes are given, never at export."""
+    try:
+        span_attributes(attributes)
+    except (TypeError, ValueError) as e:
+        return str(e)
     return None
 
 
@@ -257,22 +253,19 @@ class Tracing:
         """A recorder for one env/backend pair, or the shared no-op one when off.
 
         Its span attributes: :func:`default_attributes`, then ``attributes``, then
-        backend, task and env count when given. A key or string value that no exporter
-        could write (:func:`attribute_problem`) raises ``ValueError`` naming it, whatever
-        the mode.
+        backend, task and env count when given. Values are taken as OpenTelemetry carries
+        them (a numpy scalar becomes its Python value:
+        :func:`~resettrace.catalog.span_attributes`); a key or value it cannot carry (text
+        no exporter could write, bytes, a set, None, any other object, a sequence mixing
+        types) raises ``TypeError`` or ``ValueError`` naming its key, here, whatever the
+        mode.
         """
-        problem = attribute_problem({**(attributes or {}), **{
+        given = span_attributes({**(attributes or {}), **{
             k: v for k, v in ((ATTR_BACKEND, backend), (ATTR_TASK, task)) if v is not None}})
-        if problem is not None:
-            raise ValueError(problem)
         if self.processor is None or self._closed:
             return NOOP_RECORDER
         attrs: dict[str, Any] = dict(_DEFAULT_ATTRIBUTES)
-        attrs.update(attributes or {})
-        if backend is not None:
-            attrs[ATTR_BACKEND] = backend
-        if task is not None:
-            attrs[ATTR_TASK] = task
+        attrs.update(given)
         if env_count is not None:
             attrs[ATTR_ENV_COUNT] = int(env_count)
         sinks: list[Any] = [self.processor]

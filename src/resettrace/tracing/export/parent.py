@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import select
+import struct
 import subprocess
 import sys
 import threading
@@ -32,10 +33,17 @@ from itertools import chain
 from typing import Any
 
 from resettrace._run import helper_environment
-from resettrace.catalog import ATTR_PARENT_PID, ATTR_WORKER_RANK, CATALOG, Catalog
+from resettrace.catalog import (
+    ATTR_PARENT_PID,
+    ATTR_WORKER_RANK,
+    CATALOG,
+    Catalog,
+    attribute_value,
+    text_problem,
+)
 from resettrace.tracing import lifecycle
 from resettrace.tracing.export.protocol import FRAME, Kind, frame, trace_packer
-from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder
+from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, note_once
 
 log = logging.getLogger(__name__)
 
@@ -211,13 +219,26 @@ class ProcessExporter:
                 self.dropped_spans += n
                 continue
             packer = trace_packer(n, fields)
-            buf += packer.pack(packer.size - FRAME.size, Kind.TRACE, rid, n,
-                               self.dropped_spans, *chain.from_iterable(records))
+            try:
+                buf += packer.pack(packer.size - FRAME.size, Kind.TRACE, rid, n,
+                                   self.dropped_spans, *chain.from_iterable(records))
+            except (struct.error, TypeError, ValueError, OverflowError):
+                # a field that is not an int64 (a record written by hand): this trace
+                # alone is dropped, never the others packed with it
+                note_once("unpackable", "a trace held a record field that is not an int64 "
+                          "(%s); the trace was dropped", _bad_field(records))
+                self.dropped_spans += n
+                continue
             frames.append((packer.size, n))
             self.sent_spans += n
 
     def _register(self, recorder: Recorder, rid: int | None = None) -> int:
-        """Send the recorder's attributes (again, under ``rid``, when they changed)."""
+        """Send the recorder's attributes (again, under ``rid``, when they changed).
+
+        They were checked where they were given; one set on ``recorder.attributes`` later
+        that OpenTelemetry cannot carry is left out here (logged once), so the recorder is
+        registered whatever its attributes hold and its spans are exported."""
+        attrs = json.dumps(_carried(recorder.attributes)).encode()
         if rid is None:
             rid = self._next_rid
             self._next_rid += 1
@@ -226,7 +247,6 @@ class ProcessExporter:
             weakref.finalize(recorder, self._forget, id(recorder), rid)
         else:
             self._sent_attrs[rid] = dict(recorder.attributes)
-        attrs = json.dumps(recorder.attributes).encode()
         self._frame(frame(Kind.REGISTER, rid, recorder.epoch_offset_ns, rest=attrs), 0,
                     force=True)
         return rid
@@ -453,6 +473,30 @@ class ProcessExporter:
                 proc.stdin = None
             if proc.stdout is not None:
                 proc.stdout = None
+
+
+def _bad_field(records: list[Record]) -> str:
+    """Where a trace holds its first field that is not an int64, in words."""
+    for r in records:
+        for i, v in enumerate(r):
+            if type(v) is not int or not -(1 << 63) <= v < 1 << 63:
+                return f"field {i} is a {type(v).__name__}"
+    return "a record of another length"
+
+
+def _carried(attributes: dict[str, Any]) -> dict[str, Any]:
+    """The attributes OpenTelemetry can carry (:func:`attribute_value`), the rest left out."""
+    out: dict[str, Any] = {}
+    for key, value in list(attributes.items()):
+        try:
+            if text_problem(key) is None:
+                out[key] = attribute_value(key, value)
+                continue
+            problem = f"span attribute key {key!r} {text_problem(key)}"
+        except (TypeError, ValueError) as e:
+            problem = str(e)
+        note_once(f"attribute:{problem}", "%s; left out of the exported spans", problem)
+    return out
 
 
 def _close_stream(stream: Any) -> None:
