@@ -217,7 +217,7 @@ class Config:
     #: Finished traces queued for export before dropping.
     queue_size: int = 4096
     #: Finished traces queued for the aggregation thread before dropping (each counted:
-    #: ``Tracing.dropped_traces``); ~550 bytes each.
+    #: ``Tracing.dropped_traces``); under 1 KB each (a 592,747-trace backlog held 526 MiB).
     aggregate_queue: int = 100_000
     #: Seconds allowed for the final flush.
     shutdown_timeout_s: float = 2.0

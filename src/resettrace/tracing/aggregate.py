@@ -73,7 +73,7 @@ _FOLD_RECORDS = 32_768
 #: trace shapes whose plans are kept (traces of more shapes: the plans start afresh)
 _MAX_PLANS = 256
 #: traces that wait for the aggregation thread at most (a trace of a few records holds
-#: ~550 bytes: ~55 MB); beyond it traces are dropped and counted (``dropped_traces``)
+#: under 1 KB: under 100 MB); beyond it traces are dropped and counted (``dropped_traces``)
 DEFAULT_MAX_PENDING = 100_000
 
 
