@@ -159,6 +159,94 @@ def test_two_sessions_given_one_span_file_never_corrupt_it(
     assert sorted(written) == [str(f) for f in files]  # each report names the file it wrote
 
 
+OVERLAP_SCRIPT = """
+import json, os, sys, time
+from pathlib import Path
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.tracing.session import Tracing
+
+spec, role, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+
+def wait_for(name):
+    while not (folder / name).exists():
+        time.sleep(0.01)
+
+def traces(session, n):
+    rec = session.recorder()
+    for _ in range(n):
+        with rec.scope(C.DR_RESET, 2):
+            with rec.scope(C.SET_STATE):
+                pass
+
+if role == "second":
+    wait_for("first-wrote")
+session = Tracing(Config(mode="trace", exporters=(spec,)))
+print("set up", file=sys.stderr, flush=True)
+if role == "first":
+    traces(session, 100)
+    assert session.force_flush()  # its 200 spans are in the file
+    (folder / "first-wrote").touch()
+    wait_for("second-set-up")
+else:
+    assert session.force_flush()  # its export process is set up, nothing written yet
+    (folder / "second-set-up").touch()
+    wait_for("first-done")  # the first session has closed the path
+    traces(session, 100)
+session.shutdown()
+print(json.dumps(session.export_report()))
+if role == "first":
+    (folder / "first-done").touch()
+"""
+
+
+@pytest.mark.parametrize("kind", ["file", "perfetto"])
+def test_a_second_process_on_a_live_sessions_span_file_writes_beside_it_and_says_so(
+        tmp_path: Path, kind: str) -> None:
+    """Two processes given one span path, overlapping: the second used to open the file on
+    its first export, after the first had closed it, and truncate it: 200 of 400 spans
+    survived and both reported "delivered 200". The path is held from the session's set-up
+    to its end: the second process writes ``NAME.pPID.SUFFIX`` and says so at set-up."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import clean_env
+
+    suffix = {"file": ".jsonl", "perfetto": ".json"}[kind]
+    path = tmp_path / f"spans{suffix}"
+    spec = f"{kind}:{path}"
+    env = dict(clean_env(), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen([sys.executable, "-c", OVERLAP_SCRIPT, spec, role, str(tmp_path)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for role in ("first", "second")]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    first, second = (json.loads(out.splitlines()[-1]) for out, _ in outs)
+    beside = path.with_name(f"spans.p{procs[1].pid}{suffix}")
+    assert first["exporters"][spec]["path"] == str(path)
+    assert first["exporters"][spec]["delivered"] == 200
+    assert second["exporters"][spec]["path"] == str(beside)
+    assert second["exporters"][spec]["delivered"] == 200
+    assert second["spans_not_delivered"] == first["spans_not_delivered"] == 0
+
+    def pids(file: Path) -> list[int]:
+        if kind == "file":
+            return [json.loads(x)["resource"]["process.pid"]
+                    for x in file.read_text().splitlines()]
+        return [e["pid"] for e in json.loads(file.read_text())["traceEvents"]
+                if e["ph"] == "X"]
+
+    assert pids(path) == [procs[0].pid] * 200  # the first process's spans all survive
+    assert pids(beside) == [procs[1].pid] * 200
+    # the second process was told at set-up, in one line
+    err = outs[1][1].splitlines()
+    told = [i for i, line in enumerate(err) if "being written by another process" in line]
+    assert len(told) == 1 and told[0] < err.index("set up"), outs[1][1]
+    assert str(path) in err[told[0]] and str(beside) in err[told[0]]
+
+
 def test_span_file_paths_take_pid_and_rank(tmp_path: Path) -> None:
     session = Tracing(Config(mode="trace", worker_rank=5,
                              exporters=(f"file:{tmp_path / 'spans-{pid}-{rank}.jsonl'}",)))

@@ -394,3 +394,53 @@ def test_a_session_left_open_builds_its_queued_spans_at_exit() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "already shutdown" not in proc.stderr
     assert proc.stdout.split() == ["10"]
+
+
+def test_a_full_aggregation_queue_drops_and_counts_traces_exactly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Traces that come faster than the aggregation thread folds them used to queue without
+    bound (1M traces: 526 MiB). The queue holds ``aggregate_queue`` traces at most; beyond
+    it each trace is dropped and counted, in the session, its run record and at shutdown."""
+    import logging
+
+    from resettrace.config import Config
+    from resettrace.record import record_of_session
+    from resettrace.tracing.session import Tracing
+
+    session = Tracing(Config.from_env({"RESETTRACE": "timing",
+                                       "RESETTRACE_AGGREGATE_QUEUE": "1500"}))
+    assert session.config.aggregate_queue == 1500
+    agg = session.processor
+    assert agg is not None
+    rec = session.recorder()
+
+    def traces(n: int) -> None:
+        for _ in range(n):
+            with rec.scope(C.DR_RESET, 2), rec.scope(C.DR_RESET_PLAN):
+                pass
+
+    traces(1024)  # the aggregation thread starts
+    with agg.lock:  # and is held up: training outpaces it
+        traces(10_000)
+        assert len(agg._pending) == 1500  # memory stays bounded
+    produced = 11_024
+    aggregated = session.stats()[C.DR_RESET.key].count
+    assert 1500 <= aggregated <= 1500 + 1024
+    assert session.dropped_traces == produced - aggregated
+    assert record_of_session(session).traces_dropped == produced - aggregated
+    with caplog.at_level(logging.WARNING, logger="resettrace"):
+        session.shutdown()
+    said = [r.getMessage() for r in caplog.records if "not aggregated" in r.getMessage()]
+    assert len(said) == 1 and f"{produced - aggregated} traces" in said[0]
+
+
+def test_a_bad_aggregation_queue_setting_is_replaced_by_the_default(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from resettrace.config import Config
+
+    with caplog.at_level(logging.WARNING):
+        config = Config.from_env({"RESETTRACE_AGGREGATE_QUEUE": "0"})
+    assert config.aggregate_queue == Config().aggregate_queue == 100_000
+    assert sum("RESETTRACE_AGGREGATE_QUEUE" in r.getMessage() for r in caplog.records) == 1

@@ -289,3 +289,48 @@ def test_a_pool_worker_watches_for_a_sigterm_left_pending(start_method: str,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True"]
+
+
+STUCK_SCRIPT = """
+import sys, time
+import resettrace
+from resettrace import catalog as C
+session = resettrace.configure(mode="trace", exporters=("otlp",), otlp_endpoint=sys.argv[1],
+                               shutdown_timeout_s=float(sys.argv[2]), otlp_timeout_s=60.0)
+rec = resettrace.current_recorder()
+for _ in range(300):
+    with rec.scope(C.DR_RESET, 2):
+        pass
+session.process.flush(0.2)  # the export process is now stuck sending to the blackhole
+print(session.process._proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_export_process_counts_its_shutdown_timeout_from_its_parents_death(
+        tmp_path: Path) -> None:
+    """The export process is held up (stopped here; on a busy machine, starved of the CPU
+    at its lower priority) when its training process is killed. It used to count its
+    shutdown timeout from the moment it noticed the death, and so outlived its parent by
+    that delay plus the whole timeout (3.9 s against 2 s); it now counts from the last
+    moment it saw its parent alive, so once that is over it leaves at once."""
+    timeout = 4.0
+    with BlackholeListener() as hole:
+        p = subprocess.Popen([sys.executable, "-c", STUCK_SCRIPT, hole.endpoint, str(timeout)],
+                             env=_clean_env(), stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout is not None
+            child = int(p.stdout.readline())
+            os.kill(child, signal.SIGSTOP)
+            p.kill()
+            p.wait(30)
+            time.sleep(timeout + 0.5)  # the whole shutdown timeout passes, the child held up
+            os.kill(child, signal.SIGCONT)
+            gone_after = _wait_gone(child, 20)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            if _alive(child):
+                os.kill(child, signal.SIGKILL)
+    # the old rule: at least the whole timeout again, counted from the SIGCONT
+    assert gone_after < timeout, f"the export process stayed {gone_after:.1f} s more"

@@ -29,7 +29,8 @@ somewhere else or destroy a file it did not write:
 Span files are also held by one process (``lock=True``: an exclusive ``flock``): when another
 live process holds the path, this one writes ``NAME.pPID.SUFFIX`` beside it (by the same
 rules) and logs a warning naming both, so that no process truncates or interleaves
-another's spans.
+another's spans. A tracing session opens (and so locks) its span files when it is set up and
+keeps them until it shuts down (:mod:`resettrace.tracing.export.parent`).
 
 :class:`OutputRefused` is an ``OSError``: span exporters count the spans of a refused file as
 not delivered (the reason is logged once), and the CLI prints its message as one line and
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["OutputKind", "OutputRefused", "open_output", "write_output", "output_path",
            "SPANS_JSONL", "PERFETTO", "OTLP_JSON", "JAEGER_JSON", "JSON", "CSV", "REPORT_HTML",
-           "WORKER_LOG", "SPAN_KINDS", "JSON_MARKER", "worker_log_header"]
+           "WORKER_LOG", "SPAN_KINDS", "JSON_MARKER", "worker_log_header", "expand_path"]
 
 #: bytes read from an existing file to recognise it
 HEAD_BYTES = 1 << 16
@@ -239,6 +240,11 @@ def _beside(path: Path, chosen: Path, kind: OutputKind) -> None:
 def _no_name(path: Path, kind: OutputKind) -> OutputRefused:
     return OutputRefused(f"cannot write {path}: it is not a {kind.name}, nor are "
                          f"{MAX_BESIDE} names beside it; remove them or choose another path")
+
+
+def expand_path(path: str, *, pid: int, rank: int) -> str:
+    """A span file path with ``{pid}`` and ``{rank}`` replaced."""
+    return path.replace("{pid}", str(pid)).replace("{rank}", str(rank))
 
 
 def output_path(path: str | os.PathLike[str], kind: OutputKind) -> Path:

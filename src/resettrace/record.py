@@ -19,6 +19,7 @@ at exit), and every tool that reads runs reads it (``compare``, ``report``, ``me
 - throughput where known: ``env_steps`` (calls of ``env_step``), ``env_per_s`` (envs x env
   steps per second of ``env_step`` time; the collector's is over its timed loop) and
   ``reset_fraction``;
+- ``traces_dropped``: traces the statistics miss (the aggregation queue was full);
 - the export report (``export``), and a job's ``members`` (one line per process).
 
 The JSON has a ``format`` version (:data:`FORMAT`). A collector ``timing.json`` written
@@ -102,6 +103,8 @@ class RunRecord:
     env_steps: int = 0
     env_per_s: float | None = None
     reset_fraction: float | None = None
+    #: traces never aggregated: the aggregation queue was full (``Tracing.dropped_traces``)
+    traces_dropped: int = 0
     export: dict[str, Any] | None = None
     #: the collector's simulated time facts
     sim: dict[str, Any] | None = None
@@ -243,6 +246,8 @@ _SCALARS: dict[str, tuple[str, Any]] = {
     "parent_pid": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "rank": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "env_steps": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "traces_dropped": ("an integer",
+                       lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "start": ("a number", _number), "wall_s": ("a number", _number),
     "env_per_s": ("a number", _number), "reset_fraction": ("a number", _number),
     "command": ("a list of strings",
@@ -361,6 +366,7 @@ def record_of_session(session: Any, *, kind: str = "process",
         samples={k: _thin(v) for k, v in session.samples().items()},
         model=session.cost_model(), env_steps=steps, env_per_s=env_per_s,
         reset_fraction=reset_fraction,
+        traces_dropped=int(getattr(session, "dropped_traces", 0)),
         export=dict(export) if export is not None else (
             session.export_report() if session.config.exports_spans else None),
         extra=dict(extra))
@@ -540,6 +546,7 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
         samples={k: _thin(v) for k, v in samples.items()},
         model=model_section({k: sums[k] for k in ordered if k in sums}),
         env_steps=steps,
+        traces_dropped=sum(r.traces_dropped for r in records),
         env_per_s=sum(float(r.env_per_s or 0.0) for r in records) or None,
         reset_fraction=(sum(f * w for f, w in reset) + stepless) / weight if weight
         else None,

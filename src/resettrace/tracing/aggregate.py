@@ -73,6 +73,9 @@ _DRAIN_CHUNK = 1024
 _FOLD_RECORDS = 32_768
 #: trace shapes whose plans are kept (traces of more shapes: the plans start afresh)
 _MAX_PLANS = 256
+#: traces that wait for the aggregation thread at most (a trace of a few records holds
+#: under 1 KB: under 100 MB); beyond it traces are dropped and counted (``dropped_traces``)
+DEFAULT_MAX_PENDING = 100_000
 
 
 
@@ -287,11 +290,22 @@ class Aggregator:
     """Aggregates recorder traces (and, through :meth:`add`, any value) into per-key
     statistics. ``catalog``: the phases it knows (default: the process's
     :data:`~resettrace.catalog.CATALOG`); ``max_samples``: samples kept per key for
-    percentiles; ``seed``: of the reservoir sampling."""
+    percentiles; ``seed``: of the reservoir sampling; ``max_pending``: traces that wait
+    for the aggregation thread at most: a trace that finds the queue full is dropped, and
+    counted in :attr:`dropped_traces` (training outpacing the thread for long keeps memory
+    bounded; the statistics then miss exactly that many traces)."""
 
     def __init__(self, *, max_samples: int = 100_000, seed: int = 0,
-                 catalog: Catalog = CATALOG) -> None:
+                 catalog: Catalog = CATALOG, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.catalog = catalog
+        self.max_pending = max_pending
+        #: the queue length that wakes the aggregation thread
+        self._wake_at = min(_DRAIN_BATCH, max_pending)
+        #: recorder traces dropped because the queue was full (never aggregated)
+        self.dropped_traces = 0
+        self._drop_lock = threading.Lock()  # traces may end on several threads
         self._max_samples = max_samples
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -326,6 +340,8 @@ class Aggregator:
         self._wake = threading.Event()
         self._worker = None
         self._pending = deque()
+        self._drop_lock = threading.Lock()
+        self.dropped_traces = 0
         self._plans = {}
         self._buffered = 0
         self._series = {}
@@ -365,8 +381,15 @@ class Aggregator:
         if self._stopped:
             return  # a shut-down session keeps nothing (its recorders may live on)
         pending = self._pending
+        if len(pending) >= self.max_pending:  # the thread is behind: memory stays bounded
+            with self._drop_lock:
+                self.dropped_traces += 1
+            if self._worker is None:
+                self._start_worker()
+            self._wake.set()
+            return
         pending.append(records)
-        if len(pending) == _DRAIN_BATCH:  # once per batch (a busy thread drains on)
+        if len(pending) == self._wake_at:  # once per batch (a busy thread drains on)
             if self._worker is None:
                 self._start_worker()
             self._wake.set()
@@ -570,6 +593,8 @@ class Aggregator:
             for reset in self.on_clear:
                 reset()
             self.traces_seen = self.records_seen = 0
+            with self._drop_lock:
+                self.dropped_traces = 0
 
 
     def _order(self) -> dict[str, int]:

@@ -151,7 +151,8 @@ class Tracing:
         from resettrace.tracing.aggregate import Aggregator
 
         # the aggregation engine alone: a session aggregates records, no SDK span
-        self.processor = Aggregator(max_samples=self.config.max_samples, catalog=self.catalog)
+        self.processor = Aggregator(max_samples=self.config.max_samples, catalog=self.catalog,
+                                    max_pending=self.config.aggregate_queue)
         for hook in ON_SESSION:
             hook(self)
         if self.config.exports_spans:
@@ -337,6 +338,12 @@ class Tracing:
         return model_section({} if self.processor is None else self.processor.fit_sums())
 
     @property
+    def dropped_traces(self) -> int:
+        """Traces never aggregated: they came while ``aggregate_queue`` traces waited for
+        the aggregation thread (``RESETTRACE_AGGREGATE_QUEUE``); the statistics miss them."""
+        return 0 if self.processor is None else self.processor.dropped_traces
+
+    @property
     def dropped_spans(self) -> int:
         dropped = 0 if self.materializer is None else self.materializer.dropped_spans
         return dropped + (0 if self.process is None else self.process.dropped_spans)
@@ -404,6 +411,11 @@ class Tracing:
             self._provider.shutdown()
         if self.metrics is not None:
             self.metrics.close(max(0.1, deadline - time.monotonic()))
+        if self.dropped_traces:
+            log.warning("resettrace: %d traces were not aggregated (the aggregation queue of "
+                        "%d traces was full; %s sets it): the statistics miss them",
+                        self.dropped_traces, self.config.aggregate_queue,
+                        "RESETTRACE_AGGREGATE_QUEUE")
         if self.config.exports_spans:
             report = self.export_report()
             lost = report.get("spans_not_delivered", 0) or report["spans_dropped"]

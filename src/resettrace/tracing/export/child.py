@@ -38,6 +38,9 @@ _BATCH_SPANS = 512
 _BATCH_DELAY_MS = 1000
 #: how often the export process checks that the training process is alive (s)
 _WATCH_S = 0.1
+#: of the shutdown timeout after the training process died, what is left for this
+#: process to end in (the exit itself) once its hard deadline comes
+_EXIT_MARGIN_S = 0.05
 #: exporters the export process writes from the records (no SDK span built)
 _RECORD_KINDS = frozenset({"file", "perfetto", "otlp-json", "jaeger-json", "otlp"})
 
@@ -107,7 +110,11 @@ class _Child:
         #: ``time.monotonic()`` by which everything must be done (set when told to leave)
         self.deadline: float | None = None
         self.shutdown_timeout = 2.0
-        self.parent_pid = os.getppid()
+        # the training process (its pid and the time it started this one come as
+        # arguments: it may be gone before this process has imported anything)
+        self.parent_pid = int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid()
+        #: ``time.monotonic()`` when the training process was last known alive
+        self.alive_at = float(sys.argv[2]) if len(sys.argv) > 2 else time.monotonic()
         #: written to by the parent watch: wakes the main loop
         self.wake_r, self.wake_w = os.pipe()
         #: CPU time spent before the first trace (start-up, imports, exporters)
@@ -185,6 +192,10 @@ class _Child:
                         spec, config, pid=settings["parent_pid"],
                         rank=int(settings["resource"].get(ATTR_WORKER_RANK,
                                                           config.worker_rank)))
+                given = settings.get("files", {}).get(spec)
+                if given is not None:  # opened and locked by the training process
+                    path, fd = given
+                    exporter.adopt(path, open(fd, "r+b", buffering=0))  # noqa: SIM115
                 self.exporters.append((spec, exporter))
             except Exception as e:  # a bad exporter must not stop the others
                 self._broke(spec, e)
@@ -308,7 +319,10 @@ class _Child:
 
     def leave(self, within_s: float) -> None:
         """Stop reading, and export what is here within ``within_s`` seconds."""
-        deadline = time.monotonic() + max(0.0, within_s)
+        self.leave_by(time.monotonic() + max(0.0, within_s))
+
+    def leave_by(self, deadline: float) -> None:
+        """Stop reading, and export what is here by ``deadline`` (``time.monotonic()``)."""
         self.deadline = deadline if self.deadline is None else min(self.deadline, deadline)
         self.stop = True
 
@@ -437,7 +451,10 @@ class _Child:
                       file=sys.stderr)
             pos = end
         view.release()
-        del buf[:pos]
+        try:
+            del buf[:pos]
+        except BufferError:  # a slice outlived its frame (a traceback a library kept holds
+            self.buf = buf[pos:]  # its frame): the rest goes on in a new buffer
         try:
             self.encode_run()
         except Exception as e:
@@ -482,17 +499,22 @@ class _Child:
 
     def watch_parent(self) -> None:
         """Leave when the training process is gone (killed, say, with no word to this
-        one): export what is here within the shutdown timeout, then exit, finished or
-        not. Runs on a daemon thread; the training process's pid comes with the settings."""
+        one): export what is here, then exit, finished or not, within the shutdown timeout
+        of its death. The timeout counts from the last check that found it alive, not from
+        the check that found it gone: this process may have been starting, or starved of
+        the CPU on a busy machine (it runs at a lower priority), for a while in between.
+        Runs on a daemon thread."""
         while True:
-            time.sleep(_WATCH_S)
+            seen = time.monotonic()
             if os.getppid() != self.parent_pid:
                 break
-        self.leave(self.shutdown_timeout)
+            self.alive_at = seen
+            time.sleep(_WATCH_S)
+        end = self.alive_at + max(0.0, self.shutdown_timeout - _EXIT_MARGIN_S)
+        self.leave_by(end - min(_EXIT_MARGIN_S, 0.25 * self.shutdown_timeout))
         with contextlib.suppress(OSError):
             os.write(self.wake_w, b"w")  # the main loop may be waiting on the pipe
-        deadline = self.deadline if self.deadline is not None else time.monotonic()
-        time.sleep(max(0.0, deadline - time.monotonic()) + _WATCH_S)
+        time.sleep(max(0.0, end - time.monotonic()))
         os._exit(0)  # an export call past its deadline: nobody is left to report to
 
 

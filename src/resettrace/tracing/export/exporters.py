@@ -6,8 +6,9 @@
     ``start_ns``, ``end_ns`` (Unix epoch nanoseconds), ``status``, ``attributes`` and
     ``resource`` (service, host, pid and worker rank of the process).
 
-File paths may hold ``{pid}`` and ``{rank}``; a file is written by one process only
-(another process given the same path writes ``NAME.pPID.SUFFIX`` and says so). Every path
+File paths may hold ``{pid}`` and ``{rank}``; a file is written by one session only, which
+holds it from its set-up to its end (another process given the same path meanwhile writes
+``NAME.pPID.SUFFIX`` and says so at its set-up: :mod:`resettrace.tracing.export.parent`). Every path
 opens by the rules of :mod:`resettrace.outputs`: a symbolic link or anything but a regular
 file is refused (the exporter writes nothing and its spans count as not delivered), and an
 existing file that is not a span file of the same format is left as it is, the spans going
@@ -113,9 +114,7 @@ def _nothing() -> None:
     return None
 
 
-def expand_path(path: str, *, pid: int, rank: int) -> str:
-    """A span file path with ``{pid}`` and ``{rank}`` replaced."""
-    return path.replace("{pid}", str(pid)).replace("{rank}", str(rank))
+expand_path = outputs.expand_path
 
 
 def make_exporter(spec: str, config: Config | None = None, *, pid: int | None = None,

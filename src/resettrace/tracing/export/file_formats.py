@@ -12,7 +12,9 @@ one contract (:class:`_FileExporter`):
   regular file there is refused (the spans count as not delivered and ``error`` says why),
   a file that is not a span file of the exporter's format is left as it is and the spans go
   to ``NAME.1.SUFFIX`` beside it, and a file another process writes to ``NAME.pPID.SUFFIX``;
-  ``path`` is then the file written.
+  ``path`` is then the file written. The export process is instead handed the file the
+  training process opened and locked when its session was set up (:meth:`adopt`): the
+  path is then held for the session's whole life, before any span is written.
 * Every ``export()`` call is written at once: its spans count as delivered only when on
   disk (the export process hands them over in batches, and an SDK span processor in
   front of the exporter may batch them too).
@@ -145,6 +147,19 @@ class _FileExporter(SpanExporter):
         self.opened = False
         #: why the file could not be opened (the last attempt), else None
         self.error: str | None = None
+        #: a file opened (and locked) for this exporter elsewhere, written from the first
+        #: export on (:meth:`adopt`)
+        self._adopted: IO[bytes] | None = None
+
+    def adopt(self, path: str | os.PathLike[str], f: IO[bytes]) -> None:
+        """Write ``f``, already opened empty (and locked) for ``path`` by the rules of
+        :mod:`resettrace.outputs`: the training process opens its span files when its
+        session is set up, so that the lock is held from before the first span to the
+        session's end; the export process only writes them."""
+        with self._lock:
+            self.path = Path(path)
+            self._adopted = f
+            self.opened, self.error = True, None
 
     # -- format hooks ---------------------------------------------------------------------------
     def _header(self, first_start: int | None) -> bytes:
@@ -198,6 +213,10 @@ class _FileExporter(SpanExporter):
             if self._closed:
                 return
             self._closed = True
+            if self._file is None and self._adopted is not None:
+                self._write(0, lambda: None, None)  # nothing exported: the header alone
+            if self._file is None:
+                self._file, self._adopted = self._adopted, None
             if self._file is not None:
                 try:
                     self._file.close()
@@ -214,6 +233,10 @@ class _FileExporter(SpanExporter):
         """Open the file if it is not (its header: ``first_start`` is the earliest start
         of this first write), then append what ``encode`` gives for ``n`` spans."""
         try:
+            if self._file is None and self._adopted is not None:
+                self._end = 0  # (a failed header is tried again, on the same file)
+                self._append(self._adopted, self._header(first_start()))
+                self._file, self._adopted = self._adopted, None
             if self._file is None:
                 try:
                     self.path, f = outputs.open_output(self.path, self.kind, lock=True,

@@ -12,6 +12,12 @@ process reports what each exporter delivered on its stdout; :meth:`ProcessExport
 turns that into delivered / undelivered counts. It runs in its own session (Ctrl-C and
 SIGTERM to the training job's process group do not reach it) and leaves when its stdin
 closes: a training process that dies cannot leave it behind.
+
+Span files are opened and locked here, when the sink is set up, before any span is
+written (:func:`resettrace.outputs.open_output`), held until :meth:`ProcessExporter.close`,
+and handed to the export process, which only writes them: a second process given the same
+path while this session lives writes ``NAME.pPID.SUFFIX`` beside it and says so at once, in
+one line of its own log, never truncating or interleaving this session's spans.
 """
 
 from __future__ import annotations
@@ -80,12 +86,20 @@ class ProcessExporter:
         self._max_traces = max_traces
         self._lock = threading.Lock()  # traces may end on several training threads
         self._proc: subprocess.Popen[bytes] | None = None
+        #: per span file exporter: the file this session holds (opened and locked at set-up)
+        self._files: dict[str, tuple[str, Any]] = {}
         self._closed = False
         self._dead = False
         self._forked = False
         self._reset_counters()
         lifecycle.track(self)
         self._start()
+
+    def _release_files(self) -> None:
+        """Close this process's span files (the lock goes with the last descriptor)."""
+        files, self._files = self._files, {}
+        for _, f in files.values():
+            _close_stream(f)
 
     @property
     def pid(self) -> int | None:
@@ -132,10 +146,16 @@ class ProcessExporter:
         env = sdk_environment(helper_environment())
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("RUST_LOG", "error")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "resettrace.tracing.export.child"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-            start_new_session=True)
+        self._files = _claim_files(self._settings)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "resettrace.tracing.export.child", str(os.getpid()),
+                 repr(time.monotonic())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+                start_new_session=True, pass_fds=[f.fileno() for _, f in self._files.values()])
+        except BaseException:
+            self._release_files()
+            raise
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._in = self._proc.stdin.fileno()
         self._out_fd = self._proc.stdout.fileno()
@@ -143,7 +163,8 @@ class ProcessExporter:
             fcntl.fcntl(self._in, _F_SETPIPE_SZ, _PIPE_BYTES)
         os.set_blocking(self._in, False)
         os.set_blocking(self._out_fd, False)
-        settings = dict(self._settings, parent_pid=os.getpid())
+        settings = dict(self._settings, parent_pid=os.getpid(), files={
+            spec: [path, f.fileno()] for spec, (path, f) in self._files.items()})
         self._frame(frame(Kind.SETTINGS, rest=json.dumps(settings).encode()), 0)
         self._pump()
 
@@ -157,6 +178,10 @@ class ProcessExporter:
             proc.stdin = proc.stdout = None
             proc.returncode = 0  # not this process's child: never wait for it
         self._in = self._out_fd = -1  # the parent's fd numbers: never ours to write
+        # the parent's span files: closing this process's copies leaves the parent's lock
+        # held (an flock lives while any descriptor of the open file does); this process
+        # opens its own when it starts its export process
+        self._release_files()
         self._forked = True
         self._lock = threading.Lock()
         self._dead = False
@@ -469,6 +494,7 @@ class ProcessExporter:
             self._read_status()
             _close_stream(proc.stdout)
             self._out_fd = -1
+            self._release_files()  # the export process is gone: the paths are free again
             if proc.stdin is not None:
                 proc.stdin = None
             if proc.stdout is not None:
@@ -497,6 +523,29 @@ def _carried(attributes: dict[str, Any]) -> dict[str, Any]:
             problem = str(e)
         note_once(f"attribute:{problem}", "%s; left out of the exported spans", problem)
     return out
+
+
+def _claim_files(settings: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """Open and lock every span file of ``settings``' exporters now, by the rules of
+    :mod:`resettrace.outputs` (one line logged when another process holds a path: this
+    session writes ``NAME.pPID.SUFFIX`` beside it): per spec, the path opened and its file.
+    A path that cannot be opened is left to the export process, which reports why."""
+    from resettrace import outputs
+
+    rank = int(settings.get("resource", {}).get(ATTR_WORKER_RANK, 0))
+    files: dict[str, tuple[str, Any]] = {}
+    for spec in settings.get("exporters", []):
+        kind, _, arg = spec.partition(":")
+        if kind not in outputs.SPAN_KINDS or not arg:
+            continue
+        path = outputs.expand_path(arg, pid=os.getpid(), rank=rank)
+        try:
+            opened, f = outputs.open_output(path, outputs.SPAN_KINDS[kind], lock=True)
+        except OSError as e:
+            log.debug("resettrace: %s is left to the export process: %s", path, e)
+            continue
+        files[spec] = (str(opened), f)
+    return files
 
 
 def _close_stream(stream: Any) -> None:
