@@ -477,15 +477,26 @@ def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | Non
     return read
 
 
-def _deferred_kind(fn: Callable[..., Any]) -> tuple[str, str, str] | None:
+def _deferred_kind(fn: Any) -> tuple[str, str, str] | None:
     """``(kind, what a call makes, what its work runs across)`` for a function whose work
-    runs after the call returns; None for any other."""
+    runs after the call returns (also under ``staticmethod`` or ``classmethod``, or as an
+    object's ``__call__``); None for any other."""
+    if isinstance(fn, staticmethod | classmethod):
+        inner = _deferred_kind(fn.__func__)
+        if inner is None:
+            return None
+        return (f"a {type(fn).__name__} of {inner[0]}", *inner[1:])
     if inspect.isasyncgenfunction(fn):
         return "an async generator function", "an async generator", "yields and awaits"
     if inspect.iscoroutinefunction(fn):
         return "a coroutine function", "a coroutine", "awaits"
     if inspect.isgeneratorfunction(fn):
         return "a generator function", "a generator", "yields"
+    if not inspect.isroutine(fn) and not isinstance(fn, type) and callable(fn):
+        call = type(fn).__call__  # callable(fn): its type has one
+        inner = None if inspect.isbuiltin(call) else _deferred_kind(call)
+        if inner is not None:
+            return (f"an object whose __call__ is {inner[0]}", *inner[1:])
     return None
 
 
@@ -534,8 +545,10 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
         deferred = _deferred_kind(fn)
         if deferred is not None:
             kind, made, across = deferred
-            qualname = getattr(fn, "__qualname__", None) or repr(fn)
-            name = f"{getattr(fn, '__module__', None) or '?'}.{qualname}"
+            named = (fn.__func__ if isinstance(fn, staticmethod | classmethod)
+                     else type(fn).__call__ if kind.startswith("an object") else fn)
+            qualname = getattr(named, "__qualname__", None) or repr(named)
+            name = f"{getattr(named, '__module__', None) or '?'}.{qualname}"
             raise TypeError(
                 f"traced() cannot record {name}: it is {kind}, so a call only creates {made} "
                 f"and its work runs after the call returns, across {across}, where a scope "
