@@ -963,7 +963,8 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         int is_closed = closed == NULL ? -1 : PyObject_IsTrue(closed);
         Py_XDECREF(closed);
         if (is_closed != 0 || rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
-                || rec_take(rec, &stack, &records, &scopes, &mine) < 0 || PyList_GET_SIZE(stack) != 0) {
+                || rec_take(rec, &stack, &records, &scopes, &mine) < 0 || PyList_GET_SIZE(stack) != 0
+                || PyList_GET_SIZE(records) != 0) {  /* (a hand-over under way: Python) */
             PyErr_Clear();
             goto to_general;
         }

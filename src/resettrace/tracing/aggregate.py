@@ -354,17 +354,26 @@ class Aggregator:
             return  # a shut-down session keeps nothing (its recorders may live on)
         pending = self._pending
         pending.append(records)
-        if len(pending) == _DRAIN_BATCH:  # once per batch (a busy thread drains on)
+        n = len(pending)
+        if n >= _DRAIN_BATCH and (n == _DRAIN_BATCH or self._worker is None):
+            # once per batch (a busy thread drains on), or until the worker runs
             if self._worker is None:
                 self._start_worker()
             self._wake.set()
 
     def _start_worker(self) -> None:
-        with self._lock:
+        # never waits: the lock may be held by this very thread, interrupted (in a read of
+        # the statistics, or starting the worker) by a signal handler whose trace this is;
+        # the next trace tries again
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, daemon=True,
                                                 name="resettrace-aggregate")
                 self._worker.start()
+        finally:
+            self._lock.release()
 
     def _work(self) -> None:
         while not self._stopped:

@@ -52,8 +52,13 @@ __all__ = ["configure", "get_tracing", "use_tracing", "stats", "recorder", "bind
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_lock = threading.Lock()
+#: re-entrant: a signal handler that records may run on the thread that holds it
+_lock = threading.RLock()
 _default: Tracing | None = None
+#: the default session is being made (under the lock), and the session a signal handler
+#: that interrupts the making gets meanwhile (see :func:`get_tracing`)
+_making = False
+_while_making: Tracing | None = None
 _CURRENT = CURRENT
 _get_current = _CURRENT.get
 _get_ident = threading.get_ident
@@ -86,17 +91,40 @@ def configure(config: Config | None = None, *, tracer_provider: Any = None,
 
 
 def get_tracing() -> Tracing:
-    """The default tracing session, created from the environment on first use."""
-    global _default
+    """The default tracing session, created from the environment on first use.
+
+    A signal handler that records, run on the thread making it (it takes a while: the span
+    export process starts), gets a session that records nothing until it is made (said
+    once): it must not wait for the lock its own thread holds, nor make a second one."""
+    global _default, _making
     session = _default
     if session is not None:
         return session
     with _lock:
-        if _default is None:
+        if _default is not None:
+            return _default
+        if _making:  # re-entered: only a signal handler of this thread gets in here
+            return _meanwhile()
+        _making = True  # (no call since the lock was taken: no handler ran in between)
+        try:
             from resettrace.tracing.session import Tracing
 
-            _default = Tracing(Config.from_env())
-        return _default
+            made = Tracing(Config.from_env())
+        finally:
+            _making = False
+        _default = made
+        return made
+
+
+def _meanwhile() -> Tracing:
+    global _while_making
+    note_once("reentered-start", "a signal handler recorded while the default session was "
+              "being made; what it recorded until then was not recorded")
+    if _while_making is None:
+        from resettrace.tracing.session import Tracing
+
+        _while_making = Tracing(Config(mode="off"))
+    return _while_making
 
 
 def default_session() -> Tracing | None:
@@ -244,7 +272,7 @@ def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
             if session.processor is None:
                 return fn(*args, **kwargs)  # tracing off
             rec = getattr(session._local, "recorder", None)  # this thread's own
-            if rec is None or session._closed or rec._stack:
+            if rec is None or session._closed or rec._stack or rec._records:
                 return general(args, kwargs)
         elif rec.__class__ is not Recorder or not rec._stack or rec._owner != _get_ident():
             return general(args, kwargs)
@@ -256,21 +284,29 @@ def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
                     return general(args, kwargs)
             return fn(*args, **kwargs)
         scopes = rec._scopes
-        pos = len(records)
-        if pos >= MAX_TRACE_RECORDS or index >= len(scopes) or (
+        if len(records) >= MAX_TRACE_RECORDS or index >= len(scopes) or (
                 envs and ATTR_ENV_COUNT not in rec.attributes):
             return general(args, kwargs)
         c = static if static is not None else count_now(args, kwargs)
+        # in the order a signal handler's scopes may interrupt (see recorder._ScopeCore)
         if stack:
             r = [index, stack[-1], 0, 0, c, 0]
+            records += (r,)
+            pos = len(records) - 1
+            stack.append(pos)
         else:  # a trace opens: its recorder is the current one until it closes
+            if records:  # the last trace's hand-over, interrupted by this (a handler)
+                rec._close_trace()
             r = [index, -1, 0, 0, c, 0]
-            rec._token = (None,)
+            pos = 0  # (no call from here to the pushes)
+            rec._token = (_SLOT.value,)
             _SLOT.value = rec
-        stack.append(pos)
-        records.append(r)
+            records += (r,)
+            stack += (pos,)
         exc_type = None
-        r[2] = _rec._perf_ns()  # R_START, last: bookkeeping is not timed
+        r[2] = t = _rec._perf_ns()  # R_START, last: bookkeeping is not timed
+        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
+            r[2] = _rec._first_start(records, pos, t)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -278,10 +314,13 @@ def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
             raise
         finally:
             t = _rec._perf_ns()
+            code = 0 if exc_type is None else error_code(exc_type.__name__)
             if stack and stack[-1] == pos and records[pos] is r:
+                while records[-1][3] > t:  # a handler's scope inside it, after the clock
+                    t = _rec._last_end(records, pos, t)
                 r[3] = t  # R_END
-                if exc_type is not None:
-                    r[5] = error_code(exc_type.__name__)  # R_ERROR
+                if code:
+                    r[5] = code  # R_ERROR
                 stack.pop()
                 s = scopes[index]  # it remembers the run: its timing(), its count
                 s._pos = pos
