@@ -400,3 +400,58 @@ def test_sigterm_ends_a_process_whose_signal_handler_records(pure: bool,
     stdout, stderr = _finish(p, 60)
     assert p.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "RecursionError" not in stderr
+
+
+FORK_IN_TRACE_SCRIPT = """
+import json, multiprocessing as mp, os, sys
+import resettrace
+from resettrace import catalog as C
+
+def steps(n):
+    rec = resettrace.current_recorder()
+    for _ in range(n):
+        with rec.scope(C.RESET_DONE, 1):
+            with rec.scope(C.DR_RESET, 1):
+                pass
+    return os.getpid()
+
+if __name__ == "__main__":
+    rec = resettrace.current_recorder()
+    with rec.scope(C.RESET_DONE, 1):  # forks inside an open trace
+        pid = os.fork()
+        if pid == 0:
+            steps(100)
+            resettrace.get_tracing().shutdown()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        with mp.get_context("fork").Pool(2) as pool:  # made inside a traced step
+            workers = pool.map(steps, [50] * 4, chunksize=1)
+            pool.close()
+            pool.join()
+    print(json.dumps({"child": pid, "workers": workers}))
+"""
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure-python"])
+def test_a_fork_inside_an_open_trace_leaves_the_childs_steps_recorded(
+        pure: bool, tmp_path: Path) -> None:
+    """The child of ``os.fork()`` inside a scope recorded 0 of its 100 steps, and the
+    workers of a ``Pool`` made inside a traced step 0 of 50 each: their scopes joined the
+    parent's open trace, which never closes in them. Each writes its own spans now."""
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent(FORK_IN_TRACE_SCRIPT))
+    env = _clean_env(RESETTRACE="trace",
+                     RESETTRACE_EXPORTER=f"file:{tmp_path}/spans-{{pid}}.jsonl",
+                     RESETTRACE_PURE_PYTHON=str(int(pure)))
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+
+    def steps_of(pid: int) -> int:
+        path = tmp_path / f"spans-{pid}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return sum(json.loads(line)["name"] == "reset_done" for line in lines)
+
+    assert steps_of(out["child"]) == 100
+    assert sum(steps_of(pid) for pid in set(out["workers"])) == 200

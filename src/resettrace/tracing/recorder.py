@@ -36,6 +36,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -516,6 +517,7 @@ class Recorder:
         self._threads: dict[int, Recorder] = {}
         #: wall-clock ns minus perf_counter ns, to place records in real time
         self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
+        _RECORDERS.add(self)
 
     def _grow(self) -> None:
         scopes = self._scopes
@@ -829,6 +831,32 @@ class Recorder:
                           " own thread had a trace open; each thread's calls are recorded as "
                           "traces of their own")
         return rec
+
+
+#: every recorder alive, for :func:`_discard_open_traces`
+_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _discard_open_traces() -> None:
+    """In a forked child: the traces open at the fork are its parent's (the parent closes
+    and counts them), and the code that would close them may never run here (a
+    ``multiprocessing`` worker forked inside a traced step): every one is dropped, so the
+    child's own scopes open traces of their own. The thread's current recorder is again
+    the one before the outermost of them opened."""
+    current = _SLOT.value
+    while isinstance(current, Recorder) and (current._stack or current._records):
+        token = current._token
+        current = token[0] if token is not None else None
+    for rec in list(_RECORDERS):
+        if rec._stack or rec._records:
+            del rec._stack[:]
+            del rec._records[:]
+            del rec._laps[:]
+            rec._token = None
+    _SLOT.value = current
+
+
+lifecycle.at_fork(_discard_open_traces)
 
 
 def use_clock(clock_ns: Callable[[], int] | None) -> None:
