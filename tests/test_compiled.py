@@ -268,3 +268,83 @@ def test_the_compiled_path_keeps_no_recorder_alive() -> None:
     del rec
     gc.collect()
     assert gone() is None
+
+
+# A count whose len() closes scopes the traced call did not open: the inner ones it finds
+# open (argv "scope"), or the whole trace ("trace"); 300 scopes left open first, so the
+# positions on the stack are ints no cache keeps alive.
+COUNT_CLOSES = r'''
+import sys
+import resettrace
+from resettrace import catalog as C
+resettrace.configure(mode="timing")
+rec = resettrace.current_recorder()
+keep = 1 if sys.argv[1] == "scope" else 0
+
+class Closing:
+    def __len__(self):
+        while len(rec._stack) > keep:
+            rec._scopes[rec._records[rec._stack[-1]][0]].__exit__(None, None, None)
+        return 3
+
+@resettrace.traced(C.DR_RESET, count="ids")
+def reset(ids):
+    return 7
+
+for _ in range(50):
+    with rec.scope(C.RESET_DONE, 3):
+        for _ in range(300):
+            rec.scope(C.DR_RESET_PLAN).__enter__()
+        assert reset(Closing()) == 7
+print(resettrace.stats()["dr_reset_total_ms"].count)
+'''
+
+
+@pytest.mark.parametrize("closes", ["scope", "trace"])
+def test_a_count_whose_len_closes_open_scopes_is_recorded_not_a_crash(closes: str) -> None:
+    """The C traced call took the stack's size, then read the count (``len()`` of the
+    object: Python code that closed the open scopes), then the stack's top: SIGSEGV. In a
+    child process, so that a crash fails the test: every call is recorded."""
+    r = subprocess.run([sys.executable, "-c", COUNT_CLOSES, closes], capture_output=True,
+                       text=True, timeout=120, env=clean_env(PYTHONPATH=str(ROOT / "src")),
+                       cwd=ROOT)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split() == ["50"]
+
+
+def test_traced_cores_refuse_out_of_range_indices() -> None:
+    """``_fast.Traced(index=-5)`` read the recorder's scope at -5 on its first call
+    inside a trace: SIGSEGV. Refused when made (a child process: a crash fails here)."""
+    code = r'''
+from resettrace.tracing import _fast
+base = dict(kind=0, fn=abs, general=abs, count_now=abs, static=None, index=3, within=-1,
+            envs=False, chains={}, count_at=-1, count_path=())
+for bad in ({"index": -5}, {"within": -2}, {"count_at": -7}, {"kind": 3}):
+    try:
+        _fast.Traced(**dict(base, **bad))
+    except ValueError as e:
+        print("refused", e)
+    else:
+        print("accepted", bad)
+'''
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=clean_env(PYTHONPATH=str(ROOT / "src")), cwd=ROOT)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert [line.split()[0] for line in r.stdout.splitlines()] == ["refused"] * 4
+    assert "index must be >= 0" in r.stdout
+
+
+@pytest.mark.parametrize("args", [(), (None,), (None, None), (None, None, None, None)])
+def test_a_scopes_exit_takes_exactly_three_arguments(args: tuple[None, ...]) -> None:
+    """As Python's ``__exit__(exc_type, exc, tb)``: the C one took any number (and closed
+    the scope)."""
+    session = Tracing(Config(mode="timing"))
+    rec = session.recorder()
+    with rec.scope(C.RESET_DONE):
+        s = rec.scope(C.DR_RESET)
+        s.__enter__()
+        with pytest.raises(TypeError):
+            s.__exit__(*args)
+        s.__exit__(None, None, None)
+    session.shutdown()
+    assert session.stats()["dr_reset_total_ms"].count == 1

@@ -581,6 +581,41 @@ def test_traced_refuses_functions_whose_work_runs_after_the_call(session: Tracin
     assert session.stats()["dr_reset_total_ms"].count == 1
 
 
+def test_traced_refuses_wrapped_generator_and_async_functions() -> None:
+    """A ``staticmethod`` or ``classmethod`` of an async function, and an object whose
+    ``__call__`` is a generator or async function, make their generator or coroutine as
+    the plain ones do: they were accepted and recorded as microseconds. Refused at
+    decoration, with the same message; their synchronous twins still are not."""
+    async def fetch() -> int:
+        return 1
+
+    def rollout() -> Iterator[int]:
+        yield 1
+
+    class Frames:
+        def __call__(self) -> Iterator[int]:
+            yield 1
+
+    class Fetch:
+        async def __call__(self) -> int:
+            return 1
+
+    class Plain:
+        def __call__(self) -> int:
+            return 1
+
+    for fn, kind in ((staticmethod(fetch), "a staticmethod of a coroutine function"),
+                     (classmethod(fetch), "a classmethod of a coroutine function"),
+                     (staticmethod(rollout), "a staticmethod of a generator function"),
+                     (Frames(), "an object whose __call__ is a generator function"),
+                     (Fetch(), "an object whose __call__ is a coroutine function")):
+        with pytest.raises(TypeError, match="mis-nest") as info:
+            resettrace.traced("dr_reset")(fn)
+        assert f"it is {kind}" in str(info.value)
+    for fn in (staticmethod(lambda: 1), Plain()):
+        resettrace.traced("dr_reset")(fn)  # accepted
+
+
 def test_traced_off_records_nothing_and_returns_the_value() -> None:
     off = Tracing(Config(mode="off"))
 

@@ -334,3 +334,169 @@ def test_the_export_process_counts_its_shutdown_timeout_from_its_parents_death(
                 os.kill(child, signal.SIGKILL)
     # the old rule: at least the whole timeout again, counted from the SIGCONT
     assert gone_after < timeout, f"the export process stayed {gone_after:.1f} s more"
+
+
+# A 0.3 ms timer whose handler records a scope, in trace mode with a file exporter: the
+# handler lands anywhere, in the recorder's steps, in a trace's hand-over to the export
+# sink (which holds its lock) and while the default session is being made.
+RECORDING_HANDLER_SCRIPT = """
+import json, signal, sys
+import resettrace
+from resettrace import catalog as C
+
+steps = int(sys.argv[1])
+state = {"fired": 0, "recorded": 0}
+
+def handler(signum, frame):
+    state["fired"] += 1
+    rec = resettrace.current_recorder()
+    with rec.scope(C.SET_STATE_SET_DOF_POS, 1):
+        pass
+    state["recorded"] += rec.enabled
+
+if sys.argv[2] == "after start-up":
+    resettrace.get_tracing()
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.0003, 0.0003)
+session = resettrace.get_tracing()  # at start-up: made while the timer fires
+rec = resettrace.current_recorder()
+
+@resettrace.traced(C.DR_RESET, count="ids")
+def reset(ids):
+    with rec.scope(C.SET_STATE, len(ids)):
+        pass
+
+print("started", flush=True)
+try:
+    for _ in range(steps):
+        with rec.scope(C.RESET_DONE, 2):
+            reset([0, 1])
+finally:  # (a SIGTERM leaves through SystemExit)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+session.shutdown()
+report = session.export_report()
+print(json.dumps(dict(state, dropped=report["spans_dropped"],
+                      steps=resettrace.stats()["reset_done_ms"].count)))
+"""
+
+
+def _recording_handler_run(tmp_path: Path, pure: bool, steps: int,
+                           when: str = "at start-up") -> subprocess.Popen[str]:
+    script = tmp_path / "handler.py"
+    script.write_text(textwrap.dedent(RECORDING_HANDLER_SCRIPT))
+    env = _clean_env(RESETTRACE="trace", RESETTRACE_EXPORTER=f"file:{tmp_path}/spans.jsonl",
+                     RESETTRACE_QUEUE_SIZE="1000000", RESETTRACE_PURE_PYTHON=str(int(pure)))
+    return subprocess.Popen([sys.executable, str(script), str(steps), when], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(p: subprocess.Popen[str], watchdog_s: float) -> tuple[str, str]:
+    try:
+        return p.communicate(timeout=watchdog_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        stdout, stderr = p.communicate()
+        pytest.fail(f"still running after {watchdog_s} s (a deadlock?): {stderr[-2000:]}")
+
+
+@pytest.mark.parametrize("when", ["at start-up", "after start-up"])
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure-python"])
+def test_a_signal_handler_that_records_neither_deadlocks_nor_corrupts_a_trace(
+        pure: bool, when: str, tmp_path: Path) -> None:
+    """The handler's trace waited for the export sink's lock that its own thread held
+    (the main thread blocked until killed; at start-up, the default session's lock), with
+    thousands of RecursionErrors; the pure-Python recorder also left ``reset_done`` open
+    (-1,734,828 ms). Every step's trace and every handler's scope is written, each span
+    inside its parent, none negative."""
+    steps = 5000
+    p = _recording_handler_run(tmp_path, pure, steps, when)
+    stdout, stderr = _finish(p, 120)
+    assert p.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr and "RecursionError" not in stderr
+    out = json.loads(stdout.splitlines()[-1])
+    assert out["dropped"] == 0 and out["steps"] == steps
+    assert out["fired"] > 20 and out["recorded"] > 0
+    spans = [json.loads(line) for line in (tmp_path / "spans.jsonl").read_text().splitlines()]
+    names = [s["name"] for s in spans]
+    assert names.count("reset_done") == names.count("dr_reset") == names.count(
+        "set_state") == steps
+    assert names.count("set_state.set_dof_pos") == out["recorded"]
+    by_id = {s["span_id"]: s for s in spans}
+    for s in spans:
+        assert s["end_ns"] >= s["start_ns"] > 0, s
+        parent = by_id.get(s["parent_id"]) if s["parent_id"] else None
+        if s["parent_id"]:
+            assert parent is not None, s
+            assert parent["start_ns"] <= s["start_ns"] <= s["end_ns"] <= parent["end_ns"], (
+                parent, s)
+        else:
+            assert s["name"] in ("reset_done", "set_state.set_dof_pos"), s
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure-python"])
+def test_sigterm_ends_a_process_whose_signal_handler_records(pure: bool,
+                                                             tmp_path: Path) -> None:
+    """With the handler's trace blocked on the sink's lock, SIGTERM was put off for ever."""
+    p = _recording_handler_run(tmp_path, pure, 10**8)
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "started"
+    time.sleep(1.0)  # the loop runs, the timer fires
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = _finish(p, 60)
+    assert p.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "RecursionError" not in stderr
+
+
+FORK_IN_TRACE_SCRIPT = """
+import json, multiprocessing as mp, os, sys
+import resettrace
+from resettrace import catalog as C
+
+def steps(n):
+    rec = resettrace.current_recorder()
+    for _ in range(n):
+        with rec.scope(C.RESET_DONE, 1):
+            with rec.scope(C.DR_RESET, 1):
+                pass
+    return os.getpid()
+
+if __name__ == "__main__":
+    rec = resettrace.current_recorder()
+    with rec.scope(C.RESET_DONE, 1):  # forks inside an open trace
+        pid = os.fork()
+        if pid == 0:
+            steps(100)
+            resettrace.get_tracing().shutdown()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        with mp.get_context("fork").Pool(2) as pool:  # made inside a traced step
+            workers = pool.map(steps, [50] * 4, chunksize=1)
+            pool.close()
+            pool.join()
+    print(json.dumps({"child": pid, "workers": workers}))
+"""
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure-python"])
+def test_a_fork_inside_an_open_trace_leaves_the_childs_steps_recorded(
+        pure: bool, tmp_path: Path) -> None:
+    """The child of ``os.fork()`` inside a scope recorded 0 of its 100 steps, and the
+    workers of a ``Pool`` made inside a traced step 0 of 50 each: their scopes joined the
+    parent's open trace, which never closes in them. Each writes its own spans now."""
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent(FORK_IN_TRACE_SCRIPT))
+    env = _clean_env(RESETTRACE="trace",
+                     RESETTRACE_EXPORTER=f"file:{tmp_path}/spans-{{pid}}.jsonl",
+                     RESETTRACE_PURE_PYTHON=str(int(pure)))
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+
+    def steps_of(pid: int) -> int:
+        path = tmp_path / f"spans-{pid}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return sum(json.loads(line)["name"] == "reset_done" for line in lines)
+
+    assert steps_of(out["child"]) == 100
+    assert sum(steps_of(pid) for pid in set(out["workers"])) == 200

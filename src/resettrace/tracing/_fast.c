@@ -165,6 +165,9 @@ static void
 list_drop(PyObject *list, Py_ssize_t k)
 {
     Py_ssize_t n = PyList_GET_SIZE(list);
+    if (k > n) {
+        k = n;  /* Python code run meanwhile (a signal handler, a finalizer) shrank it */
+    }
     for (Py_ssize_t i = n - 1; i >= n - k; i--) {
         PyObject *v = PyList_GET_ITEM(list, i);
         PyList_SET_ITEM(list, i, NULL);
@@ -208,6 +211,10 @@ new_record(Py_ssize_t index, PyObject *parent, PyObject *count)
 static inline void
 set_item(PyObject *r, Py_ssize_t i, PyObject *v)
 {
+    if (i >= PyList_GET_SIZE(r)) {  /* a record emptied by Python code: left as it is */
+        Py_DECREF(v);
+        return;
+    }
     PyObject *old = PyList_GET_ITEM(r, i);
     PyList_SET_ITEM(r, i, v);
     Py_DECREF(old);
@@ -231,8 +238,9 @@ static PyObject *
 push_record(PyObject *stack, PyObject *records, Py_ssize_t index, PyObject *count)
 {
     Py_ssize_t pos = PyList_GET_SIZE(records);
-    PyObject *parent = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
+    PyObject *parent = Py_NewRef(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1));
     PyObject *r = new_record(index, parent, count);
+    Py_DECREF(parent);
     if (r == NULL) {
         return NULL;
     }
@@ -280,10 +288,15 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *stack = self->stack, *records = self->records, *laps = self->laps;
     Py_ssize_t n, pos;
     PyObject *r;
-    if (nargs != 3 || stack == NULL || records == NULL || laps == NULL
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError,
+                     "__exit__() takes 3 arguments (exc_type, exc, tb), %zd given", nargs);
+        return NULL;
+    }
+    if (stack == NULL || records == NULL || laps == NULL
             || !PyList_CheckExact(stack) || !PyList_CheckExact(records)
             || !PyList_CheckExact(laps) || (n = PyList_GET_SIZE(stack)) < 2) {
-        goto slow;  /* not entered, or the trace closes (or odd arguments) */
+        goto slow;  /* not entered, or the trace closes */
     }
     pos = int_at(stack, n - 1);
     if (pos < 0 || pos >= PyList_GET_SIZE(records)) {
@@ -301,19 +314,29 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
     if (now_ns(&t) < 0) {
         return NULL;
     }
+    PyObject *code = NULL;
+    if (args[0] != Py_None) {  /* an exception leaves it: its type's code */
+        PyObject *name = PyObject_GetAttr(args[0], str_name);
+        code = name == NULL ? NULL : PyObject_CallOneArg(error_code_fn, name);
+        Py_XDECREF(name);
+        if (code == NULL) {
+            return NULL;
+        }
+    }
+    /* the clock and the error code may run Python code (a signal handler that records):
+     * it is still on top, or the Python method takes the case as it is now */
+    if (PyList_GET_SIZE(stack) != n || int_at(stack, n - 1) != pos
+            || pos >= PyList_GET_SIZE(records) || PyList_GET_ITEM(records, pos) != r) {
+        Py_XDECREF(code);
+        goto slow;
+    }
     Py_INCREF(r);
     if (set_int(r, 3, t) < 0) {  /* R_END */
+        Py_XDECREF(code);
         Py_DECREF(r);
         return NULL;
     }
-    if (args[0] != Py_None) {  /* an exception leaves it: its type's code */
-        PyObject *name = PyObject_GetAttr(args[0], str_name);
-        PyObject *code = name == NULL ? NULL : PyObject_CallOneArg(error_code_fn, name);
-        Py_XDECREF(name);
-        if (code == NULL) {
-            Py_DECREF(r);
-            return NULL;
-        }
+    if (code != NULL) {
         set_item(r, 5, code);  /* R_ERROR */
     }
     Py_DECREF(r);
@@ -321,9 +344,8 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
     self->pos = pos;
     Py_RETURN_NONE;
 slow:
-    return PyObject_CallMethodObjArgs((PyObject *)self, str_exit_slow,
-        nargs > 0 ? args[0] : Py_None, nargs > 1 ? args[1] : Py_None,
-        nargs > 2 ? args[2] : Py_None, NULL);
+    return PyObject_CallMethodObjArgs((PyObject *)self, str_exit_slow, args[0], args[1],
+                                      args[2], NULL);
 }
 
 static PyMethodDef scope_methods[] = {
@@ -506,7 +528,7 @@ bridge_fast(Bridging *self, PyObject *inner, PyObject *name, int *done)
     if (rec == NULL) {
         return NULL;
     }
-    PyObject *result = NULL, *key = NULL, *index = NULL;
+    PyObject *result = NULL, *key = NULL, *index = NULL, *top = NULL, *placed = NULL;
     Parts parts = {NULL, NULL, NULL, 0};
     if (rec == Py_None) {
         *done = 1;
@@ -524,7 +546,7 @@ bridge_fast(Bridging *self, PyObject *inner, PyObject *name, int *done)
     if (at < 0 || at >= PyList_GET_SIZE(records)) {
         goto out;
     }
-    PyObject *top = PyList_GET_ITEM(records, at);
+    top = Py_NewRef(PyList_GET_ITEM(records, at));  /* held: Python code runs below */
     if (!PyList_CheckExact(top) || PyList_GET_SIZE(top) != 6) {
         goto out;
     }
@@ -532,7 +554,7 @@ bridge_fast(Bridging *self, PyObject *inner, PyObject *name, int *done)
     if (key == NULL) {
         goto out;
     }
-    PyObject *placed = PyDict_GetItemWithError(self->placed, key);  /* borrowed */
+    placed = Py_XNewRef(PyDict_GetItemWithError(self->placed, key));
     if (placed == NULL) {
         goto out;  /* not placed yet (or an error): the general bridge */
     }
@@ -559,8 +581,9 @@ bridge_fast(Bridging *self, PyObject *inner, PyObject *name, int *done)
         goto out;
     }
     int inherit = PyObject_IsTrue(PyTuple_GET_ITEM(placed, 1));
-    if (inherit < 0) {
-        goto out;
+    if (inherit < 0 || PyList_GET_SIZE(top) != 6 || i >= PyList_GET_SIZE(scopes)
+            || PyList_GET_ITEM(scopes, i) != s) {
+        goto out;  /* (the attribute reads above may run Python code) */
     }
     /* what rec.scope(phase, count) does, in place */
     Py_XSETREF(((ScopeBase *)s)->count,
@@ -574,6 +597,8 @@ out:
     parts_clear(&parts);
     Py_XDECREF(key);
     Py_XDECREF(index);
+    Py_XDECREF(top);
+    Py_XDECREF(placed);
     return result;
 }
 
@@ -669,7 +694,8 @@ static PyObject *slot_obj;        /* the thread-local slot of the current record
 static PyObject *recorder_type;   /* recorder.Recorder */
 static PyObject *env_count_key;   /* catalog.ATTR_ENV_COUNT */
 static PyObject *str_default, *str_processor, *str_local, *str_recorder, *str_closed,
-    *str_attributes, *str_token, *str_exit, *str_close_trace, *str_adopt, *one_none;
+    *str_attributes, *str_token, *str_exit, *str_close_trace, *str_adopt, *one_none,
+    *str_catalog, *str_call, *str_call_leaf;
 
 typedef struct {
     PyObject_HEAD
@@ -820,29 +846,6 @@ to_python(Traced *self, PyObject *args, PyObject *kwargs)
     return PyObject_CallFunctionObjArgs(self->general, args, kwargs, NULL);
 }
 
-/* general(args, kwargs, c): every case, with the count already read (once per call) */
-static PyObject *
-to_python_counted(Traced *self, PyObject *args, PyObject *kwargs, PyObject *c)
-{
-    return PyObject_CallFunctionObjArgs(self->general, args, kwargs, c, NULL);
-}
-
-/* Whether the stack is not empty and its top record is of phase `within` (-1: any, or an
- * empty stack too). */
-static int
-top_is(PyObject *stack, PyObject *records, Py_ssize_t within)
-{
-    if (within < 0) {
-        return 1;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(stack);
-    Py_ssize_t top = n > 0 ? int_at(stack, n - 1) : -2;
-    PyObject *tr = top >= 0 && top < PyList_GET_SIZE(records)
-        ? PyList_GET_ITEM(records, top) : NULL;
-    return tr != NULL && PyList_CheckExact(tr) && PyList_GET_SIZE(tr) == 6
-        && int_at(tr, 0) == within;
-}
-
 static PyObject *
 count_of_call(Traced *self, PyObject *args, PyObject *kwargs)
 {
@@ -864,6 +867,38 @@ count_of_call(Traced *self, PyObject *args, PyObject *kwargs)
     /* anything else (a keyword argument, a callable, a value count_fast does not know, a
      * failure, which it logs once): the Python reader */
     return PyObject_CallFunctionObjArgs(self->count_now, args, kwargs, NULL);
+}
+
+/* rec.<method>(phase, count, fn, args, kwargs) (Recorder.call, call_leaf), with the count
+ * already read: what a traced call does when the count's reader changed the recorder's
+ * stack or records (it ran Python code: a property, a __len__, a signal handler that
+ * records), so that nothing read before is used, and the count is not read twice. */
+static PyObject *
+call_counted(PyObject *rec, PyObject *method, Py_ssize_t index, PyObject *c, PyObject *fn,
+             PyObject *args, PyObject *kwargs)
+{
+    PyObject *catalog = PyObject_GetAttr(rec, str_catalog);
+    if (catalog == NULL) {
+        return NULL;
+    }
+    PyObject *phase = PySequence_GetItem(catalog, index);
+    Py_DECREF(catalog);
+    if (phase == NULL) {
+        return NULL;
+    }
+    PyObject *result = PyObject_CallMethodObjArgs(rec, method, phase, c, fn, args, kwargs,
+                                                  NULL);
+    Py_DECREF(phase);
+    return result;
+}
+
+/* Whether the stack and records are as they were (n entries, top the object `top`, which
+ * the caller holds, or NULL when empty; pos records) before Python code ran. */
+static inline int
+unchanged(PyObject *stack, PyObject *records, Py_ssize_t n, PyObject *top, Py_ssize_t pos)
+{
+    return PyList_GET_SIZE(stack) == n && PyList_GET_SIZE(records) == pos
+        && (n == 0 || PyList_GET_ITEM(stack, n - 1) == top);
 }
 
 static inline PyObject *
@@ -897,7 +932,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     PyObject *stack = NULL, *records = NULL, *scopes = NULL, *r = NULL, *c = NULL;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *top = NULL, *s = NULL;
     int root = 0, mine = 0;
     if (rec == Py_None) {  /* none open, none bound */
         Py_DECREF(rec);
@@ -935,7 +970,8 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         int is_closed = closed == NULL ? -1 : PyObject_IsTrue(closed);
         Py_XDECREF(closed);
         if (is_closed != 0 || rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
-                || rec_take(rec, &stack, &records, &scopes, &mine) < 0 || PyList_GET_SIZE(stack) != 0) {
+                || rec_take(rec, &stack, &records, &scopes, &mine) < 0 || PyList_GET_SIZE(stack) != 0
+                || PyList_GET_SIZE(records) != 0) {  /* (a hand-over under way: Python) */
             PyErr_Clear();
             goto to_general;
         }
@@ -964,10 +1000,11 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
             return call_fn(self, args, kwargs);  /* not on the path it is recorded on */
         }
     }
-    if (self->index >= PyList_GET_SIZE(scopes)) {
+    Py_ssize_t pos = PyList_GET_SIZE(records);
+    if (pos >= max_records() || self->index >= PyList_GET_SIZE(scopes)) {
         goto to_general;
     }
-    PyObject *s = PyList_GET_ITEM(scopes, self->index);
+    s = Py_NewRef(PyList_GET_ITEM(scopes, self->index));
     if (!PyObject_TypeCheck(s, &ScopeBaseType)) {
         goto to_general;
     }
@@ -980,24 +1017,16 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
             goto to_general;  /* it sets the env count first */
         }
     }
-    /* the count first, then the trace's state: a reader may run traced code (a property
-     * calling a traced helper) that opens and closes scopes, or leaves one open, or
-     * closes the trace; the stack is read after it */
+    top = n > 0 ? Py_NewRef(PyList_GET_ITEM(stack, n - 1)) : NULL;
     c = count_of_call(self, args, kwargs);
     if (c == NULL) {
         goto done;
     }
-    if (PyList_GET_SIZE(stack) != n || !top_is(stack, records, self->within)) {
-        goto to_general_counted;  /* it left the stack otherwise: as it is now */
+    if (!unchanged(stack, records, n, top, pos)) {  /* the count's reader recorded */
+        result = call_counted(rec, str_call, self->index, c, self->fn, args, kwargs);
+        goto done;
     }
-    Py_ssize_t pos = PyList_GET_SIZE(records);
-    if (pos >= max_records()) {
-        goto to_general_counted;
-    }
-    PyObject *parent = no_count;  /* -1: the root */
-    if (!root) {
-        parent = PyList_GET_ITEM(stack, n - 1);
-    }
+    PyObject *parent = root ? no_count : top;  /* -1: the root */
     r = new_record(self->index, parent, c);
     if (r == NULL) {
         goto done;
@@ -1048,9 +1077,6 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_SystemError, "resettrace: a traced call failed without an error");
     }
     goto done;
-to_general_counted:
-    result = to_python_counted(self, args, kwargs, c);
-    goto done;
 to_general:
     result = to_python(self, args, kwargs);
 done:
@@ -1060,6 +1086,8 @@ done:
     Py_XDECREF(scopes);
     Py_XDECREF(r);
     Py_XDECREF(c);
+    Py_XDECREF(top);
+    Py_XDECREF(s);
     return result;
 }
 
@@ -1081,21 +1109,26 @@ run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
             || PyList_GET_SIZE(stack) == 0 || !mine) {
         goto to_general;
     }
-    if (!top_is(stack, records, self->within)) {
-        goto to_general;
-    }
-    /* the count first, then the trace's state (see run_call) */
-    c = count_of_call(self, args, kwargs);
-    if (c == NULL) {
-        goto done;
-    }
     Py_ssize_t n = PyList_GET_SIZE(stack);
     Py_ssize_t pos = PyList_GET_SIZE(records);
-    if (n == 0 || !top_is(stack, records, self->within) || pos >= max_records()) {
-        goto to_general_counted;
-    }
     PyObject *parent = PyList_GET_ITEM(stack, n - 1);
-    Py_INCREF(parent);
+    Py_ssize_t at = int_at(stack, n - 1);
+    PyObject *tr = at >= 0 && at < pos ? PyList_GET_ITEM(records, at) : NULL;
+    if (tr == NULL || !PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != 6
+            || int_at(tr, 0) != self->within || pos >= max_records()) {
+        goto to_general;
+    }
+    Py_INCREF(parent);  /* held: the count's reader may run Python code */
+    c = count_of_call(self, args, kwargs);
+    if (c == NULL) {
+        Py_DECREF(parent);
+        goto done;
+    }
+    if (!unchanged(stack, records, n, parent, pos)) {  /* the count's reader recorded */
+        Py_DECREF(parent);
+        result = call_counted(rec, str_call_leaf, self->index, c, self->fn, args, kwargs);
+        goto done;
+    }
     r = new_record(self->index, parent, c);
     if (r == NULL || PyList_Append(records, r) < 0) {
         Py_DECREF(parent);
@@ -1126,9 +1159,6 @@ run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
     }
     Py_DECREF(parent);
     goto done;
-to_general_counted:
-    result = to_python_counted(self, args, kwargs, c);
-    goto done;
 to_general:
     result = to_python(self, args, kwargs);
 done:
@@ -1149,6 +1179,7 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     PyObject *stack = NULL, *records = NULL, *scopes = NULL, *c = NULL, *result = NULL;
+    PyObject *held = NULL, *chain_held = NULL;
     PyObject *opened[4] = {NULL, NULL, NULL, NULL};
     int mine = 0;
     if (rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
@@ -1197,36 +1228,32 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
     PyObject *chain = PyTuple_GET_ITEM(known, 0);
     Py_ssize_t top = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, 1));
     Py_ssize_t n = PyTuple_GET_SIZE(chain);
-    if (top >= PyList_GET_SIZE(scopes)) {
+    Py_ssize_t base = PyList_GET_SIZE(records);
+    if (base + n > max_records() || top >= PyList_GET_SIZE(scopes)) {
         goto to_general;
     }
-    /* the count first, then the trace's state (see run_call) */
+    Py_ssize_t idx[4];
+    for (int k = 0; n == 4 && k < 4; k++) {
+        idx[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(chain, k));
+        if (idx[k] < 0 || idx[k] >= PyList_GET_SIZE(scopes)
+                || !PyObject_TypeCheck(PyList_GET_ITEM(scopes, idx[k]), &ScopeBaseType)) {
+            goto to_general;
+        }
+    }
+    parent = held = Py_NewRef(parent);  /* the count's reader may run Python code */
+    Py_INCREF(chain);
+    chain_held = chain;
     c = count_of_call(self, args, kwargs);
     if (c == NULL) {
         goto done;
     }
-    if (PyList_GET_SIZE(stack) != n0 || int_at(stack, n0 - 1) != at) {
-        goto to_general_counted;
-    }
-    parent = PyList_GET_ITEM(stack, n0 - 1);  /* the stack's own, now */
-    Py_ssize_t base = PyList_GET_SIZE(records);
-    if (base + n > max_records()) {
-        goto to_general_counted;
-    }
-    if (n != 4) {  /* other lengths: as the Python path takes them */
+    if (n != 4 || !unchanged(stack, records, n0, parent, base)) {
+        /* other lengths, or a count's reader that recorded: as the Python path takes it */
         result = PyObject_CallMethod(rec, "call_chain", "OOOOO", chain, c, self->fn, args,
                                      kwargs);
         goto done;
     }
     /* a reset under an env step (reset_done down to set_state) */
-    Py_ssize_t idx[4];
-    for (int k = 0; k < 4; k++) {
-        idx[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(chain, k));
-        PyObject *sk = PyList_GET_ITEM(scopes, idx[k]);
-        if (!PyObject_TypeCheck(sk, &ScopeBaseType)) {
-            goto to_general;
-        }
-    }
     PyObject *par = parent;
     for (int k = 0; k < 4; k++) {
         PyObject *pp = k == 0 ? Py_NewRef(par) : PyLong_FromSsize_t(base + k - 1);
@@ -1268,7 +1295,11 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
             if (code != NULL) {
                 set_item(opened[k], 5, Py_NewRef(code));
             }
-            ((ScopeBase *)PyList_GET_ITEM(scopes, idx[k]))->pos = base + k;
+            PyObject *sk = idx[k] < PyList_GET_SIZE(scopes)
+                ? PyList_GET_ITEM(scopes, idx[k]) : NULL;
+            if (sk != NULL && PyObject_TypeCheck(sk, &ScopeBaseType)) {
+                ((ScopeBase *)sk)->pos = base + k;
+            }
         }
         list_drop(stack, m < 4 ? m : 4);
         if (m <= 4) {
@@ -1291,9 +1322,6 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
     }
     Py_XDECREF(code);
     goto done;
-to_general_counted:
-    result = to_python_counted(self, args, kwargs, c);
-    goto done;
 to_general:
     PyErr_Clear();
     result = to_python(self, args, kwargs);
@@ -1303,6 +1331,8 @@ done:
     Py_XDECREF(records);
     Py_XDECREF(scopes);
     Py_XDECREF(c);
+    Py_XDECREF(held);
+    Py_XDECREF(chain_held);
     for (int k = 0; k < 4; k++) {
         Py_XDECREF(opened[k]);
     }
@@ -1346,6 +1376,11 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     if (kind < KIND_CALL || kind > KIND_CHAIN) {
         PyErr_SetString(PyExc_ValueError, "kind must be 0 (call), 1 (leaf) or 2 (chain)");
+        return NULL;
+    }
+    if (index < 0 || within < -1 || count_at < -1) {
+        PyErr_Format(PyExc_ValueError, "index must be >= 0 and within, count_at >= -1 "
+                     "(got index=%zd, within=%zd, count_at=%zd)", index, within, count_at);
         return NULL;
     }
     Traced *self = (Traced *)type->tp_alloc(type, 0);
@@ -1488,6 +1523,9 @@ PyInit__fast(void)
     INTERN(str_exit, "__exit__");
     INTERN(str_close_trace, "_close_trace");
     INTERN(str_adopt, "_adopt");
+    INTERN(str_catalog, "catalog");
+    INTERN(str_call, "call");
+    INTERN(str_call_leaf, "call_leaf");
 #undef INTERN
     zero = PyLong_FromLong(0);
     no_count = PyLong_FromLong(-1);

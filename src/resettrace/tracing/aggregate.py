@@ -305,7 +305,8 @@ class Aggregator:
         self._wake_at = min(_DRAIN_BATCH, max_pending)
         #: recorder traces dropped because the queue was full (never aggregated)
         self.dropped_traces = 0
-        self._drop_lock = threading.Lock()  # traces may end on several threads
+        # traces may end on several threads, and in a signal handler on a thread that holds it
+        self._drop_lock = threading.RLock()
         self._max_samples = max_samples
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -340,7 +341,7 @@ class Aggregator:
         self._wake = threading.Event()
         self._worker = None
         self._pending = deque()
-        self._drop_lock = threading.Lock()
+        self._drop_lock = threading.RLock()
         self.dropped_traces = 0
         self._plans = {}
         self._buffered = 0
@@ -389,17 +390,26 @@ class Aggregator:
             self._wake.set()
             return
         pending.append(records)
-        if len(pending) == self._wake_at:  # once per batch (a busy thread drains on)
+        n = len(pending)
+        if n >= self._wake_at and (n == self._wake_at or self._worker is None):
+            # once per batch (a busy thread drains on), or until the worker runs
             if self._worker is None:
                 self._start_worker()
             self._wake.set()
 
     def _start_worker(self) -> None:
-        with self._lock:
+        # never waits: the lock may be held by this very thread, interrupted (in a read of
+        # the statistics, or starting the worker) by a signal handler whose trace this is;
+        # the next trace tries again
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, daemon=True,
                                                 name="resettrace-aggregate")
                 self._worker.start()
+        finally:
+            self._lock.release()
 
     def _work(self) -> None:
         while not self._stopped:

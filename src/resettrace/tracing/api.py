@@ -53,8 +53,13 @@ __all__ = ["configure", "get_tracing", "use_tracing", "stats", "recorder", "bind
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_lock = threading.Lock()
+#: re-entrant: a signal handler that records may run on the thread that holds it
+_lock = threading.RLock()
 _default: Tracing | None = None
+#: the default session is being made (under the lock), and the session a signal handler
+#: that interrupts the making gets meanwhile (see :func:`get_tracing`)
+_making = False
+_while_making: Tracing | None = None
 _CURRENT = CURRENT
 _get_current = _CURRENT.get
 _get_ident = threading.get_ident
@@ -84,17 +89,40 @@ def configure(config: Config | None = None, *, tracer_provider: Any = None,
 
 
 def get_tracing() -> Tracing:
-    """The default tracing session, created from the environment on first use."""
-    global _default
+    """The default tracing session, created from the environment on first use.
+
+    A signal handler that records, run on the thread making it (it takes a while: the span
+    export process starts), gets a session that records nothing until it is made (said
+    once): it must not wait for the lock its own thread holds, nor make a second one."""
+    global _default, _making
     session = _default
     if session is not None:
         return session
     with _lock:
-        if _default is None:
+        if _default is not None:
+            return _default
+        if _making:  # re-entered: only a signal handler of this thread gets in here
+            return _meanwhile()
+        _making = True  # (no call since the lock was taken: no handler ran in between)
+        try:
             from resettrace.tracing.session import Tracing
 
-            _default = Tracing(Config.from_env())
-        return _default
+            made = Tracing(Config.from_env())
+        finally:
+            _making = False
+        _default = made
+        return made
+
+
+def _meanwhile() -> Tracing:
+    global _while_making
+    note_once("reentered-start", "a signal handler recorded while the default session was "
+              "being made; what it recorded until then was not recorded")
+    if _while_making is None:
+        from resettrace.tracing.session import Tracing
+
+        _while_making = Tracing(Config(mode="off"))
+    return _while_making
 
 
 def default_session() -> Tracing | None:
@@ -246,7 +274,7 @@ def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
             if session.processor is None:
                 return fn(*args, **kwargs)  # tracing off
             rec = getattr(session._local, "recorder", None)  # this thread's own
-            if rec is None or session._closed or rec._stack:
+            if rec is None or session._closed or rec._stack or rec._records:
                 return general(args, kwargs)
         elif rec.__class__ is not Recorder or not rec._stack or rec._owner != _get_ident():
             return general(args, kwargs)
@@ -267,19 +295,27 @@ def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
             c = count_now(args, kwargs)
             if len(stack) != depth or (within >= 0 and records[stack[-1]][0] != within):
                 return general(args, kwargs, c)  # it left the stack otherwise: as it is now
-        pos = len(records)
-        if pos >= MAX_TRACE_RECORDS:
+        if len(records) >= MAX_TRACE_RECORDS:
             return general(args, kwargs, c)
+        # in the order a signal handler's scopes may interrupt (see recorder._ScopeCore)
         if stack:
             r = [index, stack[-1], 0, 0, c, 0]
+            records += (r,)
+            pos = len(records) - 1
+            stack.append(pos)
         else:  # a trace opens: its recorder is the current one until it closes
+            if records:  # the last trace's hand-over, interrupted by this (a handler)
+                rec._close_trace()
             r = [index, -1, 0, 0, c, 0]
-            rec._token = (None,)
+            pos = 0  # (no call from here to the pushes)
+            rec._token = (_SLOT.value,)
             _SLOT.value = rec
-        stack.append(pos)
-        records.append(r)
+            records += (r,)
+            stack += (pos,)
         exc_type = None
-        r[2] = _rec._perf_ns()  # R_START, last: bookkeeping is not timed
+        r[2] = t = _rec._perf_ns()  # R_START, last: bookkeeping is not timed
+        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
+            r[2] = _rec._first_start(records, pos, t)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -287,10 +323,13 @@ def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
             raise
         finally:
             t = _rec._perf_ns()
+            code = 0 if exc_type is None else error_code(exc_type.__name__)
             if stack and stack[-1] == pos and records[pos] is r:
+                while records[-1][3] > t:  # a handler's scope inside it, after the clock
+                    t = _rec._last_end(records, pos, t)
                 r[3] = t  # R_END
-                if exc_type is not None:
-                    r[5] = error_code(exc_type.__name__)  # R_ERROR
+                if code:
+                    r[5] = code  # R_ERROR
                 stack.pop()
                 s = scopes[index]  # it remembers the run: its timing(), its count
                 s._pos = pos
@@ -473,15 +512,26 @@ def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | Non
     return read
 
 
-def _deferred_kind(fn: Callable[..., Any]) -> tuple[str, str, str] | None:
+def _deferred_kind(fn: Any) -> tuple[str, str, str] | None:
     """``(kind, what a call makes, what its work runs across)`` for a function whose work
-    runs after the call returns; None for any other."""
+    runs after the call returns (also under ``staticmethod`` or ``classmethod``, or as an
+    object's ``__call__``); None for any other."""
+    if isinstance(fn, staticmethod | classmethod):
+        inner = _deferred_kind(fn.__func__)
+        if inner is None:
+            return None
+        return (f"a {type(fn).__name__} of {inner[0]}", *inner[1:])
     if inspect.isasyncgenfunction(fn):
         return "an async generator function", "an async generator", "yields and awaits"
     if inspect.iscoroutinefunction(fn):
         return "a coroutine function", "a coroutine", "awaits"
     if inspect.isgeneratorfunction(fn):
         return "a generator function", "a generator", "yields"
+    if not inspect.isroutine(fn) and not isinstance(fn, type) and callable(fn):
+        call = type(fn).__call__  # callable(fn): its type has one
+        inner = None if inspect.isbuiltin(call) else _deferred_kind(call)
+        if inner is not None:
+            return (f"an object whose __call__ is {inner[0]}", *inner[1:])
     return None
 
 
@@ -535,8 +585,10 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
         deferred = _deferred_kind(fn)
         if deferred is not None:
             kind, made, across = deferred
-            qualname = getattr(fn, "__qualname__", None) or repr(fn)
-            name = f"{getattr(fn, '__module__', None) or '?'}.{qualname}"
+            named = (fn.__func__ if isinstance(fn, staticmethod | classmethod)
+                     else type(fn).__call__ if kind.startswith("an object") else fn)
+            qualname = getattr(named, "__qualname__", None) or repr(named)
+            name = f"{getattr(named, '__module__', None) or '?'}.{qualname}"
             raise TypeError(
                 f"traced() cannot record {name}: it is {kind}, so a call only creates {made} "
                 f"and its work runs after the call returns, across {across}, where a scope "

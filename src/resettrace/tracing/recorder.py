@@ -37,6 +37,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -183,6 +184,18 @@ class _Slot(threading.local):
     value: Any = None
 
 
+def _first_start(records: list[Record], pos: int, t: int) -> int:
+    """The start of the record at ``pos``, begun at ``t``, that a signal handler's records
+    entered while it opened: theirs, when earlier (they are inside it)."""
+    return min([t, *(records[j][R_START] for j in range(pos + 1, len(records)))])
+
+
+def _last_end(records: list[Record], pos: int, t: int) -> int:
+    """The end of the record at ``pos``, ended at ``t``, that a signal handler's records
+    outlast (they ran after its clock read, inside it): the last of theirs."""
+    return max([t, *(records[j][R_END] for j in range(pos + 1, len(records)))])
+
+
 class ThreadCurrent:
     """The current recorder of this thread: the one whose trace is open, else the one
     bound by ``resettrace.bind`` (None: the default session's recorder of the thread).
@@ -298,34 +311,52 @@ class _ScopeCore:
     _laps: list[int]
     _layout: tuple[int, dict[int, str], dict[str, float], str | None] | None
 
+    # A signal handler that records runs between two calls of the code it interrupts (the
+    # interpreter runs it after a call returns, or as a function starts), so at every call
+    # below the recorder's lists hold a state that a whole scope (or trace) of the handler's
+    # can run through and leave as it found it: a record goes in before its position goes
+    # on the stack, a trace's first record and position go in with no call in between,
+    # and a trace is handed over whole (:meth:`Recorder._close_trace`). The C recorder runs
+    # no Python code in its steps.
     def __enter__(self) -> Any:
         stack = self._stack
         records = self._records
-        pos = len(records)
-        if pos >= MAX_TRACE_RECORDS:
+        if len(records) >= MAX_TRACE_RECORDS:
             self._rec._overflow()
-            pos = 0
         if stack:
             r = [self._index, stack[-1], 0, 0, self._count, 0]
+            records += (r,)
+            pos = len(records) - 1  # where it went (a handler's records may follow it)
+            stack.append(pos)
         else:  # a trace opens: its recorder is the current one until it closes
+            rec = self._rec
+            if records:  # the last trace's hand-over, interrupted by this (a handler)
+                rec._close_trace()
             r = [self._index, -1, 0, 0, self._count, 0]
-            self._rec._token = (_SLOT.value,)
-            _SLOT.value = self._rec
-        stack.append(pos)
-        records.append(r)
+            pos = 0  # (no call from here to the pushes)
+            rec._token = (_SLOT.value,)
+            _SLOT.value = rec
+            records += (r,)
+            stack += (pos,)
         first = self._first
         if first >= 0:  # it opens with its first lap
             lap = [first, pos, 0, 0, NO_COUNT, 0]
-            stack.append(pos + 1)
-            records.append(lap)
-            self._laps.append(pos + 1)
-            r[2] = lap[2] = _perf_ns()
+            records += (lap,)
+            at = len(records) - 1
+            stack.append(at)
+            self._laps.append(at)
+            r[2] = lap[2] = t = _perf_ns()
+            if records[-1] is not lap:  # a handler's scopes went in meanwhile
+                r[2] = lap[2] = _first_start(records, at, t)
             return self
-        r[2] = _perf_ns()  # R_START, last: bookkeeping is not timed
+        r[2] = t = _perf_ns()  # R_START, last: bookkeeping is not timed
+        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
+            r[2] = _first_start(records, pos, t)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         t = _perf_ns()
+        code = 0 if exc_type is None else error_code(exc_type.__name__)
         stack = self._stack
         if not stack:
             note_once("exit-unopened", "scope %r exited without being entered; ignored",
@@ -335,21 +366,28 @@ class _ScopeCore:
         pos = stack[-1]
         laps = self._laps
         if laps and laps[-1] == pos:  # its running lap ends with it
-            laps.pop()
-            stack.pop()
             r = records[pos]
+            if records[-1][3] > t:  # a handler's scope inside it ran after the clock read
+                t = _last_end(records, pos, t)
             r[3] = t
-            if exc_type is not None:
-                r[R_ERROR] = error_code(exc_type.__name__)
+            if code:
+                r[R_ERROR] = code
+            del stack[-1]  # (no call in between: statements, not methods)
+            del laps[-1]
             pos = stack[-1]
         r = records[pos]
-        if r[0] != self._index and not self._unwind(t):
-            return  # not open: ignored (a second exit, or never entered)
-        self._pos = pos = stack.pop()
-        r = records[pos]
-        r[3] = t  # R_END
-        if exc_type is not None:
-            r[R_ERROR] = error_code(exc_type.__name__)
+        if r[0] != self._index:
+            if not self._unwind(t):
+                return  # not open: ignored (a second exit, or never entered)
+            pos = stack[-1]
+            r = records[pos]
+        while records[-1][3] > t:  # a handler's scope inside it ran after the clock read
+            t = _last_end(records, pos, t)
+        r[3] = t  # R_END (no call from here to the pop: a handler never sees it half closed)
+        if code:
+            r[R_ERROR] = code
+        self._pos = pos
+        del stack[-1]
         if not stack:
             self._rec._close_trace()
 
@@ -575,6 +613,7 @@ class Recorder:
         self._threads: dict[int, Recorder] = {}
         #: wall-clock ns minus perf_counter ns, to place records in real time
         self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
+        _RECORDERS.add(self)
 
     def _grow(self) -> None:
         scopes = self._scopes
@@ -684,20 +723,27 @@ class Recorder:
         if index >= len(self._scopes):  # a phase registered after this recorder
             index = self._scope_of(phase)._index
         records = self._records
-        pos = len(records)
-        if pos >= MAX_TRACE_RECORDS:
+        if len(records) >= MAX_TRACE_RECORDS:
             self._overflow()
-            pos = 0
+        # in the order a signal handler's scopes may interrupt (see _ScopeCore.__enter__)
         if stack:
             r = [index, stack[-1], 0, 0, count, 0]
+            records += (r,)
+            pos = len(records) - 1
+            stack.append(pos)
         else:  # a trace opens: its recorder is the current one until it closes
+            if records:  # the last trace's hand-over, interrupted by this (a handler)
+                self._close_trace()
             r = [index, -1, 0, 0, count, 0]
+            pos = 0  # (no call from here to the pushes)
             self._token = (_SLOT.value,)
             _SLOT.value = self
-        stack.append(pos)
-        records.append(r)
+            records += (r,)
+            stack += (pos,)
         exc_type = None
-        r[2] = _perf_ns()  # R_START, last: bookkeeping is not timed
+        r[2] = t = _perf_ns()  # R_START, last: bookkeeping is not timed
+        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
+            r[2] = _first_start(records, pos, t)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -706,6 +752,8 @@ class Recorder:
         finally:
             t = _perf_ns()
             if stack and stack[-1] == pos and records[pos] is r:
+                while records[-1][3] > t:  # a handler's scope inside it, after the clock
+                    t = _last_end(records, pos, t)
                 r[3] = t  # R_END
                 if exc_type is not None:
                     r[R_ERROR] = error_code(exc_type.__name__)
@@ -858,12 +906,19 @@ class Recorder:
     def _close_trace(self) -> None:
         """The trace's outermost scope closed: the thread's current recorder is again the
         one before it opened, and a copy of the trace goes to the sinks (the scopes hold
-        ``self._records``: the list is reused)."""
+        ``self._records``: the list is reused).
+
+        A signal handler's scope that opens a trace before this runs (its stack is empty,
+        its records not) calls it first: the trace is handed over once, whole, by whichever
+        call comes first (no call between taking it and emptying the list)."""
         token, self._token = self._token, None
         if token is not None:
             _SLOT.value = token[0]
-        self._last = records = self._records[:]
-        self._records.clear()
+        records = self._records[:]
+        del self._records[:]
+        if not records:
+            return  # handed over already
+        self._last = records
         for sink in self._sinks:
             try:
                 sink.on_trace(records, self)
@@ -882,6 +937,32 @@ class Recorder:
                           " own thread had a trace open; each thread's calls are recorded as "
                           "traces of their own")
         return rec
+
+
+#: every recorder alive, for :func:`_discard_open_traces`
+_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _discard_open_traces() -> None:
+    """In a forked child: the traces open at the fork are its parent's (the parent closes
+    and counts them), and the code that would close them may never run here (a
+    ``multiprocessing`` worker forked inside a traced step): every one is dropped, so the
+    child's own scopes open traces of their own. The thread's current recorder is again
+    the one before the outermost of them opened."""
+    current = _SLOT.value
+    while isinstance(current, Recorder) and (current._stack or current._records):
+        token = current._token
+        current = token[0] if token is not None else None
+    for rec in list(_RECORDERS):
+        if rec._stack or rec._records:
+            del rec._stack[:]
+            del rec._records[:]
+            del rec._laps[:]
+            rec._token = None
+    _SLOT.value = current
+
+
+lifecycle.at_fork(_discard_open_traces)
 
 
 def use_clock(clock_ns: Callable[[], int] | None) -> None:

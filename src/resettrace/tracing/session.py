@@ -143,7 +143,7 @@ class Tracing:
         #: one later: ``traced(env_count=...)`` sets it on its first call)
         self._env_counts: set[int] = set()
         self._recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
-        self._recorders_lock = threading.Lock()
+        self._recorders_lock = threading.RLock()  # a signal handler may record meanwhile
         #: the backend and task names its recorders were given (what their spans carry)
         self._labels: dict[str, set[str]] = {ATTR_BACKEND: set(), ATTR_TASK: set()}
         if not self.config.enabled:

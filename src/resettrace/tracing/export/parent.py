@@ -35,6 +35,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Iterator
 from itertools import chain
 from typing import Any
 
@@ -68,6 +69,7 @@ _REPORT_MARGIN_S = 0.2
 #: traces held before they are packed into frames, in one go (see ``on_trace``)
 _HOLD_TRACES = 32
 _now = time.monotonic
+_get_ident = threading.get_ident
 
 
 
@@ -85,6 +87,11 @@ class ProcessExporter:
         self._catalog = catalog
         self._max_traces = max_traces
         self._lock = threading.Lock()  # traces may end on several training threads
+        #: the thread inside a call that holds the lock (0: none), and the traces that a
+        #: signal handler of that thread closed meanwhile (see :meth:`on_trace`)
+        self._holder = 0
+        self._reentered: deque[tuple[list[Record], Recorder]] = deque()
+        self.reentered_traces = 0
         self._proc: subprocess.Popen[bytes] | None = None
         #: per span file exporter: the file this session holds (opened and locked at set-up)
         self._files: dict[str, tuple[str, Any]] = {}
@@ -184,6 +191,8 @@ class ProcessExporter:
         self._release_files()
         self._forked = True
         self._lock = threading.Lock()
+        self._holder = 0
+        self._reentered = deque()
         self._dead = False
         self._reset_counters()
 
@@ -196,30 +205,69 @@ class ProcessExporter:
         the cache any more); packing 32 in one go costs ~2 us each. Held traces are counted
         as pending, and packed before anything that must follow them (flush, close, another
         recorder or changed attributes).
+
+        A trace closed by a signal handler that interrupted this thread inside a call that
+        holds the lock (this one, a flush, a report) would wait for that lock for ever: it
+        is queued without it instead, and the interrupted call takes it on its way out
+        (counted in :attr:`reentered_traces`).
         """
+        me = _get_ident()
+        if self._holder == me:
+            self._reentered.append((records, recorder))
+            self.reentered_traces += 1
+            return
         with self._lock:
-            if self._proc is None or self._dead or self._closed:
-                if self._proc is None and not self._closed:
-                    self._start()  # first trace after a fork: this process's own child
-                else:
-                    self.dropped_spans += len(records)
-                    return
-            if id(recorder) != self._held_key or recorder.attributes != self._held_attrs:
-                self._pack_held()  # what is held goes out with the attributes it closed with
-                rid = self._rids.get(id(recorder))
-                if rid is None:
-                    rid = self._register(recorder)
-                elif recorder.attributes != self._sent_attrs.get(rid):
-                    self._register(recorder, rid)  # attributes set after its first trace
-                self._held_key, self._held_rid = id(recorder), rid
-                self._held_attrs = self._sent_attrs[rid]
-            self._held.append(records)
-            self._held_spans += len(records)
-            if len(self._held) >= _HOLD_TRACES or _now() - self._last_write >= _WRITE_DELAY_S:
-                self._pack_held()
-                if (len(self._buf) >= _WRITE_BYTES or len(self._frames) >= self._max_traces
-                        or _now() - self._last_write >= _WRITE_DELAY_S):
-                    self._pump()  # one write (a syscall and a wake-up of the child) per batch
+            # no call between taking the lock and saying who holds it, nor between saying
+            # it no longer does and letting it go: no signal handler runs in between
+            self._holder = me
+            try:
+                self._hold(records, recorder)
+                while self._reentered:
+                    self._hold(*self._reentered.popleft())
+            finally:
+                self._holder = 0
+
+    def _hold(self, records: list[Record], recorder: Recorder) -> None:
+        """:meth:`on_trace`'s work (caller holds the lock)."""
+        if self._proc is None or self._dead or self._closed:
+            if self._proc is None and not self._closed:
+                self._start()  # first trace after a fork: this process's own child
+            else:
+                self.dropped_spans += len(records)
+                return
+        if id(recorder) != self._held_key or recorder.attributes != self._held_attrs:
+            self._pack_held()  # what is held goes out with the attributes it closed with
+            rid = self._rids.get(id(recorder))
+            if rid is None:
+                rid = self._register(recorder)
+            elif recorder.attributes != self._sent_attrs.get(rid):
+                self._register(recorder, rid)  # attributes set after its first trace
+            self._held_key, self._held_rid = id(recorder), rid
+            self._held_attrs = self._sent_attrs[rid]
+        self._held.append(records)
+        self._held_spans += len(records)
+        if len(self._held) >= _HOLD_TRACES or _now() - self._last_write >= _WRITE_DELAY_S:
+            self._pack_held()
+            if (len(self._buf) >= _WRITE_BYTES or len(self._frames) >= self._max_traces
+                    or _now() - self._last_write >= _WRITE_DELAY_S):
+                self._pump()  # one write (a syscall and a wake-up of the child) per batch
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The lock, with this thread noted as its holder (see :meth:`on_trace`), and the
+        traces a signal handler closed meanwhile taken on the way in."""
+        me = _get_ident()
+        with self._lock:
+            self._holder = me
+            try:
+                self._take_reentered()
+                yield
+            finally:
+                self._holder = 0
+
+    def _take_reentered(self) -> None:
+        while self._reentered:
+            self._hold(*self._reentered.popleft())
 
     def _pack_held(self) -> None:
         """Turn the held traces into frames (caller holds the lock)."""
@@ -363,7 +411,8 @@ class ProcessExporter:
 
     @property
     def pending_spans(self) -> int:
-        return sum(s for _, s in self._frames) + self._held_spans
+        return (sum(s for _, s in self._frames) + self._held_spans
+                + sum(len(records) for records, _ in list(self._reentered)))
 
     @lifecycle.uncut
     def report(self) -> dict[str, Any]:
@@ -376,7 +425,7 @@ class ProcessExporter:
         ``undelivered`` = spans recorded - delivered. Once the session is closed,
         ``delivered + failed + cut_off`` = ``spans_sent``, and ``undelivered`` =
         ``failed + cut_off + spans_dropped``."""
-        with self._lock:
+        with self._locked():
             self._pack_held()
             self._pump()
             self._read_status()
@@ -434,7 +483,7 @@ class ProcessExporter:
     def flush(self, timeout_s: float) -> bool:
         """Hand every queued trace to the child and wait until it exported them."""
         deadline = time.monotonic() + timeout_s
-        with self._lock:
+        with self._locked():
             if self._proc is None or self._dead or self._closed:
                 return not self._frames
             self._pack_held()
@@ -457,7 +506,7 @@ class ProcessExporter:
     def close(self, timeout_s: float) -> None:
         """Deliver what is queued within ``timeout_s``, then stop the child (killed if late)."""
         deadline = time.monotonic() + timeout_s
-        with self._lock:
+        with self._locked():
             if self._closed:
                 return
             self._closed = True
@@ -492,6 +541,9 @@ class ProcessExporter:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(0.5)
             self._read_status()
+            # what a signal handler closed meanwhile came too late to be sent
+            while self._reentered:
+                self.dropped_spans += len(self._reentered.popleft()[0])
             _close_stream(proc.stdout)
             self._out_fd = -1
             self._release_files()  # the export process is gone: the paths are free again
