@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from helpers import record_traces
 from resettrace import __version__
 from resettrace.config import Config
-from resettrace.tables import write_json
+from resettrace.tables import CSV_COLUMNS, write_json
 from resettrace.tracing.session import Tracing
 
 pytest_plugins = ["pytester"]
@@ -309,6 +310,196 @@ def test_run_stats_json_beside_a_foreign_file(tmp_path: Path) -> None:
     assert stats["mode"] == "timing" and stats["members"][0]["pid"] > 0
     warned = r.stderr.strip().splitlines()
     assert len(warned) == 1 and str(tmp_path / "stats.1.json") in warned[0]
+
+
+# -- two jobs on one path -------------------------------------------------------------------------
+
+#: a job's command: records one scope, prints its pid, touches argv[1], then waits for
+#: argv[2] to exist ("-": no wait)
+JOB = """import os, sys, time
+from pathlib import Path
+import resettrace
+with resettrace.current_recorder().scope("dr_reset", 1):
+    pass
+print(os.getpid(), flush=True)
+Path(sys.argv[1]).touch()
+while sys.argv[2] != "-" and not Path(sys.argv[2]).exists():
+    time.sleep(0.01)
+"""
+
+
+def _job_env() -> dict[str, str]:
+    """A child's environment that imports the resettrace under test (PYTHONPATH kept)."""
+    env = _clean_env()
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+def _run_job(tmp_path: Path, started: str, wait: str) -> subprocess.Popen[str]:
+    """``resettrace run --stats-json stats.json`` of :data:`JOB`, started."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "resettrace.cli", "run", "--no-summary", "--stats-json",
+         "stats.json", "--", sys.executable, "job.py", started, wait], cwd=tmp_path,
+        env=_job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    """Wait until ``path`` exists (the job got there) or ``proc`` ended."""
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+
+
+def _job_pids(path: Path) -> list[int]:
+    """The pids of the processes in the job record at ``path``."""
+    return [m["pid"] for m in json.loads(path.read_text())["members"]]
+
+
+@pytest.mark.parametrize("first_done", ["second", "first"])
+def test_two_overlapping_runs_on_one_stats_json_keep_both_records(tmp_path: Path,
+                                                                  first_done: str) -> None:
+    """Two ``resettrace run --stats-json stats.json`` jobs at once: the one that writes last
+    keeps the other's record and writes its own beside it, in one line naming both."""
+    (tmp_path / "job.py").write_text(JOB)
+    stats = tmp_path / "stats.json"
+    # job 1 starts and records, then waits; job 2 starts while job 1 runs
+    one = _run_job(tmp_path, "one-started", "two-done" if first_done == "second" else "go-one")
+    _wait_for(tmp_path / "one-started", one)
+    two = _run_job(tmp_path, "two-started", "-" if first_done == "second" else "one-done")
+    _wait_for(tmp_path / "two-started", two)
+    if first_done == "second":  # job 2 ends (writes stats.json) while job 1 still runs
+        early, late = two, one
+        out_early, err_early = two.communicate(timeout=120)
+        (tmp_path / "two-done").touch()
+    else:  # job 1 ends first, job 2 still runs
+        early, late = one, two
+        (tmp_path / "go-one").touch()
+        out_early, err_early = one.communicate(timeout=120)
+        (tmp_path / "one-done").touch()
+    out_late, err_late = late.communicate(timeout=120)
+    assert early.returncode == 0 and late.returncode == 0, (err_early, err_late)
+    assert err_early == ""  # the path was its own: replaced quietly
+    beside = tmp_path / f"stats.p{late.pid}.json"
+    # both records survive: the one written first at the path, the later one beside it
+    assert _job_pids(stats) == [int(out_early)]
+    assert _job_pids(beside) == [int(out_late)]
+    warned = err_late.strip().splitlines()
+    assert len(warned) == 1 and str(stats) in warned[0] and str(beside) in warned[0], warned
+    assert "another job" in warned[0] and "Traceback" not in err_late
+
+
+def test_a_rerun_after_the_first_job_ended_rewrites_stats_json_in_place(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(JOB)
+    stats = tmp_path / "stats.json"
+    pids = []
+    for n in range(2):
+        job = _run_job(tmp_path, f"started-{n}", "-")
+        out, err = job.communicate(timeout=120)
+        assert job.returncode == 0 and err == "", err
+        assert _job_pids(stats) == [int(out)]  # this run's record, at the path
+        pids.append(int(out))
+    assert pids[0] != pids[1]
+    assert not list(tmp_path.glob("stats.p*.json"))
+
+
+#: output kind (its name in resettrace.outputs), a file name, and its contents, numbered
+WHOLE_FILES = {
+    "JSON": ("timing.json", b'{\n "resettrace": "0", "n": %d}\n'),
+    "CSV": ("timing.csv", (",".join(CSV_COLUMNS) + "\n%d\n").encode()),
+    "REPORT_HTML": ("report.html", b'<!DOCTYPE html>\n<html lang="en"><head><meta '
+                                   b'charset="utf-8"><title>resettrace report: %d</title>'),
+}
+
+
+@pytest.mark.parametrize("kind", list(WHOLE_FILES))
+def test_a_file_another_process_wrote_since_the_claim_is_kept(
+        tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The writers of ``--json``, ``timing.json``, ``timing.csv`` and ``report.html``: a
+    job that claimed its path at its start keeps a file another job wrote there since."""
+    from resettrace import outputs
+
+    what = getattr(outputs, kind)
+    name, head = WHOLE_FILES[kind]
+    path = tmp_path / name
+    outputs.write_output(path, what, head % 0)  # an earlier run's: this job's to replace
+    try:
+        assert outputs.claim_output(path, what) == path  # this job starts
+        other = subprocess.run(  # another job writes the path meanwhile
+            [sys.executable, "-c", "import sys; from resettrace import outputs; "
+             f"outputs.write_output(sys.argv[1], outputs.{kind}, sys.argv[2].encode())",
+             str(path), (head % 1).decode()],
+            env=_job_env(), capture_output=True, text=True, timeout=120)
+        assert other.returncode == 0 and other.stderr == "", other.stderr
+        with caplog.at_level("WARNING", logger="resettrace.outputs"):
+            first = outputs.write_output(path, what, head % 2)
+            again = outputs.write_output(path, what, head % 3)  # this job's own now
+    finally:
+        outputs.release_claims()
+    beside = path.with_name(f"{path.stem}.p{os.getpid()}{path.suffix}")
+    assert first == again == beside
+    assert path.read_bytes() == head % 1 and beside.read_bytes() == head % 3
+    assert len(caplog.records) == 1
+    assert str(path) in caplog.messages[0] and str(beside) in caplog.messages[0]
+    # the next job (claims released) replaces the path in place, as a rerun does
+    assert outputs.write_output(path, what, head % 4) == path
+    assert path.read_bytes() == head % 4
+
+
+#: a job that claims argv[1] at its start, touches argv[2], waits for argv[3], then writes
+#: argv[1] (its pid in it) and prints the path it wrote
+CLAIMED_WRITER = """import os, sys, time
+from pathlib import Path
+from resettrace import outputs
+outputs.claim_output(sys.argv[1], outputs.JSON)
+Path(sys.argv[2]).touch()
+while not Path(sys.argv[3]).exists():
+    time.sleep(0.01)
+data = b'{\\n "resettrace": "0", "pid": %d}\\n' % os.getpid()
+print(outputs.write_output(sys.argv[1], outputs.JSON, data), flush=True)
+"""
+
+
+def _lock_waiters(inode: int) -> int:
+    """Processes waiting for a lock of the file ``inode`` (Linux's /proc/locks)."""
+    return sum("->" in line and line.split()[-3].endswith(f":{inode}")
+               for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_two_jobs_writing_one_path_at_the_same_moment_keep_both_files(tmp_path: Path) -> None:
+    """The check and the replace of two jobs' writes never interleave: both are let go at
+    once (waiting on the folder's lock), and the second to get it writes beside."""
+    import fcntl
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    path = folder / "stats.json"
+    (tmp_path / "w.py").write_text(CLAIMED_WRITER)
+    jobs = [subprocess.Popen([sys.executable, "w.py", str(path), f"ready-{n}", "go"],
+                             cwd=tmp_path, env=_job_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for n in range(2)]
+    for n, job in enumerate(jobs):
+        _wait_for(tmp_path / f"ready-{n}", job)  # both claimed the path (absent)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        (tmp_path / "go").touch()
+        while _lock_waiters(folder.stat().st_ino) < 2:  # both at the check, waiting
+            assert all(job.poll() is None for job in jobs), [j.communicate() for j in jobs]
+            time.sleep(0.01)
+    finally:
+        os.close(fd)  # both go on at once
+    results = [job.communicate(timeout=120) for job in jobs]
+    assert all(job.returncode == 0 for job in jobs), results
+    written = {Path(out.strip()): job.pid for job, (out, _) in zip(jobs, results, strict=True)}
+    second = next(pid for p, pid in written.items() if p != path)
+    beside = folder / f"stats.p{second}.json"
+    assert set(written) == {path, beside}
+    for p, pid in written.items():  # each file holds its own job's data
+        assert json.loads(p.read_text())["pid"] == pid
+    warned = [err for _, err in results if err]
+    assert len(warned) == 1 and len(warned[0].strip().splitlines()) == 1
+    assert str(path) in warned[0] and str(beside) in warned[0]
 
 
 def test_collector_workers_refuse_a_symlink_at_a_log_file(tmp_path: Path) -> None:

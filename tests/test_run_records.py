@@ -14,10 +14,12 @@ processes, covered by the same path.)
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -621,6 +623,50 @@ def test_compare_of_runs_without_an_env_count_says_env_per_s_is_not_known(
     assert c.returncode == 0, c.stderr
     assert "env/s: not known (base and new: the run's env count was not given" in c.stdout
     assert "nan" not in c.stdout.splitlines()[0]
+
+
+# -- two jobs on one RESETTRACE_RUN_JSON path ---------------------------------------------------
+#: records one scope, prints its pid, touches argv[1], then waits for argv[2] ("-": no wait)
+ONE_PATH_JOB = """
+    import os, sys, time
+    from pathlib import Path
+    import resettrace
+    with resettrace.current_recorder().scope("dr_reset", 1):
+        pass
+    print(os.getpid(), flush=True)
+    Path(sys.argv[1]).touch()
+    while sys.argv[2] != "-" and not Path(sys.argv[2]).exists():
+        time.sleep(0.01)
+"""
+
+
+def test_two_jobs_on_one_run_json_path_keep_both_records(tmp_path: Path) -> None:
+    """``RESETTRACE_RUN_JSON=stats.json`` (no ``{pid}``) in two jobs at once: the one that
+    ends last keeps the other's record, writes its own beside it and says so in one line."""
+    _write(tmp_path, {"job.py": ONE_PATH_JOB})
+    env = clean_env(RESETTRACE_RUN_JSON="stats.json", RESETTRACE="timing")
+    if "PYTHONPATH" in os.environ:  # the resettrace under test
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+
+    def job(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "job.py", *args], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    first = job("first-started", "second-done")
+    while not (tmp_path / "first-started").exists():  # it has started and recorded
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.01)
+    second = job("second-started", "-")
+    out2, err2 = second.communicate(timeout=120)  # ends (writes stats.json) while first runs
+    assert second.returncode == 0 and err2 == "", err2
+    (tmp_path / "second-done").touch()
+    out1, err1 = first.communicate(timeout=120)
+    assert first.returncode == 0, err1
+    path, beside = tmp_path / "stats.json", tmp_path / f"stats.p{first.pid}.json"
+    assert json.loads(path.read_text())["pid"] == int(out2)
+    assert json.loads(beside.read_text())["pid"] == int(out1)
+    warned = err1.strip().splitlines()
+    assert len(warned) == 1 and "stats.json " in warned[0] and beside.name in warned[0], warned
 
 
 # -- a collector timing.json of the format before records ---------------------------------------

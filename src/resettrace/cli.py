@@ -148,12 +148,18 @@ def _refused_endpoint(config: Config) -> bool:
 
 def _refused(paths: list[tuple[str | Path, Any]]) -> bool:
     """Check output paths before the work that fills them (a symbolic link or anything but
-    a regular file is refused: :mod:`resettrace.outputs`); True, with one line, if one is."""
+    a regular file is refused: :mod:`resettrace.outputs`); True, with one line, if one is.
+    Files written whole are claimed for this command: a job that overlaps it and writes one
+    of them first keeps its file, and this one writes beside it."""
     from resettrace import outputs
 
+    spans = set(outputs.SPAN_KINDS.values())  # locked by the session that writes them
     for path, kind in paths:
         try:
-            outputs.output_path(path, kind)
+            if kind in spans:
+                outputs.output_path(path, kind)
+            else:
+                outputs.claim_output(path, kind)
         except OSError as e:  # refused, or unreadable
             print(f"resettrace: {_write_error(path, e)}", file=sys.stderr)
             return True
@@ -704,7 +710,8 @@ def _collector_workers(args: argparse.Namespace, cfg: Any) -> int:
     try:
         for r in range(args.workers):
             try:
-                _, log_file = outputs.open_output(ranks[r] / "log.txt", outputs.WORKER_LOG)
+                _, log_file = outputs.open_output(ranks[r] / "log.txt", outputs.WORKER_LOG,
+                                                  lock=True)  # held until the worker ends
             except OSError as e:  # changed since the check above
                 print(f"resettrace: {_write_error(ranks[r] / 'log.txt', e)}", file=sys.stderr)
                 failed.append(r)
@@ -729,6 +736,9 @@ def _collector_workers(args: argparse.Namespace, cfg: Any) -> int:
     finally:
         for _, log_file, _ in procs:
             log_file.close()
+    for r, _, proc in procs:  # a worker that found another job's timing.json wrote beside it
+        mine = timing[r].with_name(f"{timing[r].stem}.p{proc.pid}{timing[r].suffix}")
+        timing[r] = mine if mine.is_file() else timing[r]
     done = [t for t in timing if t.is_file()]
     if failed and not stopped:
         print(f"resettrace: worker(s) {failed} failed: see {out}/rank<r>/log.txt",
@@ -794,6 +804,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # before or after the timed part: no traceback
         print("resettrace: interrupted", file=sys.stderr)
         return 128 + int(getattr(e, "signum", signal.SIGINT))
+    finally:
+        from resettrace import outputs
+
+        outputs.release_claims()  # the command is over: its output paths are free
 
 
 if __name__ == "__main__":  # pragma: no cover

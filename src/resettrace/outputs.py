@@ -26,6 +26,15 @@ somewhere else or destroy a file it did not write:
    taken) and checks the final path by the rules above just before ``os.replace`` (which
    replaces a directory entry and never follows a link).
 
+Two jobs on one path: a command claims the files it will write when it starts
+(:func:`claim_output`: what is there now). When it writes one (:func:`write_output`), the
+check and the ``os.replace`` run under a short ``flock`` of the folder, which every
+resettrace writer takes, and a file that another process has written at the path since this
+one claimed it (another job that overlapped this one) is left as it is: this one writes
+``NAME.pPID.SUFFIX`` beside it (by the same rules) and logs one warning naming both. Its own
+earlier file (a rerun after the first job ended, or this job's own earlier write) is
+replaced in place. A path not claimed (a library call) is written by the rules above.
+
 Span files are also held by one process (``lock=True``: an exclusive ``flock``): when another
 live process holds the path, this one writes ``NAME.pPID.SUFFIX`` beside it (by the same
 rules) and logs a warning naming both, so that no process truncates or interleaves
@@ -56,6 +65,7 @@ from resettrace.tables import CSV_COLUMNS
 log = logging.getLogger(__name__)
 
 __all__ = ["OutputKind", "OutputRefused", "open_output", "write_output", "output_path",
+           "claim_output", "release_claims",
            "SPANS_JSONL", "PERFETTO", "OTLP_JSON", "JAEGER_JSON", "JSON", "CSV", "REPORT_HTML",
            "WORKER_LOG", "SPAN_KINDS", "JSON_MARKER", "worker_log_header", "expand_path"]
 
@@ -250,17 +260,112 @@ def expand_path(path: str, *, pid: int, rank: int) -> str:
 def output_path(path: str | os.PathLike[str], kind: OutputKind) -> Path:
     """The file a write of ``kind`` to ``path`` goes to now, by the rules of the module
     docstring, without writing anything (:class:`OutputRefused` when it would be refused)."""
-    path = Path(path)
+    return _choose(Path(path), kind)[0]
+
+
+#: a file's identity: device, inode, size, modification and change times (ns); a write by
+#: ``os.replace`` or in place changes it
+_Identity = tuple[int, int, int, int, int]
+
+
+def _identity(st: os.stat_result) -> _Identity:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _choose(path: Path, kind: OutputKind) -> tuple[Path, _Identity | None]:
+    """:func:`output_path`, with the identity of the file found there (None: no file)."""
     for name in _names(path):
         if _lstat_mode(name) is None:
-            return name
+            return name, None
         fd = _open_checked(name, os.O_RDONLY)
         try:
             if _own(fd, kind):
-                return name
+                return name, _identity(os.fstat(fd))
         finally:
             os.close(fd)
     raise _no_name(path, kind)
+
+
+@dataclass
+class _Claim:
+    """What a process saw at a path it claimed, and where its writes go."""
+
+    pid: int
+    #: the identity of each file this process found or wrote at the path or beside it (in
+    #: its folder), by file name
+    seen: dict[str, _Identity | None]
+    #: ``NAME.pPID.SUFFIX``, once another job's file was found at the path
+    moved: Path | None = None
+
+
+#: the claims of this process, by path (its folder resolved)
+_CLAIMS: dict[str, _Claim] = {}
+
+
+def _claim_key(path: Path) -> str:
+    # links among the parent folders are followed (the caller's choice), the name is not
+    return os.path.join(os.path.realpath(path.parent), path.name)
+
+
+def claim_output(path: str | os.PathLike[str], kind: OutputKind) -> Path:
+    """Check ``path`` as :func:`output_path` does (the file a write goes to now, or
+    :class:`OutputRefused`), and claim it for this process's job: its later
+    :func:`write_output` calls to ``path`` replace the file only if no other process has
+    written it meanwhile (module docstring). Call it when the job starts (a second call
+    for the same path keeps the first)."""
+    path = Path(path)
+    target, ident = _choose(path, kind)
+    key = _claim_key(path)
+    claim = _CLAIMS.get(key)
+    if claim is None or claim.pid != os.getpid():  # claimed once a job: at its start
+        _CLAIMS[key] = _Claim(os.getpid(), {target.name: ident})
+    return target
+
+
+def release_claims() -> None:
+    """Forget this process's claims (its job is over; a later write is a new job's)."""
+    _CLAIMS.clear()
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` of ``folder`` (every resettrace writer's check and
+    replace of a file there run under it, so two cannot interleave); without it where the
+    file system cannot lock (the check alone then)."""
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        fd = -1
+    try:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held for a check and a rename: short
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # releases the lock
+
+
+def _target(path: Path, kind: OutputKind) -> tuple[Path, _Claim | None]:
+    """Where a write to ``path`` goes now: :func:`output_path`, unless this process claimed
+    ``path`` and another process has written the file there since (then
+    ``NAME.pPID.SUFFIX``, with one warning). Run under :func:`_folder_locked`."""
+    claim = _CLAIMS.get(_claim_key(path))
+    if claim is not None and claim.pid != os.getpid():
+        claim = None  # inherited over a fork: the parent's job, not this process's
+    if claim is not None and claim.moved is not None:
+        return _choose(claim.moved, kind)[0], claim
+    target, ident = _choose(path, kind)
+    if claim is None or claim.seen.get(target.name) == ident:
+        _beside(path, target, kind)
+        return target, claim
+    claim.moved = path.with_name(f"{path.stem}.p{os.getpid()}{path.suffix}")
+    mine = _choose(claim.moved, kind)[0]
+    log.warning("resettrace: %s was written by another job while this one ran: left as it "
+                "is; this one writes %s instead", target, mine)
+    return mine, claim
 
 
 def open_output(path: str | os.PathLike[str], kind: OutputKind, *, lock: bool = False,
@@ -316,13 +421,15 @@ def write_output(path: str | os.PathLike[str], kind: OutputKind, data: bytes) ->
     try:
         with open(fd, "wb") as f:
             f.write(data)
-        target = output_path(path, kind)  # checked last, just before the replace
-        os.replace(tmp, target)
+        with _folder_locked(path.parent):
+            target, claim = _target(path, kind)  # checked last, just before the replace
+            os.replace(tmp, target)
+            if claim is not None:  # this job's own file now: a later write replaces it
+                claim.seen[target.name] = _identity(os.lstat(target))
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # created by this call (O_EXCL): never someone else's
         raise
-    _beside(path, target, kind)
     return target
 
 

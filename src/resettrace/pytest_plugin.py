@@ -104,8 +104,9 @@ def pytest_configure(config: pytest.Config) -> None:
         # resolved now: tests may change the working directory
         path = Path(config.invocation_params.dir, value)
         if getattr(config, "workerinput", None) is None:  # the process that writes it
-            try:  # a link or a folder there is said now, not after the tests
-                outputs.output_path(path, outputs.JSON)
+            try:  # a link or a folder there is said now, not after the tests; claimed:
+                # a job that overlaps this session and writes it first keeps its file
+                outputs.claim_output(path, outputs.JSON)
             except outputs.OutputRefused as e:
                 raise pytest.UsageError(f"{JSON_OPTION}: {e}") from None
         config.stash[_JSON_PATH] = path

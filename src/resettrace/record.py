@@ -588,6 +588,13 @@ def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
     from resettrace.tracing.session import ON_SESSION
 
     _EXIT["pid"] = os.getpid()
+    if "{pid}" not in template and "{rank}" not in template and not _job_worker():
+        from resettrace import outputs
+
+        try:  # the job's one path: another job that writes it meanwhile keeps its file
+            outputs.claim_output(template, outputs.JSON)
+        except OSError:
+            pass  # a refused path is said when the record is written
     lifecycle.at_exit("run record", _write_exit_record)
     util.register_after_fork(_EXIT_TOKEN, _arm_worker)  # a worker forked later (or spawned)
     if _on_session not in ON_SESSION:
