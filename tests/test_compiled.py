@@ -270,6 +270,81 @@ def test_the_compiled_path_keeps_no_recorder_alive() -> None:
     assert gone() is None
 
 
+# Code that gives a recorder new lists (copies of its stack and records, its scopes
+# rebound to them), between traces and inside one, the old ones dropped: the C paths
+# cached the lists of the last recorder seen, borrowed.
+REPLACED_LISTS = r'''
+import gc, json, math
+import resettrace
+from resettrace import catalog as C
+from resettrace.tracing.recorder import Recorder
+
+traces = []
+
+class Keep:
+    def on_trace(self, records, rec):
+        traces.append([[C.CATALOG[r[0]].span, r[1], r[4]] for r in records])
+
+rec = Recorder([Keep()])
+
+def replace():
+    rec._stack, rec._records, rec._laps = list(rec._stack), list(rec._records), list(rec._laps)
+    rec._scopes = list(rec._scopes)
+    for s in rec._scopes:
+        s._stack, s._records, s._laps = rec._stack, rec._records, rec._laps
+    gc.collect()
+    [[0] * 6 for _ in range(1000)]  # lists made where the old ones were
+
+leaf = resettrace.traced(C.SET_STATE_FORWARD_KINEMATIC, within=C.SET_STATE)(math.sqrt)
+
+@resettrace.traced(C.SET_STATE, count=1, parents=True)
+def sub_reset():
+    return leaf(4.0)
+
+@resettrace.traced(C.DR_RESET, count="ids")
+def dr_reset(ids):
+    return len(ids)
+
+with resettrace.bind(rec):
+    for _ in range(3):
+        with rec.scope(C.ENV_STEP):
+            sub_reset()
+            dr_reset([1, 2])
+        replace()
+        with rec.scope(C.ENV_STEP):
+            dr_reset([1])
+            replace()
+            sub_reset()
+            with rec.scope(C.RESET_DONE, 2):
+                replace()
+                dr_reset([1, 2, 3])
+        dr_reset([4])
+print(json.dumps(traces))
+'''
+
+
+def test_a_recorder_given_new_lists_is_followed_not_a_crash() -> None:
+    """The C paths kept the last recorder's lists borrowed behind a weak reference to it:
+    lists replaced (and freed) meanwhile were still written to. Now they read the lists
+    the recorder holds: the records are the pure-Python recorder's (child processes: a
+    crash fails here)."""
+    got = []
+    for pure in ("0", "1"):
+        r = subprocess.run([sys.executable, "-c", REPLACED_LISTS], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT,
+                           env=clean_env(PYTHONPATH=str(ROOT / "src"),
+                                         RESETTRACE_PURE_PYTHON=pure))
+        assert r.returncode == 0, (pure, r.returncode, r.stderr[-2000:])
+        got.append(json.loads(r.stdout.splitlines()[-1]))
+    assert got[0] == got[1]
+    assert len(got[0]) == 9 and got[0][1] == [["env_step", -1, -1], ["dr_reset", 0, 1],
+                                              ["reset_done", 0, 1],
+                                              ["reset_done.reset_call", 2, 1],
+                                              ["dr_reset", 3, 1], ["set_state", 4, 1],
+                                              ["set_state.forward_kinematic", 5, -1],
+                                              ["reset_done", 0, 2], ["dr_reset", 7, 3]]
+
+
 # A count whose len() closes scopes the traced call did not open: the inner ones it finds
 # open (argv "scope"), or the whole trace ("trace"); 300 scopes left open first, so the
 # positions on the stack are ints no cache keeps alive.

@@ -447,6 +447,182 @@ def test_sigterm_ends_a_process_whose_signal_handler_records(pure: bool,
     assert "RecursionError" not in stderr
 
 
+# The same timer, its handler's scope landing in traced calls of every kind: an
+# extension's function traced within a phase (a leaf), a reset's four levels opened at
+# once (a chain), laps, and a scope left open that its parent's exit closes. Every trace
+# is printed, records as the recorder holds them.
+RECORDING_HANDLER_KINDS_SCRIPT = """
+import json, math, signal, sys
+import resettrace
+from resettrace import catalog as C
+from resettrace.tracing.recorder import Recorder
+
+traces = []
+
+class Keep:
+    def on_trace(self, records, rec):
+        traces.append([list(r) for r in records])
+
+rec = Recorder([Keep()])
+fired = [0]
+
+def handler(signum, frame):
+    fired[0] += 1
+    with resettrace.current_recorder().scope(C.SET_STATE_SET_DOF_POS, 1):
+        pass
+
+leaf = resettrace.traced(C.SET_STATE_FORWARD_KINEMATIC, within=C.SET_STATE)(math.sqrt)
+
+@resettrace.traced(C.SET_STATE, count=1, parents=True)
+def sub_reset():  # under an env step: reset_done down to set_state, four levels at once
+    return leaf(4.0)
+
+@resettrace.traced(C.ENV_STEP)
+def step():
+    sub_reset()
+    with rec.scope(C.RESET_DONE, 3, lap=C.RESET_DONE_TERMINAL_OBS) as s:
+        s.lap(C.RESET_DONE_RESET_CALL, 2)
+        s.lap(None)
+        s.lap(C.RESET_DONE_TERMINAL_OBS, 4)
+    with rec.scope(C.PHYSICS, 5):
+        rec.scope(C.APPLY_ACTION, 6).__enter__()  # left open: closed with its parent
+
+with resettrace.bind(rec):
+    signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, 0.0003, 0.0003)
+    try:
+        for _ in range(int(sys.argv[1])):
+            step()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    with rec.scope(C.ENV_STEP):  # the last trace is handed over by the next one's opening
+        pass
+print(json.dumps({"fired": fired[0], "traces": traces}))
+"""
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure-python"])
+def test_a_recording_handler_lands_in_leaves_chains_and_laps_and_leaves_them_exact(
+        pure: bool, tmp_path: Path) -> None:
+    """A handler's scope that landed in a lap, in a scope closed by its parent's exit, or
+    (pure Python) in a traced leaf or chain ended after the record it went under: about
+    120 records in 5,000 steps outside their parent, in both recorders (laps and unwinds
+    are Python in both). Every record now closed, none negative, each inside its parent,
+    and every step's records and counts as given, whatever the handler added."""
+    script = tmp_path / "kinds.py"
+    script.write_text(textwrap.dedent(RECORDING_HANDLER_KINDS_SCRIPT))
+    steps = 5000
+    p = subprocess.run([sys.executable, str(script), str(steps)], capture_output=True,
+                       text=True, timeout=300,
+                       env=_clean_env(RESETTRACE_PURE_PYTHON=str(int(pure))))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    out = json.loads(p.stdout.splitlines()[-1])
+    assert out["fired"] > 20
+    from resettrace import catalog as C
+
+    span = {ph.index: ph.span for ph in C.CATALOG}
+    handler = C.SET_STATE_SET_DOF_POS.index
+    expected = [("env_step", None, -1), ("reset_done", "env_step", 1),
+                ("reset_done.reset_call", "reset_done", 1),
+                ("dr_reset", "reset_done.reset_call", 1),
+                ("set_state", "dr_reset", 1), ("set_state.forward_kinematic", "set_state", -1),
+                ("reset_done", "env_step", 3), ("reset_done.terminal_obs", "reset_done", -1),
+                ("reset_done.reset_call", "reset_done", 2),
+                ("reset_done.terminal_obs", "reset_done", 4), ("env_step.physics", "env_step", 5),
+                ("env_step.apply_action", "env_step.physics", 6)]
+    stepped = handled = 0
+    for trace in out["traces"]:
+        for j, r in enumerate(trace):
+            assert r[3] >= r[2] > 0, (span[r[0]], r)
+            if r[1] >= 0:
+                parent = trace[r[1]]
+                assert r[1] < j and parent[2] <= r[2] <= r[3] <= parent[3], (
+                    span[parent[0]], parent, span[r[0]], r)
+            else:
+                assert j == 0
+            handled += r[0] == handler
+            assert r[0] != handler or r[4] == 1
+        mine = [(span[r[0]], span[trace[r[1]][0]] if r[1] >= 0 else None, r[4])
+                for r in trace if r[0] != handler]
+        if mine and mine[0][0] == "env_step" and len(mine) > 1:
+            assert mine == expected
+            stepped += 1
+    assert stepped == steps
+    assert handled == out["fired"]
+
+
+# A handler's scope of the phase a ``with`` is opening, landing between its
+# ``rec.scope(phase, count)`` and its ``__enter__`` (raise_signal: the handler runs as the
+# call returns, there): the scope object is shared per phase.
+HANDLER_SAME_PHASE_SCRIPT = """
+import json, signal
+import resettrace
+from resettrace import catalog as C
+from resettrace.tracing.recorder import Recorder
+
+traces = []
+
+class Keep:
+    def on_trace(self, records, rec):
+        traces.append([[C.CATALOG[r[0]].span, r[1], r[4]] for r in records])
+
+rec = Recorder([Keep()])
+
+def handler(signum, frame):
+    if signum == signal.SIGUSR1:  # its own scope() and enter, another handler between
+        h = rec.scope(C.DR_RESET, 1)
+        signal.raise_signal(signal.SIGUSR2)
+        with h:
+            pass
+        rec.scope(C.DR_RESET).timing()  # a use that is no ``with``
+    elif signum == signal.SIGUSR2:
+        with rec.scope(C.DR_RESET, 2):
+            pass
+    else:  # the same phase without the first lap
+        with rec.scope(C.RESET_DONE_RESET_CALL, 3):
+            pass
+
+for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+    signal.signal(sig, handler)
+with rec.scope(C.RESET_DONE, 8):
+    s = rec.scope(C.DR_RESET, 5)
+    signal.raise_signal(signal.SIGUSR1)
+    with s:
+        pass
+    rec.scope(C.DR_RESET, 9)  # never entered
+    with rec.scope(C.DR_RESET, 6):
+        pass
+    with rec.scope(C.DR_RESET, 7):
+        pass
+    s = rec.scope(C.RESET_DONE_RESET_CALL, 4, lap=C.DR_RESET)
+    signal.raise_signal(signal.SIGHUP)
+    with s:
+        pass
+print(json.dumps(traces))
+"""
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure-python"])
+def test_a_handlers_scope_of_the_same_phase_leaves_the_count_of_the_one_it_interrupts(
+        pure: bool, tmp_path: Path) -> None:
+    """``rec.scope(phase, count)`` stores the count (and first lap) on the phase's one
+    scope object: a handler's scope of that phase before the ``with``'s ``__enter__`` gave
+    the interrupted scope the handler's count (5 recorded as 1) and dropped its first lap.
+    Each scope now records its own, nested handlers and unentered calls included."""
+    script = tmp_path / "same_phase.py"
+    script.write_text(textwrap.dedent(HANDLER_SAME_PHASE_SCRIPT))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120, env=_clean_env(RESETTRACE_PURE_PYTHON=str(int(pure))))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.splitlines()[-1]) == [[
+        ["reset_done", -1, 8],
+        ["dr_reset", 0, 2], ["dr_reset", 0, 1], ["dr_reset", 0, 5],  # handlers', then its
+        ["dr_reset", 0, 6], ["dr_reset", 0, 7],
+        ["reset_done.reset_call", 0, 3], ["reset_done.reset_call", 0, 4], ["dr_reset", 7, -1],
+    ]]
+
+
 FORK_IN_TRACE_SCRIPT = """
 import json, multiprocessing as mp, os, sys
 import resettrace

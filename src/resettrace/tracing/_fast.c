@@ -94,6 +94,8 @@ typedef struct {
     PyObject *records;
     PyObject *laps;
     PyObject *layout;
+    char armed;           /* scope() gave it a count no __enter__ took yet */
+    PyObject *stash;      /* earlier scope() calls' (count, first) waiting, or None/NULL */
 } ScopeBase;
 
 static PyTypeObject ScopeBaseType;
@@ -107,6 +109,7 @@ scope_traverse(ScopeBase *self, visitproc visit, void *arg)
     Py_VISIT(self->records);
     Py_VISIT(self->laps);
     Py_VISIT(self->layout);
+    Py_VISIT(self->stash);
     return 0;
 }
 
@@ -119,6 +122,7 @@ scope_clear(ScopeBase *self)
     Py_CLEAR(self->records);
     Py_CLEAR(self->laps);
     Py_CLEAR(self->layout);
+    Py_CLEAR(self->stash);
     return 0;
 }
 
@@ -264,10 +268,13 @@ scope_enter(ScopeBase *self, PyObject *Py_UNUSED(ignored))
     PyObject *stack = self->stack, *records = self->records;
     if (stack == NULL || records == NULL || !PyList_CheckExact(stack)
             || !PyList_CheckExact(records) || PyList_GET_SIZE(stack) == 0
-            || self->first >= 0 || PyList_GET_SIZE(records) >= max_records()) {
-        /* a trace opens, a first lap, an overflow: the Python method */
+            || self->first >= 0 || PyList_GET_SIZE(records) >= max_records()
+            || (self->stash != NULL && self->stash != Py_None)) {
+        /* a trace opens, a first lap, an overflow, an earlier scope() call waiting for
+         * its own enter (a signal handler's scope landed in between): the Python method */
         return PyObject_CallMethodNoArgs((PyObject *)self, str_enter_slow);
     }
+    self->armed = 0;  /* its count is taken */
     PyObject *r = push_record(stack, records, self->index, self->count);
     if (r == NULL) {
         return NULL;
@@ -364,6 +371,8 @@ static PyMemberDef scope_members[] = {
     {"_records", T_OBJECT, offsetof(ScopeBase, records), 0, NULL},
     {"_laps", T_OBJECT, offsetof(ScopeBase, laps), 0, NULL},
     {"_layout", T_OBJECT, offsetof(ScopeBase, layout), 0, NULL},
+    {"_armed", T_BOOL, offsetof(ScopeBase, armed), 0, NULL},
+    {"_stash", T_OBJECT, offsetof(ScopeBase, stash), 0, NULL},
     {NULL},
 };
 
@@ -381,55 +390,47 @@ static PyTypeObject ScopeBaseType = {
     .tp_members = scope_members,
 };
 
-/* A recorder's lists and owner (set once, in its __init__), cached for the last
- * recorder seen. The cache holds a weak reference to the recorder and borrows its lists:
- * they are valid while that reference gives the recorder back, and the cache keeps
- * nothing alive (a strong reference to the lists would keep the recorder alive through
- * its scopes). */
+/* A recorder's lists and owner: the slots of recorder.Recorder (offsets read from its
+ * member descriptors by setup_api), read where the recorder holds them now, so code that
+ * replaces a list is followed and nothing is kept alive. */
 typedef struct {
     PyObject *stack, *records, *scopes;  /* new references */
     int mine;                             /* its owner is this thread */
 } Parts;
 
-static PyObject *cache_ref;
-static PyObject *cache_stack, *cache_records, *cache_scopes;  /* borrowed from it */
-static unsigned long cache_owner;
+static Py_ssize_t off_stack = -1, off_records = -1, off_scopes = -1, off_owner = -1;
+static PyObject *recorder_type;   /* recorder.Recorder (set by setup_api) */
+
+static inline PyObject *
+slot_of(PyObject *obj, Py_ssize_t offset)
+{
+    return *(PyObject **)((char *)obj + offset);
+}
 
 /* 0, or -1 (no error set) when rec does not have a recorder's lists. */
 static int
 rec_parts(PyObject *rec, Parts *parts)
 {
-    if (cache_ref == NULL || PyWeakref_GET_OBJECT(cache_ref) != rec) {
-        PyObject *stack = PyObject_GetAttr(rec, str_stack);
-        PyObject *records = stack ? PyObject_GetAttr(rec, str_records) : NULL;
-        PyObject *scopes = records ? PyObject_GetAttr(rec, str_scopes) : NULL;
-        PyObject *owner = scopes ? PyObject_GetAttr(rec, str_owner) : NULL;
-        unsigned long ident = owner && PyLong_CheckExact(owner)
-            ? PyLong_AsUnsignedLong(owner) : (unsigned long)-1;
-        PyObject *ref = owner ? PyWeakref_NewRef(rec, NULL) : NULL;
-        int ok = ref != NULL && PyList_CheckExact(stack) && PyList_CheckExact(records)
-            && PyList_CheckExact(scopes) && !PyErr_Occurred();
-        PyErr_Clear();
-        if (ok) {
-            Py_XSETREF(cache_ref, Py_NewRef(ref));
-            cache_stack = stack;  /* held by the recorder */
-            cache_records = records;
-            cache_scopes = scopes;
-            cache_owner = ident;
-        }
-        Py_XDECREF(stack);
-        Py_XDECREF(records);
-        Py_XDECREF(scopes);
-        Py_XDECREF(owner);
-        Py_XDECREF(ref);
-        if (!ok) {
-            return -1;
-        }
+    if ((PyObject *)Py_TYPE(rec) != recorder_type || off_stack < 0 || off_records < 0
+            || off_scopes < 0 || off_owner < 0) {
+        return -1;
     }
-    parts->stack = Py_NewRef(cache_stack);
-    parts->records = Py_NewRef(cache_records);
-    parts->scopes = Py_NewRef(cache_scopes);
-    parts->mine = cache_owner == PyThread_get_thread_ident();
+    PyObject *stack = slot_of(rec, off_stack), *records = slot_of(rec, off_records),
+        *scopes = slot_of(rec, off_scopes), *owner = slot_of(rec, off_owner);
+    if (stack == NULL || records == NULL || scopes == NULL || owner == NULL
+            || !PyList_CheckExact(stack) || !PyList_CheckExact(records)
+            || !PyList_CheckExact(scopes) || !PyLong_CheckExact(owner)) {
+        return -1;
+    }
+    unsigned long ident = PyLong_AsUnsignedLong(owner);
+    if (ident == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    parts->stack = Py_NewRef(stack);
+    parts->records = Py_NewRef(records);
+    parts->scopes = Py_NewRef(scopes);
+    parts->mine = ident == PyThread_get_thread_ident();
     return 0;
 }
 
@@ -1061,7 +1062,9 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         }
         list_drop(stack, 1);
         ((ScopeBase *)s)->pos = pos;  /* it remembers the run: its timing(), its count */
-        Py_XSETREF(((ScopeBase *)s)->count, Py_NewRef(c));
+        if (!((ScopeBase *)s)->armed) {  /* (else a scope() waits for its enter) */
+            Py_XSETREF(((ScopeBase *)s)->count, Py_NewRef(c));
+        }
         if (m == 1) {
             PyObject *a[] = {rec};
             call_keeping_error(rec, str_close_trace, a, 1);
@@ -1421,6 +1424,24 @@ static PyTypeObject TracedType = {
     .tp_vectorcall_offset = offsetof(Traced, vectorcall),
 };
 
+/* The offset of a slot `name` of type (an object member of its own), else -1 (the hot
+ * path then leaves every call to the Python one). */
+static Py_ssize_t
+slot_offset(PyObject *type, PyObject *name)
+{
+    Py_ssize_t offset = -1;
+    PyObject *d = PyType_Check(type) ? PyDict_GetItemWithError(((PyTypeObject *)type)->tp_dict,
+                                                               name) : NULL;
+    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)
+            && ((PyMemberDescrObject *)d)->d_common.d_type == (PyTypeObject *)type) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) {
+            offset = m->offset;
+        }
+    }
+    return offset;
+}
+
 static PyObject *
 fast_setup_api(PyObject *module, PyObject *args)
 {
@@ -1432,6 +1453,13 @@ fast_setup_api(PyObject *module, PyObject *args)
     Py_XSETREF(slot_obj, Py_NewRef(slot));
     Py_XSETREF(recorder_type, Py_NewRef(rtype));
     Py_XSETREF(env_count_key, Py_NewRef(key));
+    off_stack = slot_offset(rtype, str_stack);
+    off_records = slot_offset(rtype, str_records);
+    off_scopes = slot_offset(rtype, str_scopes);
+    off_owner = slot_offset(rtype, str_owner);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 

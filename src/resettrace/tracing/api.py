@@ -325,15 +325,16 @@ def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
             t = _rec._perf_ns()
             code = 0 if exc_type is None else error_code(exc_type.__name__)
             if stack and stack[-1] == pos and records[pos] is r:
-                while records[-1][3] > t:  # a handler's scope inside it, after the clock
-                    t = _rec._last_end(records, pos, t)
-                r[3] = t  # R_END
-                if code:
-                    r[5] = code  # R_ERROR
-                stack.pop()
                 s = scopes[index]  # it remembers the run: its timing(), its count
                 s._pos = pos
-                s._count = c
+                if not s._armed:  # (else a scope() waits for its enter: its count stays)
+                    s._count = c
+                while records[-1][3] > t:  # a handler's scope inside it, after the clock
+                    t = _rec._last_end(records, pos, t)
+                r[3] = t  # R_END (no call from here to the pop)
+                if code:
+                    r[5] = code  # R_ERROR
+                del stack[-1]
                 if not stack:
                     rec._close_trace()
             else:  # not on top: it exits as a ``with`` scope's would
@@ -366,14 +367,18 @@ def _fast_leaf(fn: Callable[..., Any], general: Callable[..., Any],
             c = count_now(args, kwargs)
             if not stack or records[stack[-1]][0] != within:
                 return general(args, kwargs, c)
-        parent = stack[-1]
-        pos = len(records)
-        if pos >= MAX_TRACE_RECORDS:
+        if len(records) >= MAX_TRACE_RECORDS:
             return general(args, kwargs, c)
+        # in the order a signal handler's scopes may interrupt (see recorder._ScopeCore):
+        # theirs that go in beside it before its end is read are its children (adopted)
+        parent = stack[-1]
         r = [index, parent, 0, 0, c, 0]
-        records.append(r)
+        records += (r,)
+        pos = len(records) - 1
         exc_type = None
-        r[2] = _rec._perf_ns()
+        r[2] = t = _rec._perf_ns()
+        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
+            r[2] = _rec._first_start(records, pos, t)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -434,11 +439,18 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
             r1 = [i1, base, 0, 0, c, 0]
             r2 = [i2, base + 1, 0, 0, c, 0]
             r3 = [i3, base + 2, 0, 0, c, 0]
+            # in the order a signal handler's scopes may interrupt (see recorder._ScopeCore):
+            # the records go in together before their positions go on the stack
             records += (r0, r1, r2, r3)
+            if records[base] is not r0:  # a handler's records went in after len() read
+                base = _rec._position(records, r0)
+                r1[1], r2[1], r3[1] = base, base + 1, base + 2
             last = base + 3
             stack += (base, base + 1, base + 2, last)
             exc_type = None
-            r0[2] = r1[2] = r2[2] = r3[2] = _rec._perf_ns()  # R_START
+            r0[2] = r1[2] = r2[2] = r3[2] = t = _rec._perf_ns()  # R_START
+            if records[-1] is not r3:  # a handler's scopes went in meanwhile: inside them
+                r0[2] = r1[2] = r2[2] = r3[2] = _rec._first_start(records, last, t)
             try:
                 return fn(*args, **kwargs)
             except BaseException as e:
@@ -446,14 +458,17 @@ def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
                 raise
             finally:
                 t = _rec._perf_ns()
+                code = 0 if exc_type is None else error_code(exc_type.__name__)
                 if stack and stack[-1] == last and records[last] is r3:
-                    r0[3] = r1[3] = r2[3] = r3[3] = t  # R_END
-                    if exc_type is not None:
-                        r0[5] = r1[5] = r2[5] = r3[5] = error_code(exc_type.__name__)
+                    if code:
+                        r0[5] = r1[5] = r2[5] = r3[5] = code  # R_ERROR
                     scopes[i0]._pos = base  # each level remembers its run
                     scopes[i1]._pos = base + 1
                     scopes[i2]._pos = base + 2
                     scopes[i3]._pos = last
+                    while records[-1][3] > t:  # a handler's scope inside, after the clock
+                        t = _rec._last_end(records, last, t)
+                    r0[3] = r1[3] = r2[3] = r3[3] = t  # R_END (no call from here to the pop)
                     del stack[-4:]
                     if not stack:
                         rec._close_trace()

@@ -196,6 +196,15 @@ def _last_end(records: list[Record], pos: int, t: int) -> int:
     return max([t, *(records[j][R_END] for j in range(pos + 1, len(records)))])
 
 
+def _position(records: list[Record], r: Record) -> int:
+    """Where ``r`` went in ``records``: a signal handler's records went in after the
+    length was read, before it."""
+    j = len(records) - 1
+    while records[j] is not r:
+        j -= 1
+    return j
+
+
 class ThreadCurrent:
     """The current recorder of this thread: the one whose trace is open, else the one
     bound by ``resettrace.bind`` (None: the default session's recorder of the thread).
@@ -299,7 +308,7 @@ class _ScopeCore:
     inside an open trace) in C and calls these for the others."""
 
     __slots__ = ("_rec", "_index", "_count", "_first", "_pos", "_stack", "_records", "_laps",
-                 "_layout")
+                 "_layout", "_armed", "_stash")
 
     _rec: Recorder
     _index: int
@@ -310,21 +319,33 @@ class _ScopeCore:
     _records: list[Record]
     _laps: list[int]
     _layout: tuple[int, dict[int, str], dict[str, float], str | None] | None
+    #: ``scope()`` gave it a count and a first lap that no ``__enter__`` took yet
+    _armed: bool
+    #: the counts and first laps of earlier ``scope()`` calls not entered yet, when a later
+    #: one came before their ``__enter__`` (a signal handler's, landing in between), or None
+    _stash: list[tuple[int, int]] | None
 
     # A signal handler that records runs between two calls of the code it interrupts (the
-    # interpreter runs it after a call returns, or as a function starts), so at every call
-    # below the recorder's lists hold a state that a whole scope (or trace) of the handler's
-    # can run through and leave as it found it: a record goes in before its position goes
-    # on the stack, a trace's first record and position go in with no call in between,
-    # and a trace is handed over whole (:meth:`Recorder._close_trace`). The C recorder runs
-    # no Python code in its steps.
+    # interpreter runs it after a call returns, or as a function starts, or at a loop's
+    # back edge), so at every such point below the recorder's lists hold a state that a
+    # whole scope (or trace) of the handler's can run through and leave as it found it: a
+    # record goes in before its position goes on the stack, a trace's first record and
+    # position go in with no call in between, a record's end is set and its position taken
+    # off the stack with no call in between, after a last look for a handler's records that
+    # ended after the clock read (they are inside it), and a trace is handed over whole
+    # (:meth:`Recorder._close_trace`). The C recorder runs no Python code in its steps.
     def __enter__(self) -> Any:
+        count, first = self._count, self._first  # first: a handler's scope() may follow
+        if self._stash is None:
+            self._armed = False
+        else:  # a handler's scope() came before this __enter__: this one's are back
+            self._restore()
         stack = self._stack
         records = self._records
         if len(records) >= MAX_TRACE_RECORDS:
             self._rec._overflow()
         if stack:
-            r = [self._index, stack[-1], 0, 0, self._count, 0]
+            r = [self._index, stack[-1], 0, 0, count, 0]
             records += (r,)
             pos = len(records) - 1  # where it went (a handler's records may follow it)
             stack.append(pos)
@@ -332,13 +353,12 @@ class _ScopeCore:
             rec = self._rec
             if records:  # the last trace's hand-over, interrupted by this (a handler)
                 rec._close_trace()
-            r = [self._index, -1, 0, 0, self._count, 0]
+            r = [self._index, -1, 0, 0, count, 0]
             pos = 0  # (no call from here to the pushes)
             rec._token = (_SLOT.value,)
             _SLOT.value = rec
             records += (r,)
             stack += (pos,)
-        first = self._first
         if first >= 0:  # it opens with its first lap
             lap = [first, pos, 0, 0, NO_COUNT, 0]
             records += (lap,)
@@ -354,6 +374,37 @@ class _ScopeCore:
             r[2] = _first_start(records, pos, t)
         return self
 
+    def _hold(self) -> None:
+        """``scope()`` is called again before the ``__enter__`` of the last call (a signal
+        handler's scope, landing in between): that call's count and first lap are kept for
+        its ``__enter__``, which takes them after the handler's ``__enter__`` is done."""
+        stash = self._stash
+        if stash is None:
+            self._stash = [(self._count, self._first)]
+            return
+        if len(stash) >= 32:  # scope() calls never entered, not handlers: deeper than any
+            del stash[0]
+        stash.append((self._count, self._first))
+
+    def _settle(self) -> None:
+        """``scope()`` gave this object out for a use other than a ``with`` (its
+        ``timing()``, its count): what waits for an ``__enter__`` is an earlier call's, if
+        any (a signal handler's use, landing between that call and its enter)."""
+        if self._stash is None:
+            self._armed = False
+        else:
+            self._restore()
+
+    def _restore(self) -> None:
+        """The count and first lap of the ``scope()`` call before the one just taken (by
+        ``__enter__``, or by ``timing()``): they wait for their own ``__enter__``."""
+        stash = self._stash
+        if stash:
+            self._count, self._first = stash.pop()
+        if not stash:
+            self._stash = None
+        self._armed = True
+
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         t = _perf_ns()
         code = 0 if exc_type is None else error_code(exc_type.__name__)
@@ -367,7 +418,7 @@ class _ScopeCore:
         laps = self._laps
         if laps and laps[-1] == pos:  # its running lap ends with it
             r = records[pos]
-            if records[-1][3] > t:  # a handler's scope inside it ran after the clock read
+            while records[-1][3] > t:  # a handler's scope inside it ran after the clock read
                 t = _last_end(records, pos, t)
             r[3] = t
             if code:
@@ -377,7 +428,8 @@ class _ScopeCore:
             pos = stack[-1]
         r = records[pos]
         if r[0] != self._index:
-            if not self._unwind(t):
+            t = self._unwind(t)
+            if t < 0:
                 return  # not open: ignored (a second exit, or never entered)
             pos = stack[-1]
             r = records[pos]
@@ -391,9 +443,10 @@ class _ScopeCore:
         if not stack:
             self._rec._close_trace()
 
-    def _unwind(self, t: int) -> bool:
-        """This scope exits while inner ones are still open: close those at ``t`` too.
-        False (nothing closed) when no record of this phase is open."""
+    def _unwind(self, t: int) -> int:
+        """This scope exits while inner ones are still open: close those at ``t`` too, or
+        later when a signal handler's scopes ran inside them after that clock read; the
+        time they end at. -1 (nothing closed) when no record of this phase is open."""
         stack, records = self._stack, self._records
         at = next((k for k in range(len(stack) - 1, -1, -1)
                    if records[stack[k]][0] == self._index), -1)
@@ -401,16 +454,22 @@ class _ScopeCore:
         if at < 0:
             note_once("exit-unopened", "scope %r exited while not open (a second exit?); "
                       "ignored", cat[self._index].span)
-            return False
+            return -1
         note_once("exit-mismatch", "scope %r exited while %r inside it was still open; the "
                   "inner scopes were closed with it", cat[self._index].span,
                   cat[records[stack[-1]][0]].span)
         laps, cut = self._laps, stack[at + 1]
-        while laps and laps[-1] >= cut:  # laps among them end too
-            laps.pop()
-        while len(stack) > at + 1:
-            records[stack.pop()][3] = t
-        return True
+        k = len(laps)
+        while k and laps[k - 1] >= cut:  # laps among them end too
+            k -= 1
+        while records[-1][3] > t:  # a handler's scope inside them ran after the clock read
+            t = _last_end(records, cut, t)
+        inner = stack[at + 1:]
+        del laps[k:]  # (no call since the look for a handler's records: statements)
+        del stack[at + 1:]
+        for p in inner:  # off the stack: a handler's scope now goes in under this one
+            records[p][3] = t
+        return t
 
 
 def _compiled() -> Any:
@@ -456,6 +515,9 @@ class Scope(_ScopeBase):
     _enter_slow = _ScopeCore.__enter__
     _exit_slow = _ScopeCore.__exit__
     _unwind = _ScopeCore._unwind
+    _hold = _ScopeCore._hold
+    _restore = _ScopeCore._restore
+    _settle = _ScopeCore._settle
 
     def __init__(self, rec: Recorder, index: int) -> None:
         self._rec = rec
@@ -467,6 +529,8 @@ class Scope(_ScopeBase):
         self._records = rec._records
         self._laps = rec._laps
         self._layout = None
+        self._armed = False
+        self._stash = None
 
     @property
     def phase(self) -> Phase:
@@ -493,38 +557,51 @@ class Scope(_ScopeBase):
         records = self._records
         laps = self._laps
         pos = stack[-1]
-        if laps and laps[-1] == pos:
-            records[pos][3] = t  # R_END of the running lap
-            laps.pop()
-            stack.pop()
-            pos = stack[-1]
-        if records[pos][0] != self._index:
-            note_once("lap-not-innermost", "lap of scope %r while %r inside it is open; "
-                      "ignored",
-                      self._rec.catalog[self._index].span,
-                      self._rec.catalog[records[pos][0]].span)
-            return
-        if phase is None:
-            return
+        running = laps and laps[-1] == pos
+        owner = records[pos][1] if running else pos
         rec = self._rec
-        if phase.__class__ is str:
-            s = rec._named.get(phase)
-            index = (s if s is not None else rec._scope_of(phase))._index
-        else:
-            index = phase.index  # type: ignore[assignment]
-            if index >= len(rec._scopes):  # a phase registered after this recorder
-                index = rec._scope_of(phase)._index
-        at = len(records)
-        if at >= MAX_TRACE_RECORDS:
-            rec._overflow()  # closes this scope too: the lap is not recorded
+        mine = records[owner][0] == self._index
+        index = -1
+        if not mine:
+            note_once("lap-not-innermost", "lap of scope %r while %r inside it is open; "
+                      "ignored", rec.catalog[self._index].span,
+                      rec.catalog[records[owner][0]].span)
+        elif phase is not None:
+            if phase.__class__ is str:
+                s = rec._named.get(phase)
+                index = (s if s is not None else rec._scope_of(phase))._index
+            else:
+                index = phase.index  # type: ignore[assignment]
+                if index >= len(rec._scopes):  # a phase registered after this recorder
+                    index = rec._scope_of(phase)._index
+            if len(records) >= MAX_TRACE_RECORDS:
+                rec._overflow()  # closes this scope too: the lap is not recorded
+                return
+        # in the order a signal handler's scopes may interrupt (see _ScopeCore): they ran
+        # in the running lap (or this scope) after the clock read, which ends after them
+        while records[-1][3] > t:
+            t = _last_end(records, pos, t)
+        if running:
+            records[pos][3] = t  # R_END of the running lap (no call from here to the pops)
+            del stack[-1]
+            del laps[-1]
+        if index < 0:
             return
-        records.append([index, pos, t, 0, count, 0])
-        stack.append(at)
-        laps.append(at)
+        r = [index, owner, t, 0, count, 0]
+        records += (r,)
+        at = len(records) - 1
+        stack += (at,)  # (statements: no call from here to the lap's push)
+        laps += (at,)
+        if records[-1] is not r:  # a handler's scopes went in before it was on the stack:
+            for j in range(at + 1, len(records)):  # they ran during it, as its children
+                if records[j][1] == owner:
+                    records[j][1] = at
 
     @property
     def count(self) -> int | None:
         """The envs this scope's open (else last) call resets; ``None``: none given."""
+        if self._armed:  # taken by scope() for this, not to be entered
+            self._settle()
         stack, records = self._stack, self._records
         for k in range(len(stack) - 1, -1, -1):
             if records[stack[k]][0] == self._index:
@@ -542,6 +619,8 @@ class Scope(_ScopeBase):
         a sequence of env ids, read by :func:`count_of` (anything else: no count, logged
         once). Outside the scope it is ignored (logged once)."""
         count = _count(count)  # first: a value whose len() runs traced code cannot move it
+        if self._armed:  # taken by scope() for this, not to be entered
+            self._settle()
         stack, records = self._stack, self._records
         for k in range(len(stack) - 1, -1, -1):
             if records[stack[k]][0] == self._index:
@@ -556,6 +635,8 @@ class Scope(_ScopeBase):
         One function on purpose: it runs on the reset path right after the engine, where
         every extra Python call costs microseconds (see :func:`closed_timing`).
         """
+        if self._armed:  # taken by scope() for this, not to be entered
+            self._settle()
         rec = self._rec
         layout = self._layout
         if layout is None or layout[0] != rec.catalog.version:
@@ -591,6 +672,11 @@ class Recorder:
     scopes opened from another thread go to a recorder of that thread with the same
     sinks and attributes, so each thread's traces stay whole.
     """
+
+    # the lists the hot path works on, and the owner thread: slots, so the compiled path
+    # reads the ones the recorder holds now (code may replace them) at a fixed place
+    __slots__ = ("_stack", "_records", "_laps", "_scopes", "_owner", "__dict__",
+                 "__weakref__")
 
     enabled = True
     _token: tuple[Any] | None = None
@@ -644,17 +730,23 @@ class Recorder:
                 s = self._scopes[phase.index]  # type: ignore[index]
             except (AttributeError, IndexError):  # a phase registered after this recorder
                 s = self._scope_of(phase)
-        s._count = count
         if lap is None:
-            s._first = -1
+            first = -1
         elif isinstance(lap, str):  # a span name, as ``phase`` may be
-            first = self._named.get(lap)
-            s._first = (first if first is not None else self._scope_of(lap))._index
+            f = self._named.get(lap)
+            first = (f if f is not None else self._scope_of(lap))._index
         else:
             try:
-                s._first = self._scopes[lap.index]._index
+                first = self._scopes[lap.index]._index
             except (AttributeError, IndexError):
-                s._first = self._scope_of(lap)._index
+                first = self._scope_of(lap)._index
+        # the scope object is shared: a signal handler's scope of the same phase, landing
+        # between this call and the ``with``'s ``__enter__``, must not take this count
+        if s._armed:  # an earlier call's, not entered yet: kept for its __enter__
+            s._hold()
+        s._count = count  # (statements: no call from here to the __enter__'s read)
+        s._first = first
+        s._armed = True
         return s
 
     def is_open(self, phase: Phase) -> bool:
@@ -751,16 +843,18 @@ class Recorder:
             raise
         finally:
             t = _perf_ns()
+            code = 0 if exc_type is None else error_code(exc_type.__name__)
             if stack and stack[-1] == pos and records[pos] is r:
-                while records[-1][3] > t:  # a handler's scope inside it, after the clock
-                    t = _last_end(records, pos, t)
-                r[3] = t  # R_END
-                if exc_type is not None:
-                    r[R_ERROR] = error_code(exc_type.__name__)
-                stack.pop()
                 s = self._scopes[index]  # it remembers the run: its timing(), its count
                 s._pos = pos
-                s._count = count
+                if not s._armed:  # (else a scope() waits for its enter: its count stays)
+                    s._count = count
+                while records[-1][3] > t:  # a handler's scope inside it, after the clock
+                    t = _last_end(records, pos, t)
+                r[3] = t  # R_END (no call from here to the pop)
+                if code:
+                    r[R_ERROR] = code
+                del stack[-1]
                 if not stack:
                     self._close_trace()
             else:  # not on top: it exits as a ``with`` scope's would
@@ -771,8 +865,8 @@ class Recorder:
         """:meth:`call` for a function of an extension (``mujoco.mj_forward``): inside an
         open trace of this thread, its record goes in without a turn on the stack, as
         nothing it runs is expected to open scopes. If something does (a Python callback
-        the engine calls), the scopes it opened are moved under this record afterwards,
-        so the tree is the same as :meth:`call` makes."""
+        the engine calls, or a signal handler), the scopes it opened are moved under this
+        record afterwards, so the tree is the same as :meth:`call` makes."""
         stack = self._stack
         if not stack or _get_ident() != self._owner:
             return self.call(phase, count, fn, args, kwargs)
@@ -782,14 +876,18 @@ class Recorder:
         if index >= len(self._scopes):  # a phase registered after this recorder
             index = self._scope_of(phase)._index
         records = self._records
-        pos = len(records)
-        if pos >= MAX_TRACE_RECORDS:
+        if not stack or len(records) >= MAX_TRACE_RECORDS:  # (the count's reader closed it)
             return self.call(phase, count, fn, args, kwargs)
+        # in the order a signal handler's scopes may interrupt (see _ScopeCore.__enter__):
+        # theirs that go in beside it before its end is read are its children (adopted)
         parent = stack[-1]
         r = [index, parent, 0, 0, count, 0]
-        records.append(r)
+        records += (r,)
+        pos = len(records) - 1
         exc_type = None
-        r[2] = _perf_ns()
+        r[2] = t = _perf_ns()
+        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
+            r[2] = _first_start(records, pos, t)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -803,12 +901,18 @@ class Recorder:
                 self._adopt(r, pos, parent, index)
 
     def _adopt(self, r: Record, pos: int, parent: int, index: int) -> None:
-        """A leaf's call (:meth:`call_leaf`) opened scopes: they are its children."""
+        """A leaf's call (:meth:`call_leaf`) opened scopes: they are its children, and it
+        ends after them (a signal handler's may have run after its end was read)."""
         records = self._records
         if pos < len(records) and records[pos] is r:
-            for j in range(pos + 1, len(records)):
-                if records[j][R_PARENT] == parent:
-                    records[j][R_PARENT] = pos
+            end = r[3]
+            for j in range(pos + 1, len(records)):  # (a handler's records after these
+                c = records[j]  # run after its end: they stay beside it)
+                if c[R_PARENT] == parent:
+                    c[R_PARENT] = pos
+                    if c[R_END] > end:
+                        end = c[R_END]
+            r[3] = end
         else:  # its trace was cut meanwhile (an overflow): its record went with it
             note_once("leaf-lost", "a call of %r outlived its trace; not recorded",
                       self.catalog[index].span)
@@ -830,29 +934,41 @@ class Recorder:
         if max(indices) >= len(rec._scopes):  # a phase registered after this recorder
             rec._grow()
         stack, records = rec._stack, rec._records
-        base = len(records)
-        if base + n > MAX_TRACE_RECORDS:
+        if len(records) + n > MAX_TRACE_RECORDS:
             rec._overflow()
-            base = 0
+        # in the order a signal handler's scopes may interrupt (see _ScopeCore.__enter__):
+        # the records go in together before their positions go on the stack
+        opened = [[index, -1, 0, 0, count, 0] for index in indices]
+        first, last_r = opened[0], opened[-1]
         if stack:
-            parent = stack[-1]
+            first[1] = stack[-1]
+            base = len(records)
+            records += opened
+            if records[base] is not first:  # a handler's records went in before them
+                base = _position(records, first)
+            for k in range(1, n):  # (off the stack meanwhile: a handler does not see them)
+                opened[k][1] = base + k - 1
+            stack += range(base, base + n)
         else:  # a trace opens: its recorder is the current one until it closes
-            parent = -1
+            if records:  # the last trace's hand-over, interrupted by this (a handler)
+                rec._close_trace()
+            base = 0
+            for k in range(1, n):
+                opened[k][1] = k - 1
+            positions = range(n)  # (no call from here to the pushes)
             rec._token = (_SLOT.value,)
             _SLOT.value = rec
-        opened = []
-        pos = base
-        for index in indices:
-            r = [index, parent, 0, 0, count, 0]
-            records.append(r)
-            opened.append(r)
-            stack.append(pos)
-            parent = pos
-            pos += 1
+            records += opened
+            stack += positions
+        last = base + n - 1
         exc_type = None
         t = _perf_ns()  # R_START, last: bookkeeping is not timed
         for r in opened:
             r[2] = t
+        if records[-1] is not last_r:  # a handler's scopes went in meanwhile: inside them
+            t = _first_start(records, last, t)
+            for r in opened:
+                r[2] = t
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -860,25 +976,29 @@ class Recorder:
             raise
         finally:
             t = _perf_ns()
-            last = base + n - 1
+            code = 0 if exc_type is None else error_code(exc_type.__name__)
             if (len(stack) < n or stack[-1] != last or stack[-n] != base
-                    or records[last] is not opened[-1]):
+                    or len(records) <= last or records[last] is not last_r):
                 # not on top as opened (scopes left open inside, or the trace overflowed):
                 # each level exits as its scope would, innermost first
-                if len(records) > last:
+                if len(records) > last and records[last] is last_r:
                     for pos in range(last, base - 1, -1):
                         rec._scopes[records[pos][0]].__exit__(exc_type, None, None)
             else:
-                code = 0 if exc_type is None else error_code(exc_type.__name__)
                 scopes = rec._scopes
                 pos = base
                 for r in opened:
-                    r[3] = t
                     if code:
                         r[R_ERROR] = code
-                    scopes[r[0]]._pos = pos
+                    scopes[r[0]]._pos = pos  # each level remembers its run
                     pos += 1
-                del stack[-n:]
+                while True:  # their ends, then a last look for a handler's records that
+                    for r in opened:  # ended after them (inside them: they end later)
+                        r[3] = t
+                    if records[-1][3] <= t:
+                        break
+                    t = _last_end(records, last, t)
+                del stack[-n:]  # (no call since the look)
                 if not stack:
                     rec._close_trace()
 
@@ -895,11 +1015,17 @@ class Recorder:
         is open now and hand the trace on, so memory stays bounded."""
         note_once("overflow", "a trace reached %d records (a scope entered and never "
                   "exited?); its open scopes were closed", MAX_TRACE_RECORDS)
+        stack, records, laps = self._stack, self._records, self._laps
         t = _perf_ns()
-        for pos in self._stack:
-            self._records[pos][3] = t
-        self._stack.clear()
-        self._laps.clear()
+        while stack:  # their ends, then a last look for a handler's records that ended
+            for pos in stack:  # after them (inside them: they end later)
+                records[pos][3] = t
+            if not stack or records[-1][3] <= t:  # (a handler's scope cut it meanwhile)
+                del laps[:]  # (no call since the look: a handler sees it closed, whole)
+                del stack[:]
+                break
+            t = _last_end(records, stack[0], t)
+        del laps[:]
         self._close_trace()
 
     @lifecycle.uncut
