@@ -416,11 +416,17 @@ def test_a_signal_handler_that_records_neither_deadlocks_nor_corrupts_a_trace(
     out = json.loads(stdout.splitlines()[-1])
     assert out["dropped"] == 0 and out["steps"] == steps
     assert out["fired"] > 20 and out["recorded"] > 0
-    spans = [json.loads(line) for line in (tmp_path / "spans.jsonl").read_text().splitlines()]
+    _assert_steps_and_handler_spans(tmp_path / "spans.jsonl", steps, out["recorded"])
+
+
+def _assert_steps_and_handler_spans(path: Path, steps: int, recorded: int) -> None:
+    """Every step's ``reset_done > dr_reset > set_state`` and every scope the handler
+    recorded are in the span file, each span inside its parent, none negative."""
+    spans = [json.loads(line) for line in path.read_text().splitlines()]
     names = [s["name"] for s in spans]
     assert names.count("reset_done") == names.count("dr_reset") == names.count(
         "set_state") == steps
-    assert names.count("set_state.set_dof_pos") == out["recorded"]
+    assert names.count("set_state.set_dof_pos") == recorded
     by_id = {s["span_id"]: s for s in spans}
     for s in spans:
         assert s["end_ns"] >= s["start_ns"] > 0, s
@@ -431,6 +437,73 @@ def test_a_signal_handler_that_records_neither_deadlocks_nor_corrupts_a_trace(
                 parent, s)
         else:
             assert s["name"] in ("reset_done", "set_state.set_dof_pos"), s
+
+
+# A collection of the cyclic GC runs Python code (gc callbacks, finalizers, weakref
+# callbacks), and with it any signal handler that is due; the compiled recorder allocates
+# its records from the GC. Here a gc callback records, at every allocation (threshold 1):
+# where a recording signal handler can land inside the recorder's own steps.
+GC_RECORDING_SCRIPT = """
+import gc, json, sys
+import resettrace
+from resettrace import catalog as C
+
+steps = int(sys.argv[1])
+state = {"recorded": 0, "busy": False}
+
+def recording(phase, info):
+    if phase != "start" or state["busy"]:
+        return
+    state["busy"] = True
+    try:
+        rec = resettrace.current_recorder()
+        with rec.scope(C.SET_STATE_SET_DOF_POS, 1):
+            pass
+        state["recorded"] += rec.enabled
+    finally:
+        state["busy"] = False
+
+session = resettrace.get_tracing()
+rec = resettrace.current_recorder()
+
+@resettrace.traced(C.DR_RESET, count="ids")
+def reset(ids):
+    with rec.scope(C.SET_STATE, len(ids)):
+        pass
+
+gc.callbacks.append(recording)
+gc.set_threshold(1)
+for _ in range(steps):
+    with rec.scope(C.RESET_DONE, 2):
+        reset([0, 1])
+gc.set_threshold(700)
+gc.callbacks.remove(recording)
+session.shutdown()
+print(json.dumps(dict(state, dropped=session.export_report()["spans_dropped"],
+                      steps=resettrace.stats()["reset_done_ms"].count)))
+"""
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure-python"])
+def test_python_code_run_by_a_collection_inside_the_recorder_leaves_its_traces_exact(
+        pure: bool, tmp_path: Path) -> None:
+    """The compiled recorder read the position of a new record, then allocated it: a
+    collection there ran a gc callback (or a signal handler due) that recorded, and the
+    record went on the stack at the handler's position: its scope was never closed (a
+    ``set_state`` ending 5 s before it began, under load) and the handler's stayed open."""
+    steps = 300
+    script = tmp_path / "gc_recording.py"
+    script.write_text(textwrap.dedent(GC_RECORDING_SCRIPT))
+    env = _clean_env(RESETTRACE="trace", RESETTRACE_EXPORTER=f"file:{tmp_path}/spans.jsonl",
+                     RESETTRACE_QUEUE_SIZE="1000000", RESETTRACE_PURE_PYTHON=str(int(pure)))
+    p = subprocess.Popen([sys.executable, str(script), str(steps)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = _finish(p, 120)
+    assert p.returncode == 0, stderr[-3000:]
+    out = json.loads(stdout.splitlines()[-1])
+    assert out["dropped"] == 0 and out["steps"] == steps
+    assert out["recorded"] > steps  # it landed in the steps' own scopes
+    _assert_steps_and_handler_spans(tmp_path / "spans.jsonl", steps, out["recorded"])
 
 
 @pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure-python"])

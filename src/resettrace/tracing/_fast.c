@@ -180,11 +180,39 @@ list_drop(PyObject *list, Py_ssize_t k)
     }
 }
 
+/* New objects of the cyclic GC's (a list, a tuple) whose allocation runs no
+ * collection. A collection runs Python code (gc callbacks, finalizers, weakref callbacks),
+ * and with it any signal handler that is due: one that records would push its scopes
+ * between this path's read of the recorder's lists and its writes to them (the record
+ * then pushed at a stale position: its scope never closed, the handler's left open). The
+ * collection is only put off to the next allocation. */
+static inline PyObject *
+list_no_collection(Py_ssize_t n)
+{
+    int was = PyGC_Disable();
+    PyObject *o = PyList_New(n);
+    if (was) {
+        PyGC_Enable();
+    }
+    return o;
+}
+
+static inline PyObject *
+pair_no_collection(PyObject *a, PyObject *b)
+{
+    int was = PyGC_Disable();
+    PyObject *o = PyTuple_Pack(2, a, b);
+    if (was) {
+        PyGC_Enable();
+    }
+    return o;
+}
+
 /* A new record [index, parent, 0, 0, count, 0]; parent and count are borrowed. */
 static PyObject *
 new_record(Py_ssize_t index, PyObject *parent, PyObject *count)
 {
-    PyObject *r = PyList_New(6);
+    PyObject *r = list_no_collection(6);
     if (r == NULL) {
         return NULL;
     }
@@ -551,7 +579,7 @@ bridge_fast(Bridging *self, PyObject *inner, PyObject *name, int *done)
     if (!PyList_CheckExact(top) || PyList_GET_SIZE(top) != 6) {
         goto out;
     }
-    key = PyTuple_Pack(2, PyList_GET_ITEM(top, 0), name);
+    key = pair_no_collection(PyList_GET_ITEM(top, 0), name);
     if (key == NULL) {
         goto out;
     }
