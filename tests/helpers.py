@@ -89,3 +89,17 @@ def record_traces(session, n: int, *, count: int = 3, plan: bool = True) -> None
                     pass
             with rec.scope(C.SET_STATE):
                 pass
+
+
+#: a job for two overlapping processes on one output path: records one scope, prints its
+#: pid, touches argv[1], then waits for argv[2] to exist ("-": no wait)
+OVERLAPPING_JOB = """import os, sys, time
+from pathlib import Path
+import resettrace
+with resettrace.current_recorder().scope("dr_reset", 1):
+    pass
+print(os.getpid(), flush=True)
+Path(sys.argv[1]).touch()
+while sys.argv[2] != "-" and not Path(sys.argv[2]).exists():
+    time.sleep(0.01)
+"""

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from helpers import record_traces
+from helpers import OVERLAPPING_JOB, record_traces
 from resettrace import __version__
 from resettrace.config import Config
 from resettrace.tables import CSV_COLUMNS, write_json
@@ -314,18 +314,7 @@ def test_run_stats_json_beside_a_foreign_file(tmp_path: Path) -> None:
 
 # -- two jobs on one path -------------------------------------------------------------------------
 
-#: a job's command: records one scope, prints its pid, touches argv[1], then waits for
-#: argv[2] to exist ("-": no wait)
-JOB = """import os, sys, time
-from pathlib import Path
-import resettrace
-with resettrace.current_recorder().scope("dr_reset", 1):
-    pass
-print(os.getpid(), flush=True)
-Path(sys.argv[1]).touch()
-while sys.argv[2] != "-" and not Path(sys.argv[2]).exists():
-    time.sleep(0.01)
-"""
+JOB = OVERLAPPING_JOB
 
 
 def _job_env() -> dict[str, str]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from helpers import clean_env
+from helpers import OVERLAPPING_JOB, clean_env
 
 # -- helpers -----------------------------------------------------------------------------------
 
@@ -626,24 +626,12 @@ def test_compare_of_runs_without_an_env_count_says_env_per_s_is_not_known(
 
 
 # -- two jobs on one RESETTRACE_RUN_JSON path ---------------------------------------------------
-#: records one scope, prints its pid, touches argv[1], then waits for argv[2] ("-": no wait)
-ONE_PATH_JOB = """
-    import os, sys, time
-    from pathlib import Path
-    import resettrace
-    with resettrace.current_recorder().scope("dr_reset", 1):
-        pass
-    print(os.getpid(), flush=True)
-    Path(sys.argv[1]).touch()
-    while sys.argv[2] != "-" and not Path(sys.argv[2]).exists():
-        time.sleep(0.01)
-"""
 
 
 def test_two_jobs_on_one_run_json_path_keep_both_records(tmp_path: Path) -> None:
     """``RESETTRACE_RUN_JSON=stats.json`` (no ``{pid}``) in two jobs at once: the one that
     ends last keeps the other's record, writes its own beside it and says so in one line."""
-    _write(tmp_path, {"job.py": ONE_PATH_JOB})
+    _write(tmp_path, {"job.py": OVERLAPPING_JOB})
     env = clean_env(RESETTRACE_RUN_JSON="stats.json", RESETTRACE="timing")
     if "PYTHONPATH" in os.environ:  # the resettrace under test
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
