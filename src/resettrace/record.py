@@ -44,7 +44,7 @@ from resettrace.config import ENV_RUN_ID, ENV_RUN_JSON
 
 __all__ = ["RunRecord", "RecordError", "FORMAT", "MAX_RECORD_SAMPLES", "read_record", "load_json",
            "read_records", "record_files", "merge_records", "record_of_session", "write_run",
-           "arrange_exit_record"]
+           "arrange_exit_record", "identity_of", "same_process"]
 
 #: the record's format version: 2 (1: a collector timing.json from before records)
 FORMAT = 2
@@ -88,6 +88,22 @@ class RunRecord:
     pid: int | None = None
     parent_pid: int | None = None
     rank: int | None = None
+    #: who this process is in its job, from what launched it (``rank 3``, ``torchrun rank
+    #: 3``, ``slurm task 3``, ``ray actor 5f0c...``, ``rllib worker 2``, ...): two members of
+    #: one job never share it (:func:`identity_of`)
+    identity: str | None = None
+    #: what launched it (``resettrace``, ``torchrun``, ``slurm``, ``ray``, ``rllib``,
+    #: ``multiprocessing``; None: a main process nothing named)
+    launcher: str | None = None
+    #: the job's process count, when the launcher said it (``WORLD_SIZE``, ``SLURM_NTASKS``)
+    world_size: int | None = None
+    #: False: a snapshot of a process that was still running when it was written (a process
+    #: killed without warning leaves its last one); True: written at its exit
+    complete: bool = True
+    #: Unix time (s) this snapshot was taken; ``period_s``: how often they are (a killed
+    #: process may miss up to one period)
+    snapshot_at: float | None = None
+    period_s: float | None = None
     #: Unix time (s) the session started
     start: float | None = None
     wall_s: float | None = None
@@ -245,6 +261,11 @@ _SCALARS: dict[str, tuple[str, Any]] = {
     "pid": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "parent_pid": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "rank": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "identity": ("a string", lambda v: isinstance(v, str)),
+    "launcher": ("a string", lambda v: isinstance(v, str)),
+    "world_size": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "complete": ("true or false", lambda v: isinstance(v, bool)),
+    "snapshot_at": ("a number", _number), "period_s": ("a number", _number),
     "env_steps": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "traces_dropped": ("an integer",
                        lambda v: isinstance(v, int) and not isinstance(v, bool)),
@@ -552,6 +573,22 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
         else None,
         sim=first.sim, members=[member_summary(r) for r in records],
         extra={"mixed": differ, "relative_error": RELATIVE_ERROR})
+
+
+def identity_of(r: RunRecord) -> str:
+    """Who ``r``'s process is in its job: the identity it recorded, else its rank (a record
+    written before identities), else its pid and host."""
+    if r.identity:
+        return r.identity
+    if r.rank is not None:
+        return f"rank {r.rank}"
+    return f"pid {r.pid} on {r.host or 'an unknown host'}"
+
+
+def same_process(a: RunRecord, b: RunRecord) -> bool:
+    """Whether ``a`` and ``b`` are records of one process (its host, pid and start)."""
+    return (a.pid is not None and a.pid == b.pid and a.host == b.host
+            and a.start == b.start)
 
 
 def _share_of_parent(stats: dict[str, dict[str, Any]], cat: Any) -> None:
