@@ -59,7 +59,12 @@ variable                           meaning                                  rang
                                    thread (100000); beyond it traces are
                                    dropped and counted
 ``RESETTRACE_SHUTDOWN_TIMEOUT``    seconds for the final flush (2)          0.001 - 3600
-``RESETTRACE_WORKER_RANK``         this worker's rank (else ``RANK``, 0)    0 - 2**31-1
+``RESETTRACE_RECORD_PERIOD``       seconds between snapshots of a process's 0 - 86400
+                                   run record (5; 0: only at exit)
+``RESETTRACE_JOB_WAIT``            seconds ``resettrace run`` waits for     0 - 86400
+                                   members still running (30)
+``RESETTRACE_WORKER_RANK``         this worker's rank (else ``RANK``, else  0 - 2**31-1
+                                   ``SLURM_PROCID``, 0)
 ``OTEL_EXPORTER_OTLP_TIMEOUT``     seconds one OTLP export may take (2;     0.001 - 3600
                                    ``..._TRACES_TIMEOUT`` wins)
 ``OTEL_EXPORTER_OTLP_METRICS_``    seconds one metrics push may take        0.001 - 3600
@@ -130,9 +135,13 @@ ENV_OTLP_TIMEOUT = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIM
 ENV_OTLP_INSECURE = ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE")
 ENV_OTLP_COMPRESSION = ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
                         "OTEL_EXPORTER_OTLP_COMPRESSION")
-ENV_RANK = (ENV_WORKER_RANK, "RANK")
+ENV_RANK = (ENV_WORKER_RANK, "RANK", "SLURM_PROCID")
 #: a run record path for every process (``{pid}``, ``{rank}``), written at exit
 ENV_RUN_JSON = "RESETTRACE_RUN_JSON"
+#: seconds between the snapshots of a process's run record (0: only at exit)
+ENV_RECORD_PERIOD = "RESETTRACE_RECORD_PERIOD"
+#: seconds ``resettrace run`` waits for a member still running (or late) after its command
+ENV_JOB_WAIT = "RESETTRACE_JOB_WAIT"
 #: the id of one ``resettrace run``: its processes' records carry it
 ENV_RUN_ID = "RESETTRACE_RUN_ID"
 #: ``resettrace run``'s summary: ``1`` print it, ``0`` not
@@ -236,6 +245,13 @@ NUMBERS: dict[str, Number] = {
     "metrics_interval_s": Number((ENV_METRIC_INTERVAL,), float, 1.0, 86_400_000.0, 1e-3),
     "export_batch_size": Number((ENV_BATCH_SIZE,), int, 1, 65536),
     "export_delay_s": Number((ENV_BATCH_DELAY,), float, 0.0, 3_600_000.0, 1e-3),
+}
+
+
+#: the numeric settings of run records and jobs (not :class:`Config` fields)
+NUMBERS_OF_RUNS: dict[str, Number] = {
+    "record_period_s": Number((ENV_RECORD_PERIOD,), float, 0.0, 86_400.0),
+    "job_wait_s": Number((ENV_JOB_WAIT,), float, 0.0, 86_400.0),
 }
 
 
@@ -901,10 +917,10 @@ def process_rank(env: Mapping[str, str] | None = None, *, publish: bool | None =
 
 
 def env_worker_rank(env: Mapping[str, str] | None = None) -> int | None:
-    """``RESETTRACE_WORKER_RANK``, else ``RANK``, when one holds a valid rank (0 -
-    2**31-1); else None. A malformed ``RESETTRACE_WORKER_RANK`` is a warning naming the
-    rank used instead; ``RANK`` belongs to the launcher (torchrun, MPI) and is used only
-    when it is a valid rank."""
+    """``RESETTRACE_WORKER_RANK``, else ``RANK`` (torchrun, torch.distributed), else
+    ``SLURM_PROCID`` (srun), when one holds a valid rank (0 - 2**31-1); else None. A
+    malformed ``RESETTRACE_WORKER_RANK`` is a warning naming the rank used instead; ``RANK``
+    and ``SLURM_PROCID`` belong to the launcher and are used only when valid."""
     env = os.environ if env is None else env
     ranks = {}
     for name in ENV_RANK:
@@ -914,11 +930,12 @@ def env_worker_rank(env: Mapping[str, str] | None = None) -> int | None:
     rank = ranks.get(ENV_WORKER_RANK)
     if rank is not None:
         return rank
-    fallback = ranks.get("RANK")
+    launcher = next((n for n in ENV_RANK[1:] if ranks.get(n) is not None), None)
+    fallback = None if launcher is None else ranks[launcher]
     if ENV_WORKER_RANK in ranks:
         _warn(env, "%s=%s is not a rank (an integer in 0 - %d); using %s", ENV_WORKER_RANK,
               _shown(env[ENV_WORKER_RANK]), _INT_MAX,
-              f"RANK={fallback}" if fallback is not None else "the default 0")
+              f"{launcher}={fallback}" if launcher is not None else "the default 0")
     return fallback
 
 

@@ -221,10 +221,11 @@ def fit_cells(cells: Iterable[tuple[int, int, float]]) -> NFit | None:
     return fit_with_n(sorted(by_n.items()))
 
 
-def model_section(sums: Mapping[str, FitSums]) -> dict[str, Any]:
+def model_section(sums: Mapping[str, FitSums], *, fit: bool = True) -> dict[str, Any]:
     """The ``model`` section of ``timing.json``: per key its fit and its sums (the sums
-    let later tools merge runs and fit the dependence on N)."""
+    let later tools merge runs and fit the dependence on N). ``fit`` false: the sums only
+    (``fit`` null; a snapshot of a running process, which never loads SciPy for it)."""
     return {"form": "ms = a + b * k per call, k = envs reset by the call (OLS, 95% intervals)",
             "fixed_share": FIXED_SHARE,
-            "keys": {k: {"fit": s.fit().as_dict(), "sums": s.as_dict()}
+            "keys": {k: {"fit": s.fit().as_dict() if fit else None, "sums": s.as_dict()}
                      for k, s in sums.items() if s.n}}

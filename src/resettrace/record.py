@@ -346,16 +346,26 @@ def record_of_session(session: Any, *, kind: str = "process",
                       command: Sequence[str] | None = None,
                       config: Mapping[str, Any] | None = None, wall_s: float | None = None,
                       env_per_s: float | None = None, reset_fraction: float | None = None,
-                      export: Mapping[str, Any] | None = None,
+                      export: Mapping[str, Any] | None = None, snapshot: bool = False,
                       **extra: Any) -> RunRecord:
-    """The record of ``session``'s statistics now (its queued spans aggregated first)."""
+    """The record of ``session``'s statistics now (its queued spans aggregated first).
+    ``snapshot``: a record of a process still running (``complete`` false), made cheaply
+    for :func:`keep_record_current`: percentiles from the buckets, no samples."""
     import resettrace
     from resettrace import catalog as C
+    from resettrace.launcher import identity
 
     proc = session.processor
     if proc is not None:
         proc.force_flush()
-    stats = {k: s.as_dict() for k, s in session.stats().items()}
+    dists = session.distributions()
+    if snapshot:
+        stats = _snapshot_stats(proc, dists, session.catalog)
+        samples: dict[str, list[float]] = {}
+    else:
+        stats = {k: s.as_dict() for k, s in session.stats().items()}
+        samples = {k: _thin(v) for k, v in session.samples().items()}
+    who = identity(session.worker_rank)
     cfg = dict(config or {})
     counts = sorted(getattr(session, "env_counts", None) or ())
     if "num_envs" not in cfg and counts:
@@ -374,23 +384,51 @@ def record_of_session(session: Any, *, kind: str = "process",
     if wall_s is None and getattr(session, "started_monotonic", None) is not None:
         wall_s = time.monotonic() - session.started_monotonic
     attrs = session.resource_attributes() if hasattr(session, "resource_attributes") else {}
+    extra = dict(extra)
+    if "resettrace.instrumentation.patching" in sys.modules:  # (never imported for this)
+        from resettrace.instrumentation.patching import untraced_targets
+
+        extra.setdefault("untraced", untraced_targets())
     return RunRecord(
         kind=kind, mode=session.mode,
         command=list(sys.argv if command is None else command),
         config=cfg, host=socket.gethostname(), pid=os.getpid(),
         parent_pid=attrs.get("resettrace.parent.pid"),
-        rank=session.worker_rank,
+        rank=who.rank, identity=who.identity, launcher=who.launcher,
+        world_size=who.world_size, complete=not snapshot,
+        snapshot_at=time.time() if snapshot else None,
+        period_s=_SNAP["period"] or None,
         start=started, wall_s=wall_s, version=resettrace.__version__,
         run_id=os.environ.get(ENV_RUN_ID) or None,
         phases=phases_of(stats, session.catalog), stats=stats,
-        dist={k: d.as_dict() for k, d in session.distributions().items()},
-        samples={k: _thin(v) for k, v in session.samples().items()},
-        model=session.cost_model(), env_steps=steps, env_per_s=env_per_s,
+        dist={k: d.as_dict() for k, d in dists.items()},
+        samples=samples,
+        # a snapshot never loads SciPy (seconds of CPU beside the training) for the fit
+        model=session.cost_model(fit=not snapshot or "scipy.stats" in sys.modules),
+        env_steps=steps, env_per_s=env_per_s,
         reset_fraction=reset_fraction,
         traces_dropped=int(getattr(session, "dropped_traces", 0)),
         export=dict(export) if export is not None else (
             session.export_report() if session.config.exports_spans else None),
-        extra=dict(extra))
+        extra=extra)
+
+
+def _snapshot_stats(proc: Any, dists: Mapping[str, Any], catalog: Any
+                    ) -> dict[str, dict[str, Any]]:
+    """Per key, the exact count, total and max and the percentiles the buckets give (no
+    sorting of samples: cheap enough for a snapshot every few seconds)."""
+    totals = {} if proc is None else proc.totals()
+    out: dict[str, dict[str, Any]] = {}
+    for key, (count, total, mx) in totals.items():
+        if not count:
+            continue
+        d = dists.get(key)
+        out[key] = {"count": count, "mean_ms": total / count,
+                    **{f"p{q}_ms": (d.quantile(q / 100) if d is not None and d.count
+                                    else None) for q in (50, 90, 99)},
+                    "max_ms": mx, "total_ms": total}
+    _share_of_parent(out, catalog)
+    return out
 
 
 def write_run(path: str | os.PathLike[str], session: Any = None, **what: Any) -> Path:
@@ -602,6 +640,90 @@ def _share_of_parent(stats: dict[str, dict[str, Any]], cat: Any) -> None:
 # -- at exit: RESETTRACE_RUN_JSON ----------------------------------------------------------------
 _EXIT: dict[str, Any] = {"pid": None, "written": None}
 
+#: the snapshots of this process's record: the pid whose thread runs, the period (s), the
+#: thread's stop event; ``lock`` orders a snapshot before the record written at exit
+_SNAP: dict[str, Any] = {"pid": None, "period": 0.0, "stop": None, "lock": None}
+#: seconds between snapshots by default
+DEFAULT_RECORD_PERIOD = 5.0
+#: the first snapshot of a process comes this soon after its first recording (s), so that
+#: its job knows of it early (at most the period)
+_FIRST_SNAPSHOT = 0.5
+
+
+def record_period(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds between the snapshots of a process's record (``RESETTRACE_RECORD_PERIOD``,
+    default :data:`DEFAULT_RECORD_PERIOD`; 0: only at exit). A bad value is said once and
+    the default used."""
+    from resettrace.config import ENV_RECORD_PERIOD, NUMBERS_OF_RUNS, say_once
+
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_RECORD_PERIOD, "").strip()
+    if not raw:
+        return DEFAULT_RECORD_PERIOD
+    value, problem = NUMBERS_OF_RUNS["record_period_s"].parse(raw)
+    if problem is not None:
+        say_once(f"resettrace: {ENV_RECORD_PERIOD}={raw[:40]!r} {problem}; using "
+                 f"{DEFAULT_RECORD_PERIOD:g} s")
+        return DEFAULT_RECORD_PERIOD
+    return float(value)
+
+
+def keep_record_current(session: Any) -> bool:
+    """Keep this process's record current on disk while it runs: a snapshot
+    (``complete`` false; :func:`record_of_session` with ``snapshot``) soon after it first
+    records, then every :func:`record_period` seconds, each an atomic replace of the file
+    it writes at exit; a process killed without warning (SIGKILL, an OOM kill, Ray's
+    force kill) leaves its last one. On a thread of its own; once per process (a forked
+    worker starts its own). True when running."""
+    import threading
+
+    if _SNAP["pid"] == os.getpid():
+        return True
+    period = record_period()
+    _SNAP["period"] = period
+    if period <= 0 or not os.environ.get(ENV_RUN_JSON, "").strip():
+        return False
+    _SNAP["pid"] = os.getpid()
+    stop = _SNAP["stop"] = threading.Event()
+    _SNAP["lock"] = threading.Lock()
+    thread = threading.Thread(target=_snapshots, args=(session, period, stop),
+                              name="resettrace-record", daemon=True)
+    thread.start()
+    return True
+
+
+def _snapshots(session: Any, period: float, stop: Any) -> None:
+    wait = min(_FIRST_SNAPSHOT, period)
+    while not stop.wait(wait):
+        wait = period
+        try:
+            _write_snapshot(session)
+        except Exception as e:  # noqa: BLE001 - a snapshot never ends the process
+            from resettrace.config import say_once
+
+            say_once(f"resettrace: a snapshot of the run record was not written: {e}")
+
+
+def _write_snapshot(session: Any) -> None:
+    lock = _SNAP["lock"]
+    with lock:
+        if _EXIT["written"] == os.getpid() or _SNAP["pid"] != os.getpid():
+            return  # the record of its exit is written (or being written): the last word
+        template = os.environ.get(ENV_RUN_JSON, "").strip()
+        proc = session.processor
+        if not template or session.closed or proc is None or not proc.totals():
+            return
+        if "{pid}" not in template and "{rank}" not in template and _job_worker():
+            return
+        write_run(template, session, snapshot=True)
+
+
+def _forget_snapshots() -> None:  # in a forked child: the parent's thread is not here
+    _SNAP["pid"] = None
+
+
+os.register_at_fork(after_in_child=_forget_snapshots)
+
 
 def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
     """Arrange that this process writes its record at exit to ``RESETTRACE_RUN_JSON``
@@ -648,6 +770,7 @@ def _on_session(session: Any) -> None:
     if session.config.enabled:
         install_sigterm_exit()
         watch_sigterm()
+        keep_record_current(session)
 
 
 class _Token:
@@ -679,13 +802,23 @@ def _write_exit_record() -> None:
 
     if _EXIT["written"] == os.getpid():
         return
+    lock = _SNAP["lock"] if _SNAP["pid"] == os.getpid() else None
+    if lock is not None:
+        if _SNAP["stop"] is not None:
+            _SNAP["stop"].set()
+        with lock:  # a snapshot being written finishes first: this record replaces it
+            _EXIT["written"] = os.getpid()
     _EXIT["written"] = os.getpid()
     # held from the start: reading the statistics aggregates what is queued, and a
     # SystemExit raised meanwhile would leave the record unwritten
     with holding_signals(redeliver=True):
         template = os.environ.get(ENV_RUN_JSON, "").strip()
         session = default_session()
-        if not template or session is None or not session.stats():
+        if not template:
+            return
+        if session is None or not session.stats():
+            if run_main_process():  # it says which targets it never imported (its workers
+                _write_untraced(template)  # may have): the job says what none imported
             return  # nothing recorded here: nothing to say
         if "{pid}" not in template and "{rank}" not in template and _job_worker():
             return  # one path for the job: the first process writes it
@@ -693,6 +826,37 @@ def _write_exit_record() -> None:
             write_run(template, session)
         except (OSError, ValueError) as e:
             print(f"resettrace: the run record was not written: {e}", file=sys.stderr)
+
+
+def _write_untraced(template: str) -> None:
+    """The record of a run's main process that recorded nothing: who it was and the
+    instrument targets it never imported."""
+    import resettrace
+    from resettrace.tables import write_json
+
+    if "resettrace.instrumentation.patching" not in sys.modules:
+        return
+    from resettrace.config import process_rank
+    from resettrace.instrumentation.patching import untraced_targets
+
+    rank = process_rank(publish=False)
+    rec = RunRecord(command=list(sys.argv), host=socket.gethostname(), pid=os.getpid(),
+                    rank=rank, identity=f"rank {rank}", version=resettrace.__version__,
+                    run_id=os.environ.get(ENV_RUN_ID) or None,
+                    extra={"untraced": untraced_targets()})
+    try:
+        write_json(Path(expand(template, pid=os.getpid(), rank=rank)), rec.to_json())
+    except (OSError, ValueError) as e:
+        print(f"resettrace: the run record was not written: {e}", file=sys.stderr)
+
+
+def run_main_process() -> bool:
+    """Whether this is the main process of a ``resettrace run`` command (its record is
+    written even when it recorded nothing: it lists the targets it never imported)."""
+    from resettrace.config import ENV_RUN_SUMMARY
+
+    return ENV_RUN_SUMMARY in os.environ and not _job_worker() and bool(
+        os.environ.get(ENV_RUN_JSON, "").strip())
 
 
 def _job_worker() -> bool:

@@ -288,6 +288,13 @@ def _findable(module: str) -> bool:
     return True
 
 
+def untraced_targets() -> list[str]:
+    """The instrument targets of this process whose module was never imported, so never
+    traced (a run record lists them: a job says the ones no process imported)."""
+    with _HOOK._lock:
+        return sorted(t.name for m, ts in _HOOK.pending.items() for t, _ in ts)
+
+
 def _warn_unpatched() -> None:
     if _run_worker():
         return  # a helper process of a ``resettrace run`` command: its main one speaks
@@ -295,6 +302,8 @@ def _warn_unpatched() -> None:
         waiting = {m: sorted(t.name for t, _ in ts) for m, ts in _HOOK.pending.items()}
         failed = dict(_HOOK.failed_imports)
     names = sorted(n for m, ts in waiting.items() if m not in failed for n in ts)
+    if names and _job_speaks():
+        names = []  # its record lists them: the job says the ones no process imported
     if names:
         log.warning("resettrace: instrument target(s) never imported, so never traced: %s",
                     ", ".join(names))
@@ -302,3 +311,12 @@ def _warn_unpatched() -> None:
         if waiting.get(module):
             log.warning("resettrace: instrument target(s) never traced: importing their "
                         "module %r raised %s: %s", module, error, ", ".join(waiting[module]))
+
+
+def _job_speaks() -> bool:
+    """Whether this is the main process of a ``resettrace run``: its record lists its
+    never-imported targets, and the job says the ones no process imported (its workers
+    may have imported what it never did)."""
+    from resettrace.record import run_main_process
+
+    return run_main_process()

@@ -2,8 +2,9 @@
 
 ``resettrace run --instrument NAME``, ``RESETTRACE_INSTRUMENT=NAME`` and
 ``resettrace.instrument(NAME)`` take a name where they take a spec file: ``motrixlab``
-(MotrixSim's env framework, ``motrix-env-core``) and ``gymnasium`` (Gymnasium vector envs
-and MuJoCo envs) ship with resettrace; third parties add theirs through the entry-point
+(MotrixSim's env framework, ``motrix-env-core``), ``gymnasium`` (Gymnasium vector envs
+and MuJoCo envs) and ``sb3`` (Stable-Baselines3's vector envs and MuJoCo envs) ship with
+resettrace; third parties add theirs through the entry-point
 group :data:`ENTRY_POINT_GROUP` (as ``opentelemetry-instrument`` finds instrumentors),
 each entry point naming an :class:`Instrumentation`.
 
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "resettrace.instrumentations"
 #: the shipped ones: name -> "module:attribute"
 BUILTIN = {"motrixlab": "resettrace.stacks.motrixlab:INSTRUMENTATION",
-           "gymnasium": "resettrace.stacks.gymnasium:INSTRUMENTATION"}
+           "gymnasium": "resettrace.stacks.gymnasium:INSTRUMENTATION",
+           "sb3": "resettrace.stacks.sb3:INSTRUMENTATION"}
 
 
 @dataclass(frozen=True)

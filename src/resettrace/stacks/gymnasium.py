@@ -34,6 +34,16 @@ from resettrace.stacks import Instrumentation
 _VECTOR = "gymnasium.vector"
 
 
+def reset_targets() -> dict[str, Any]:
+    """The targets of a MuJoCo env's reset (this instrumentation's and ``sb3``'s)."""
+    return {
+        "gymnasium.envs.mujoco.mujoco_env:MujocoEnv.reset": {
+            "phase": "set_state", "count": 1, "parents": True},
+        "mujoco:mj_resetData": {"phase": "set_state.data_reset", "within": "set_state"},
+        "mujoco:mj_forward": {"phase": "set_state.forward_kinematic", "within": "set_state"},
+    }
+
+
 def spec() -> dict[str, Any]:
     return {
         "attributes": {"backend": "mujoco"},  # the envs whose resets it records
@@ -42,11 +52,7 @@ def spec() -> dict[str, Any]:
                 "phase": "env_step", "env_count": "self.num_envs"},
             f"{_VECTOR}.async_vector_env:AsyncVectorEnv.step": {
                 "phase": "env_step", "env_count": "self.num_envs"},
-            "gymnasium.envs.mujoco.mujoco_env:MujocoEnv.reset": {
-                "phase": "set_state", "count": 1, "parents": True},
-            "mujoco:mj_resetData": {"phase": "set_state.data_reset", "within": "set_state"},
-            "mujoco:mj_forward": {"phase": "set_state.forward_kinematic",
-                                  "within": "set_state"},
+            **reset_targets(),
         },
     }
 

@@ -318,6 +318,11 @@ class Tracing:
             rec = self._local.recorder = self.recorder()
         return rec
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`shutdown` ran (it records nothing more)."""
+        return self._closed
+
     # -- results ------------------------------------------------------------------------------
     def stats(self) -> dict[str, KeyStats]:
         return {} if self.processor is None else self.processor.stats()
@@ -330,12 +335,13 @@ class Tracing:
         ``timing.json``'s ``dist``; :mod:`resettrace.distribution`)."""
         return {} if self.processor is None else self.processor.distributions()
 
-    def cost_model(self) -> dict[str, Any]:
+    def cost_model(self, *, fit: bool = True) -> dict[str, Any]:
         """Per key, the fit ``ms = a + b * k`` over its calls (:mod:`resettrace.costmodel`):
-        the ``model`` section of ``timing.json``."""
+        the ``model`` section of ``timing.json`` (``fit`` false: its sums only)."""
         from resettrace.costmodel import model_section
 
-        return model_section({} if self.processor is None else self.processor.fit_sums())
+        return model_section({} if self.processor is None else self.processor.fit_sums(),
+                             fit=fit)
 
     @property
     def dropped_traces(self) -> int:

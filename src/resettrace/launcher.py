@@ -1,0 +1,105 @@
+"""Who this process is in its job, from what launched it.
+
+A job's records are told apart by their ``identity`` (:func:`resettrace.record.identity_of`),
+taken from the launcher, first match wins:
+
+==============================  ==========================  ===============================
+launched by                     identity                    world size
+==============================  ==========================  ===============================
+Ray (an actor's process)        ``ray actor <id>``, or an   -
+                                RLlib EnvRunner's ``rllib
+                                worker <worker_index>``
+``RESETTRACE_WORKER_RANK``      ``rank N``                  ``WORLD_SIZE`` if set
+torchrun / torch.distributed    ``rank RANK``               ``WORLD_SIZE``
+(``RANK``)
+SLURM (``SLURM_PROCID``)        ``rank SLURM_PROCID``       ``SLURM_NTASKS``
+a multiprocessing worker        ``rank R`` (parent rank x   -
+(fork, forkserver, spawn)       1000 + its number)
+anything else                   ``rank 0``                  -
+==============================  ==========================  ===============================
+
+The rank is :func:`resettrace.config.process_rank` (the span attribute
+``resettrace.worker.rank``, ``{rank}`` in paths); a Ray actor's record has its RLlib worker
+index as its rank, else none (its actor id tells it apart).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from resettrace.config import ENV_RANK, ENV_WORKER_RANK, NUMBERS
+
+__all__ = ["Identity", "identity"]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A process's place in its job."""
+
+    identity: str
+    #: ``resettrace``, ``torchrun``, ``slurm``, ``ray``, ``rllib``, ``multiprocessing``;
+    #: None: a main process nothing named
+    launcher: str | None
+    rank: int | None
+    world_size: int | None = None
+
+
+#: the launcher each rank variable belongs to
+_LAUNCHERS = {ENV_WORKER_RANK: "resettrace", "RANK": "torchrun", "SLURM_PROCID": "slurm"}
+_WORLD = {"resettrace": "WORLD_SIZE", "torchrun": "WORLD_SIZE", "slurm": "SLURM_NTASKS"}
+
+
+def _count(raw: str | None) -> int | None:
+    if raw is None or not raw.strip():
+        return None
+    value = NUMBERS["worker_rank"].parse(raw.strip())[0]
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _ray() -> Identity | None:
+    """A Ray actor's identity, when this process is one (Ray already imported: never
+    imported here)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return None
+    try:
+        if not ray.is_initialized():
+            return None
+        ctx = ray.get_runtime_context()
+        actor = ctx.get_actor_id()
+        if not actor:
+            return None
+        worker = getattr(ctx, "worker", None)
+        index = None
+        for instance in (getattr(worker, "actors", None) or {}).values():
+            value = getattr(instance, "worker_index", None)  # an RLlib EnvRunner
+            if isinstance(value, int) and not isinstance(value, bool):
+                index = value
+        if index is not None:
+            return Identity(f"rllib worker {index}", "rllib", index)
+        return Identity(f"ray actor {actor[:16]}", "ray", None)
+    except Exception:  # noqa: BLE001 - Ray's internals: never break a record over them
+        return None
+
+
+def identity(rank: int, environ: Mapping[str, str] | None = None) -> Identity:
+    """This process's identity (the module docstring's rules); ``rank`` is its resolved
+    rank (:func:`resettrace.config.process_rank`)."""
+    found = _ray()
+    if found is not None:
+        return found
+    env = os.environ if environ is None else environ
+    mp = sys.modules.get("multiprocessing")
+    worker = bool(mp is not None and getattr(mp.current_process(), "_identity", ()))
+    for name in ENV_RANK:
+        raw = env.get(name, "").strip()
+        if raw and NUMBERS["worker_rank"].parse(raw)[0] == rank and not worker:
+            launcher = _LAUNCHERS[name]
+            world = _count(env.get(_WORLD[launcher]))
+            return Identity(f"rank {rank}", launcher, rank, world)
+    if worker:
+        return Identity(f"rank {rank}", "multiprocessing", rank)
+    return Identity(f"rank {rank}", None, rank)
