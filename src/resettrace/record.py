@@ -521,6 +521,7 @@ def member_summary(r: RunRecord) -> dict[str, Any]:
 
 
 def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
+                  allow_duplicates: bool = False,
                   command: Sequence[str] | None = None) -> RunRecord:
     """The job record of ``records`` (workers of one job): per key, counts and totals
     add, the max is the largest, the buckets and the cost model's sums add, percentiles
