@@ -1,0 +1,233 @@
+"""One job, not one process: records that survive kills, members waited for, identities.
+
+Real processes under ``resettrace run``: a worker killed with SIGKILL leaves its last
+snapshot and the job says what it may miss; a member still running when the command
+ends is waited for (and, past ``RESETTRACE_JOB_WAIT``, merged as of its snapshot and
+said); ranks come from the launcher's variables, and ranks a launcher's world size names
+but no process wrote are said; targets one process never imported are not reported when
+another did.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import clean_env
+from resettrace.launcher import identity
+
+WORK = "def work(i):\n    return i * 2\n"
+SPEC = '[instrument]\n"rr_work:work" = "env_step"\n"never_imported_mod:f" = "env_step"\n'
+
+#: helpers every script below uses: wait for a condition on the run's record files
+WAITING = """
+import glob, json, os, time
+
+def record(pid):
+    try:
+        with open(f"out/job.{pid}.json") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+def wait_for(cond, what):
+    deadline = time.monotonic() + 120
+    while not cond():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+def calls(data):
+    return (data or {}).get("stats", {}).get("env_step_total_ms", {}).get("count", 0)
+"""
+
+
+def _run(folder: Path, script: str, *args: str, **extra: str
+         ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    (folder / "rr_work.py").write_text(WORK)
+    (folder / "spec.toml").write_text(SPEC)
+    (folder / "waiting.py").write_text(WAITING)
+    (folder / "never_imported_mod.py").write_text("def f():\n    pass\n")
+    (folder / "main.py").write_text(textwrap.dedent(script))
+    env = {"RESETTRACE_RECORD_PERIOD": "0.2", **extra}
+    r = subprocess.run([sys.executable, "-m", "resettrace.cli", "run", "--instrument",
+                        "spec.toml", "--stats-json", "out/job.json", "--", sys.executable,
+                        "main.py", *args], cwd=folder, env=clean_env(**env),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    return r, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _job(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "out" / "job.json").read_text())
+
+
+def _calls(data: dict[str, Any]) -> int:
+    return int((data["stats"].get("env_step_total_ms") or {}).get("count", 0))
+
+
+KILLED = """
+    import json, multiprocessing as mp, os, signal, sys, time
+    import rr_work
+    from waiting import record, wait_for, calls
+
+    def worker():
+        for i in range(7):
+            rr_work.work(i)
+        while True:  # still training when the OOM killer (or a scheduler) strikes
+            time.sleep(0.05)
+
+    if __name__ == "__main__":
+        rr_work.work(0)
+        p = mp.get_context(sys.argv[1]).Process(target=worker)
+        p.start()
+        wait_for(lambda: calls(record(p.pid)) == 7, "the worker's snapshot")
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+        print(json.dumps({"main": os.getpid(), "worker": p.pid, "code": p.exitcode}))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_killed_worker_leaves_its_last_snapshot_and_the_job_says_so(tmp_path: Path,
+                                                                      method: str) -> None:
+    r, out = _run(tmp_path, KILLED, method)
+    assert out["code"] == -9
+    snap = json.loads((tmp_path / "out" / f"job.{out['worker']}.json").read_text())
+    assert snap["complete"] is False and snap["snapshot_at"] and snap["period_s"] == 0.2
+    assert _calls(snap) == 7 and snap["samples"] == {}  # a snapshot: buckets, no samples
+    assert snap["identity"] == "rank 1" and snap["launcher"] == "multiprocessing"
+    main = json.loads((tmp_path / "out" / f"job.{out['main']}.json").read_text())
+    assert main["complete"] is True and len(main["samples"]["env_step_total_ms"]) == 1
+    job = _job(tmp_path)
+    assert _calls(job) == 8 and len(job["members"]) == 2
+    assert [m["identity"] for m in job["incomplete"]] == ["rank 1"]
+    line = re.search(r"^resettrace run: 1 member incomplete: rank 1 \(pid (\d+)\) ended "
+                     r"without writing its record.*may miss up to 0.2 s", r.stderr, re.M)
+    assert line and int(line.group(1)) == out["worker"], r.stderr
+
+
+LATE = """
+    import json, os, subprocess, sys
+    import rr_work
+
+    if __name__ == "__main__":
+        rr_work.work(0)
+        env = dict(os.environ, RESETTRACE_WORKER_RANK="1")
+        # a member that goes on after the command's main process ends (an actor of a
+        # cluster that outlives its driver, a process of another launcher)
+        child = subprocess.Popen([sys.executable, "late.py", str(os.getpid())], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open("child.pid", "w") as f:
+            f.write(str(child.pid))
+        from waiting import record, wait_for, calls
+        wait_for(lambda: calls(record(child.pid)) == 3, "the child's first snapshot")
+        print(json.dumps({"main": os.getpid(), "child": child.pid}))
+"""
+LATE_CHILD = """
+import os, sys, time
+import rr_work
+
+for i in range(3):
+    rr_work.work(i)
+parent = int(sys.argv[1])
+while os.path.exists(f"/proc/{parent}"):  # until the main process has ended (and was
+    time.sleep(0.02)                      # reaped: resettrace run is merging now)
+time.sleep(2)  # so that the run finds this process running
+while not os.path.exists(sys.argv[2] if len(sys.argv) > 2 else "/"):
+    time.sleep(0.02)
+for i in range(4):
+    rr_work.work(i)
+"""
+
+
+def test_a_member_still_running_when_the_command_ends_is_waited_for(tmp_path: Path) -> None:
+    (tmp_path / "late.py").write_text(LATE_CHILD)
+    r, out = _run(tmp_path, LATE, RESETTRACE_JOB_WAIT="300")
+    assert re.search(r"^resettrace run: waiting up to 300 s for 1 member still running or "
+                     r"not yet written: rank 1$", r.stderr, re.M), r.stderr
+    child = json.loads((tmp_path / "out" / f"job.{out['child']}.json").read_text())
+    assert child["complete"] is True and _calls(child) == 7
+    job = _job(tmp_path)
+    assert _calls(job) == 8 and job["incomplete"] == [] and "incomplete" not in r.stderr
+
+
+def test_a_member_running_past_the_wait_is_merged_as_of_its_snapshot(tmp_path: Path) -> None:
+    script = LATE.replace('"late.py", str(os.getpid())', '"late.py", str(os.getpid()), "go"')
+    (tmp_path / "late.py").write_text(LATE_CHILD)
+    try:
+        r, out = _run(tmp_path, script, RESETTRACE_JOB_WAIT="0.5")
+        job = _job(tmp_path)
+        assert _calls(job) == 4  # the main process's 1 and the child's 3 of its snapshot
+        assert [m["state"] for m in job["incomplete"]] == ["running"]
+        assert re.search(r"^resettrace run: 1 member incomplete: rank 1 \(pid \d+\) still "
+                         r"running after 0.5 s: merged as of its last snapshot", r.stderr,
+                         re.M), r.stderr
+    finally:
+        (tmp_path / "go").touch()  # the child ends
+    pid = int((tmp_path / "child.pid").read_text())
+    import time
+
+    deadline = time.monotonic() + 120
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+RANKS = """
+    import json, os, subprocess, sys
+    if __name__ == "__main__":  # a launcher of its own: ranks 0 and 1 of a world of 3
+        procs = [subprocess.Popen([sys.executable, "-c", "import rr_work; rr_work.work(1)"],
+                                  env=dict(os.environ, RANK=str(r), WORLD_SIZE="3",
+                                           LOCAL_RANK=str(r)))
+                 for r in range(2)]
+        print(json.dumps({"codes": [p.wait() for p in procs]}))
+"""
+
+
+def test_ranks_a_launchers_world_names_but_no_process_wrote_are_said(tmp_path: Path) -> None:
+    r, out = _run(tmp_path, RANKS, RESETTRACE_JOB_WAIT="0.5")
+    assert out["codes"] == [0, 0]
+    job = _job(tmp_path)
+    assert sorted(m["identity"] for m in job["members"]) == ["rank 0", "rank 1"]
+    assert job["missing"] == [2]
+    assert re.search(r"^resettrace run: 1 member incomplete: rank 2: no record$", r.stderr,
+                     re.M), r.stderr
+    # the main process imported no target and recorded nothing; rr_work:work was imported
+    # by the ranks: only the module no process imported is said, once
+    untraced = [x for x in r.stderr.splitlines() if "never imported" in x]
+    assert untraced == ["resettrace run: instrument target(s) never imported in any process "
+                        "of the job, so never traced: never_imported_mod:f"], r.stderr
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}, ("rank 2", "torchrun", 2, 4)),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "3"}, ("rank 1", "slurm", 1, 3)),
+    ({"RESETTRACE_WORKER_RANK": "5", "RANK": "2"}, ("rank 5", "resettrace", 5, None)),
+    ({"RANK": "2", "WORLD_SIZE": "x"}, ("rank 2", "torchrun", 2, None)),
+    ({}, ("rank 0", None, 0, None)),
+])
+def test_identity_comes_from_the_launcher(env: dict[str, str],
+                                          expected: tuple[Any, ...]) -> None:
+    from resettrace.config import process_rank
+
+    rank = process_rank(env, publish=False)
+    who = identity(rank, env)
+    assert (who.identity, who.launcher, who.rank, who.world_size) == expected
+
+
+def test_a_bad_record_period_is_said_once_and_the_default_used() -> None:
+    code = ("import logging, resettrace.record as r\n"
+            "print(r.record_period(), r.record_period())\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=clean_env(RESETTRACE_RECORD_PERIOD="soon"), timeout=120)
+    assert p.stdout.split() == ["5.0", "5.0"]
+    lines = [x for x in p.stderr.splitlines() if "RESETTRACE_RECORD_PERIOD" in x]
+    assert len(lines) == 1 and "'soon'" in lines[0], p.stderr
