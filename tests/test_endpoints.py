@@ -195,7 +195,7 @@ def test_prometheus_binds_the_address_it_is_given(clean_otlp_env: pytest.MonkeyP
         session.shutdown()
 
 
-@pytest.mark.parametrize("spec", ["prometheus:::1:9464", "prometheus:host:0",
+@pytest.mark.parametrize("spec", ["prometheus:::1:9464", "prometheus:host:65536",
                                   "prometheus:127.0.0.1:", "prometheus:70000"])
 def test_a_bad_prometheus_address_is_an_error_naming_it(spec: str) -> None:
     with pytest.raises(ValueError, match="prometheus"):

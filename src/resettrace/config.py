@@ -25,7 +25,13 @@ Variables read (all optional):
 ``RESETTRACE_METRICS``
     ``otlp``, ``prometheus``, ``prometheus:PORT`` or ``prometheus:HOST:PORT``
     (comma-separated). The Prometheus endpoint binds ``127.0.0.1`` unless a host is
-    given.
+    given. Each process serves its own: the first to bind PORT (default 9464) gets it,
+    every other one a port the OS chooses (said in one line); PORT ``0``: every process
+    on a port the OS chooses.
+``RESETTRACE_PROMETHEUS_SD``
+    A folder where each process serving Prometheus metrics lists its endpoint, a
+    Prometheus ``file_sd`` file of its own (``resettrace-HOST-PID.json``), removed when
+    it stops serving. Default: none.
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
     Collector endpoint for ``otlp``. Default ``http://localhost:4317`` (gRPC) or
     ``http://localhost:4318/v1/traces`` (HTTP; the generic variable is a base URL to
@@ -119,6 +125,8 @@ ENV_SHUTDOWN_TIMEOUT = "RESETTRACE_SHUTDOWN_TIMEOUT"
 ENV_WORKER_RANK = "RESETTRACE_WORKER_RANK"
 ENV_HANDLE_SIGTERM = "RESETTRACE_HANDLE_SIGTERM"
 ENV_METRICS = "RESETTRACE_METRICS"
+#: the folder of the Prometheus ``file_sd`` files of the processes that serve metrics
+ENV_PROMETHEUS_SD = "RESETTRACE_PROMETHEUS_SD"
 ENV_METRIC_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
 ENV_METRICS_TIMEOUT = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"
 ENV_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
@@ -302,8 +310,11 @@ class Config:
     #: its key: :func:`resettrace.catalog.span_attributes`)
     resource_attributes: Mapping[str, Any] = field(default_factory=dict)
     #: metrics of the aggregated statistics: ``otlp``, ``prometheus[:[HOST:]PORT]``
-    #: (``RESETTRACE_METRICS``)
+    #: (``RESETTRACE_METRICS``; PORT 0: a port the OS chooses)
     metrics: tuple[str, ...] = ()
+    #: a folder where each process serving Prometheus metrics writes a ``file_sd`` file
+    #: naming its endpoint (``RESETTRACE_PROMETHEUS_SD``; ``None``: none is written)
+    prometheus_sd: str | None = None
     #: seconds between OTLP metric exports (``OTEL_METRIC_EXPORT_INTERVAL``, ms)
     metrics_interval_s: float = 60.0
     #: seconds one OTLP metrics push may take (``None``: ``otlp_timeout_s``)
@@ -363,6 +374,11 @@ class Config:
             problem = metrics_problem(spec)
             if problem:
                 raise ValueError(problem)
+        if self.prometheus_sd is not None:
+            sd = os.fspath(self.prometheus_sd)
+            if not isinstance(sd, str) or not sd.strip():
+                raise ValueError(f"prometheus_sd must name a folder, got {sd!r}")
+            object.__setattr__(self, "prometheus_sd", sd)
 
     @property
     def enabled(self) -> bool:
@@ -411,6 +427,7 @@ class Config:
                                         d.otlp_compression),
             "span_encoder": _choice(env, (ENV_SPAN_ENCODER,), SPAN_ENCODERS, d.span_encoder),
             "metrics": _metrics(env),
+            "prometheus_sd": env.get(ENV_PROMETHEUS_SD, "").strip() or None,
         }
         for name in NUMBERS:
             if name not in values and NUMBERS[name].env:
@@ -470,7 +487,8 @@ def unique_exporters(specs: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]
 
 def prometheus_address(spec: str) -> tuple[str, int] | None:
     """``(host, port)`` of a ``prometheus[:[HOST:]PORT]`` item, or ``None`` if it is not
-    one. The host defaults to loopback; an IPv6 host is written in brackets."""
+    one. The host defaults to loopback; an IPv6 host is written in brackets; port 0: one
+    the OS chooses."""
     kind, sep, arg = spec.partition(":")
     if kind != "prometheus":
         return None
@@ -481,7 +499,7 @@ def prometheus_address(spec: str) -> tuple[str, int] | None:
         host = host[1:-1]
     elif ":" in host:
         return None  # an IPv6 host needs brackets
-    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and int(port) < 65536):
         return None
     return (host or DEFAULT_PROMETHEUS_HOST), int(port)
 
@@ -495,7 +513,8 @@ def metrics_problem(spec: str) -> str | None:
         if prometheus_address(spec) is not None:
             return None
         return f"metrics {spec!r}: expected prometheus, prometheus:PORT or " \
-               "prometheus:HOST:PORT (port 1-65535, an IPv6 host in brackets)"
+               "prometheus:HOST:PORT (port 0-65535, 0: one the OS chooses; an IPv6 host in " \
+               "brackets)"
     return f"unknown metrics {spec!r}; known: otlp, prometheus, prometheus:PORT, " \
            "prometheus:HOST:PORT"
 

@@ -160,8 +160,9 @@ class Tracing:
         if self.config.metrics:
             from resettrace.tracing.metrics import MetricsExport
 
+            # the resource as a callable: a forked worker asks it again for its own rank
             self.metrics = MetricsExport(self.processor, self.config,
-                                         self.resource_attributes(), self.label)
+                                         self.resource_attributes, self.label)
             if not self.config.exports_spans:
                 _register_exit_hooks(self)  # the last push at exit
 
