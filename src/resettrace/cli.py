@@ -5,6 +5,7 @@
 ``resettrace bench set-state-ab`` the shipped set_state vs the published path vs the engine floor
 ``resettrace bench export``     span export designs: delivery and training slowdown
 ``resettrace bench stacks``     env step cost of the shipped stack instrumentations
+``resettrace bench snapshots``  what keeping each process's run record current costs
 ``resettrace bench compare-aa RUN`` compare's false-positive rate on A/A pairs of one run
 ``resettrace compare BASE NEW``  two sets of collector runs, per key, with verdicts
 ``resettrace fit RUN...``       the cost model a + b*k of every phase (and c*N across env counts)
@@ -218,6 +219,15 @@ def _overhead(args: argparse.Namespace) -> int:
         task=args.task, backend=args.backend, num_envs=args.num_envs, ratio=args.ratio,
         rounds=args.rounds, calls=args.calls, warmup=args.warmup, repeats=args.repeats,
         model=args.model, nthread=args.nthread), run_overhead, render_overhead)
+
+
+def _snapshots_bench(args: argparse.Namespace) -> int:
+    from resettrace.bench.snapshots import SnapshotConfig, render_snapshots, run_snapshots
+
+    return _bench(args, lambda: SnapshotConfig(
+        task=args.task, backend=args.backend, num_envs=args.num_envs, ratio=args.ratio,
+        rounds=args.rounds, steps=args.steps, period=args.period), run_snapshots,
+        render_snapshots)
 
 
 def _export_bench(args: argparse.Namespace) -> int:
@@ -635,6 +645,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="groups of rounds; each ratio is the median over the groups")
     o.add_argument("--json", default=None, help="write the result as JSON")
     o.set_defaults(func=_overhead)
+
+    sn = bench.add_parser("snapshots", help="what keeping each process's run record "
+                                            "current costs its training (interleaved, A/A)")
+    common(sn, 1024)
+    sn.add_argument("--ratio", type=float, default=0.05, help="share of envs reset per step")
+    sn.add_argument("--rounds", type=int, default=12, help="interleaved rounds")
+    sn.add_argument("--steps", type=int, default=60, help="steps per mode per round")
+    sn.add_argument("--period", type=float, default=0.25,
+                    help="seconds between snapshots while measuring (0.25: 20x the default)")
+    sn.add_argument("--json", default=None, help="write the result as JSON")
+    sn.set_defaults(func=_snapshots_bench)
 
     x = bench.add_parser("export", help="span export designs: throughput, delivery and the "
                                         "training slowdown, interleaved")

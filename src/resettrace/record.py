@@ -840,11 +840,14 @@ def _write_untraced(template: str) -> None:
     from resettrace.config import process_rank
     from resettrace.instrumentation.patching import untraced_targets
 
+    untraced = untraced_targets()
+    if not untraced:
+        return
     rank = process_rank(publish=False)
     rec = RunRecord(command=list(sys.argv), host=socket.gethostname(), pid=os.getpid(),
                     rank=rank, identity=f"rank {rank}", version=resettrace.__version__,
                     run_id=os.environ.get(ENV_RUN_ID) or None,
-                    extra={"untraced": untraced_targets()})
+                    extra={"untraced": untraced})
     try:
         write_json(Path(expand(template, pid=os.getpid(), rank=rank)), rec.to_json())
     except (OSError, ValueError) as e:
