@@ -14,13 +14,21 @@ at exit), and every tool that reads runs reads it (``compare``, ``report``, ``me
   registered ones), so a reader rebuilds the phase tree without importing the user's code;
 - per key: ``stats`` (count, mean, p50/p90/p99, max, total, share of parent), ``dist``
   (mergeable exponential buckets: :mod:`resettrace.distribution`), ``samples`` (at most
-  :data:`MAX_RECORD_SAMPLES` per key, evenly thinned in call order) and the cost model's
-  sums (``model``);
+  :data:`MAX_RECORD_SAMPLES` per key, evenly thinned in call order: complete when there
+  are as many as the key's count) and the cost model's sums (``model``). Percentiles
+  follow :mod:`resettrace.distribution`'s one rule (numpy's linear percentile): exact
+  from every call's value when at hand, else from the buckets within their bound (0.54%);
 - throughput where known: ``env_steps`` (calls of ``env_step``), ``env_per_s`` (envs x env
   steps per second of ``env_step`` time; the collector's is over its timed loop) and
   ``reset_fraction``;
 - ``traces_dropped``: traces the statistics miss (the aggregation queue was full);
-- the export report (``export``), and a job's ``members`` (one line per process).
+- the export report (``export``), and a job's ``members`` (one line per process: its
+  host, pid and start identify it) and what its merge found (``relative_error``,
+  ``exact_percentiles``, ``duplicates``, ``left_out``: :func:`merge_records`).
+
+A folder of runs is every ``timing.json`` under it and every other run record ``*.json``
+there (:func:`record_files`); a job record read beside its own processes' records is left
+out (:func:`leave_out_jobs`).
 
 The JSON has a ``format`` version (:data:`FORMAT`). A collector ``timing.json`` written
 before it existed (``format`` 1, implied) is still read. Anything else is refused with a

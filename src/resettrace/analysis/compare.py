@@ -3,7 +3,8 @@ with a verdict per key that tells a real change from machine noise.
 
 A run is a run record (:mod:`resettrace.record`: ``resettrace bench collector``'s
 ``timing.json``, a ``resettrace run`` job or process record, ...); a folder stands for every
-``timing.json`` under it (several runs of one configuration). Keys are ordered, and
+run record under it (several runs of one configuration; a job record beside its processes'
+is left out: :func:`resettrace.record.read_records`). Keys are ordered, and
 registered phases known, by the records' own phase catalogs.
 
 The statistics, per key:
@@ -19,7 +20,8 @@ The statistics, per key:
   physics on a quiet machine) and how far the reference key (``physics_ms``, the engine's
   step, which a change to the reset path leaves alone) moved between the two sides (the far
   end of its interval): a machine that ran slower or faster for one side shifts every key
-  alike, and that shift is not the change's.
+  alike, and that shift is not the change's. A run without the reference key (a Gymnasium
+  run has no ``physics_ms``) leaves the fixed floor, said in one line (``notes``).
 * **Verdict.** ``slower`` when the whole interval lies above ``+floor``, ``faster`` when it
   lies below ``−floor``, else ``within noise``. A key that only one side has is ``new`` or
   ``gone``; one that took no time on BASE and some on NEW is ``slower``.
@@ -92,7 +94,7 @@ def _model_sums(model: Mapping[str, Any] | None) -> dict[str, FitSums]:
 
 def load_runs(path: str | Path) -> list[Run]:
     """The runs at ``path``: a run record file (collector ``timing.json``, a ``resettrace
-    run`` job or process record, ...), or every ``timing.json`` under a folder."""
+    run`` job or process record, ...), or every run record under a folder."""
     return [Run.of(r) for r in read_records([path])]
 
 
