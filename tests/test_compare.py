@@ -128,3 +128,43 @@ def test_a_machine_that_ran_slower_for_one_side_moves_no_verdict() -> None:
     assert fixed["update_state_ms"]["verdict"] == "slower"  # without the reference
     real = {k["key"]: k for k in compare_runs([side(1.0, 1.0)], [side(1.08, 1.40)])["keys"]}
     assert real["reset_done_ms"]["verdict"] == "slower"
+
+
+def test_a_missing_reference_key_is_said_and_no_env_steps_print_no_nan() -> None:
+    """Two Gymnasium runs: no ``physics_ms`` (the default reference) and, in worker
+    records, no env step. The floor falls back to the fixed one, said in one line; the
+    reset share is said to be unknown in one line, never ``nan%``."""
+    rng = np.random.default_rng(6)
+
+    def run(name: str, steps: bool) -> Run:
+        samples = {"reset_done_ms": _samples(rng, 400, 0.3), "set_state_ms": _samples(rng, 400,
+                                                                                      0.2)}
+        if steps:
+            samples["env_step_total_ms"] = _samples(rng, 400, 2.0)
+        return Run(name, {"mode": "timing"}, 0.0, 0.0, samples)
+
+    result = compare_runs([run("a.json", True)], [run("b.json", True)])
+    text = render_compare(result)
+    said = [line for line in text.splitlines() if "physics_ms" in line]
+    assert said == ["reference key physics_ms is in neither side's runs: the noise floor is "
+                    "the fixed 3% (the machine's drift between the sides is not measured)"]
+    assert result["notes"] == said and result["settings"]["noise_floor_pct"] == 3.0
+    assert "nan" not in text
+    assert "reset_done share of the env step: " in text and "non-physics" not in text
+    # one side without: which run
+    one = compare_runs([run("a.json", True)], [Run("b.json", {"mode": "timing"}, 0.0, 0.0, {
+        **run("x", True).samples, "physics_ms": _samples(rng, 400, 1.5)})])
+    assert any(n.startswith("reference key physics_ms is not in a.json:")
+               for n in one["notes"]), one["notes"]
+    # no env steps on either side
+    stepless = compare_runs([run("a.json", False)], [run("b.json", False)])
+    text = render_compare(stepless)
+    assert "nan" not in text and "reset_done share" not in text
+    said = [line for line in text.splitlines() if "reset %" in line]
+    assert said == ["reset % not known for base and new: runs without env steps (no "
+                    "env_step recorded) have no reset share"]
+    json.dumps(stepless, allow_nan=False)  # --json writes it (nan was refused there)
+    # one side without
+    text = render_compare(compare_runs([run("a.json", True)], [run("b.json", False)]))
+    assert "nan" not in text and "-> not known" in text
+    assert "reset % not known for new: runs without env steps" in text

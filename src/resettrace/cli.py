@@ -749,10 +749,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     mg = sub.add_parser("merge", help="many workers' collector runs as one job: per-rank "
                                       "table and merged statistics")
-    mg.add_argument("runs", nargs="+", metavar="RUN", help="timing.json files or folders")
+    mg.add_argument("runs", nargs="+", metavar="RUN",
+                    help="run records (timing.json, resettrace run's job.PID.json, ...) or "
+                         "folders of them (a job record beside its processes' is left out)")
     mg.add_argument("-o", "--output", default=None, help="write the merged JSON here")
     mg.add_argument("--allow-mixed", action="store_true",
                     help="merge runs of different configurations anyway")
+    mg.add_argument("--allow-duplicates", action="store_true",
+                    help="merge processes that claim one identity (two rank 0s: records of "
+                         "different jobs?) anyway; the job lists them")
     mg.set_defaults(func=_merge)
 
     rep = sub.add_parser("report", help="one self-contained HTML report of a run record")
@@ -838,9 +843,14 @@ def _fit(args: argparse.Namespace) -> int:
 def _merge(args: argparse.Namespace) -> int:
     from resettrace.analysis.merge import load_runs, merge_runs, render_merge
 
-    return _command(args.output, lambda: merge_runs(load_runs(args.runs),
-                                                    allow_mixed=args.allow_mixed).to_json(),
-                    render_merge)
+    def merged() -> dict[str, Any]:
+        job = merge_runs(load_runs(args.runs), allow_mixed=args.allow_mixed,
+                         allow_duplicates=args.allow_duplicates)
+        for line in job.extra.get("left_out") or ():  # a job record beside its processes'
+            print(f"resettrace: {line}", file=sys.stderr)
+        return job.to_json()
+
+    return _command(args.output, merged, render_merge)
 
 
 def _collector_workers(args: argparse.Namespace, cfg: Any) -> int:

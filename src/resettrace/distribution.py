@@ -1,113 +1,219 @@
-"""Mergeable latency distributions: base-2 exponential buckets at a fixed scale.
+"""Mergeable latency distributions and the one percentile rule every figure follows.
 
-Bucket ``i`` holds the values in ``(base**i, base**(i + 1)]`` ms with ``base = 2 ** (2 **
--SCALE)`` (OpenTelemetry's exponential histogram layout); zeros (a phase that took no time,
-or a backend that has no such step) have a bucket of their own. At :data:`SCALE` 5 the base
-is 1.0219, and a percentile read from the buckets (the geometric middle of the bucket that
-holds it) is within :data:`RELATIVE_ERROR` (1.09%) of the sample it stands for.
+**The percentile.** Every p50 / p90 / p99 resettrace reports (a process's statistics, a
+record's, a job's) estimates one definition: numpy's default (``method="linear"``), the
+value at fractional rank ``q * (n - 1)`` (0-based) of the sorted calls, interpolated between
+the two order statistics beside it (:func:`percentile`). It is exact when every call's
+value is at hand (a process's reservoir of samples, or a record's ``samples`` of a key,
+hold every call: ``len(samples) == count``); otherwise it is read from the buckets below
+(:meth:`Distribution.quantile`), within :data:`RELATIVE_ERROR` of the exact value.
 
-The scale is fixed, so merging is adding counts: the distribution of many workers is
-exactly the one a single process would have kept for all their calls, and its percentiles
-carry the same stated error. Count, total and max stay exact beside it
+**The buckets.** Bucket ``i`` holds the values in ``(base**i, base**(i + 1)]`` ms with
+``base = 2 ** (2 ** -scale)`` (OpenTelemetry's exponential histogram layout), so a value's
+index is ``ceil(log2(v) * 2**scale) - 1``; zeros (a phase that took no time, or a backend
+that has no such step) have a bucket of their own, and the exact smallest positive and
+largest values are kept beside them. At :data:`SCALE` 6 the base is ``2 ** (1/64)`` and
+the geometric middle of a bucket is within ``sqrt(base) - 1`` = :data:`RELATIVE_ERROR`
+(0.54%) of every value in it. :meth:`Distribution.quantile` takes each of the two order
+statistics around the rank as its bucket's middle (0 for a zero; clamped to the exact
+minimum and maximum) and interpolates: a convex combination of values each within 0.54%
+of theirs is within 0.54% of the exact percentile.
+
+**Merging** is adding counts, so the buckets of many workers are exactly the ones a single
+process would have kept for all their calls, with the same bound. A distribution carries
+its scale: records written at scale 5 (before 0.54%: ``base = 2 ** (1/32)``, 1.09%) are
+still read, and merging two scales brings the finer one down to the coarser (bucket ``k``
+at scale ``s`` lies in bucket ``floor(k / 2)`` at scale ``s - 1``), whose bound
+(:func:`relative_error`) the result then carries. Count, total and max stay exact beside it
 (:class:`~resettrace.tracing.processor.TimingSpanProcessor`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Distribution", "SCALE", "BASE", "RELATIVE_ERROR"]
+__all__ = ["Distribution", "SCALE", "BASE", "RELATIVE_ERROR", "relative_error", "percentile"]
 
-SCALE = 5
+#: the scale every distribution is built at (older records hold scale 5)
+SCALE = 6
 BASE = 2.0 ** (2.0 ** -SCALE)
-#: the largest relative distance of a value from the geometric middle of its bucket
-RELATIVE_ERROR = math.sqrt(BASE) - 1.0
-_FACTOR = 2.0 ** SCALE
+#: the scales a distribution may have (OpenTelemetry's exponential histogram range)
+MIN_SCALE, MAX_SCALE = -10, 20
+#: the scale of a distribution written without one (every record before the field: 5)
+_LEGACY_SCALE = 5
+
+
+def relative_error(scale: int = SCALE) -> float:
+    """The largest relative distance of a value from the geometric middle of its bucket at
+    ``scale``: the bound of every percentile read from buckets of that scale."""
+    return math.sqrt(2.0 ** (2.0 ** -scale)) - 1.0
+
+
+#: the bound at :data:`SCALE` (0.54%)
+RELATIVE_ERROR = relative_error(SCALE)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of already sorted values, numpy's default (linear)
+    definition: the value at fractional rank ``q / 100 * (n - 1)``, interpolated between
+    its two neighbours. NaN when empty."""
+    n = len(sorted_values)
+    if n == 0:
+        return math.nan
+    pos = (n - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+    frac = pos - lo
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
 
 
 class Distribution:
     """Counts per exponential bucket of one key's values (ms), mergeable by addition."""
 
-    __slots__ = ("zero", "counts", "min")
+    __slots__ = ("scale", "zero", "counts", "min", "max")
 
-    def __init__(self) -> None:
+    def __init__(self, scale: int = SCALE) -> None:
+        if not MIN_SCALE <= scale <= MAX_SCALE:
+            raise ValueError(f"scale {scale} is not between {MIN_SCALE} and {MAX_SCALE}")
+        self.scale = scale
         self.zero = 0
         self.counts: dict[int, int] = {}
         #: the smallest positive value added (exact; inf when none)
         self.min = math.inf
+        #: the largest value added (exact; -inf when none; None: not known, a
+        #: distribution read from a record that did not keep it)
+        self.max: float | None = -math.inf
 
     @property
     def count(self) -> int:
         return self.zero + sum(self.counts.values())
 
+    @property
+    def relative_error(self) -> float:
+        """The bound of this distribution's percentiles (:func:`relative_error`)."""
+        return relative_error(self.scale)
+
     def add(self, values: np.ndarray) -> None:
         v = np.asarray(values, dtype=np.float64)
+        if not v.size:
+            return
+        if self.max is not None:
+            self.max = max(self.max, float(v.max()))
         positive = v[v > 0]
         self.zero += int(v.size - positive.size)
         if not positive.size:
             return
         self.min = min(self.min, float(positive.min()))
-        idx = np.ceil(np.log2(positive) * _FACTOR).astype(np.int64) - 1
+        idx = np.ceil(np.log2(positive) * 2.0 ** self.scale).astype(np.int64) - 1
         keys, n = np.unique(idx, return_counts=True)
         counts = self.counts
         for k, c in zip(keys.tolist(), n.tolist(), strict=True):
             counts[k] = counts.get(k, 0) + c
 
     def add_one(self, value: float) -> None:
+        if self.max is not None and value > self.max:
+            self.max = value
         if value > 0:
             self.min = min(self.min, value)
-            k = math.ceil(math.log2(value) * _FACTOR) - 1
+            k = math.ceil(math.log2(value) * 2.0 ** self.scale) - 1
             self.counts[k] = self.counts.get(k, 0) + 1
         else:
             self.zero += 1
 
+    def downscaled(self, scale: int) -> Distribution:
+        """A copy at the coarser ``scale`` (bucket ``k`` goes to ``k >> (self.scale -
+        scale)``, the bucket that holds it whole)."""
+        if scale > self.scale:
+            raise ValueError(f"cannot refine scale {self.scale} buckets to scale {scale}")
+        out = Distribution(scale)
+        out.zero, out.min, out.max = self.zero, self.min, self.max
+        shift = self.scale - scale
+        for k, c in self.counts.items():
+            j = k >> shift  # floor(k / 2**shift), negative indices too
+            out.counts[j] = out.counts.get(j, 0) + c
+        return out
+
     def merge(self, other: Distribution) -> None:
+        """Add ``other``'s counts; of two scales, the result has the coarser."""
+        if other.scale < self.scale:
+            coarse = self.downscaled(other.scale)
+            self.scale, self.counts = coarse.scale, coarse.counts
+        elif other.scale > self.scale:
+            other = other.downscaled(self.scale)
         self.zero += other.zero
         self.min = min(self.min, other.min)
+        if other.max is None or self.max is None:
+            empty = (self.count == 0, other.count == 0)
+            self.max = other.max if empty[0] else self.max if empty[1] else None
+        else:
+            self.max = max(self.max, other.max)
         for k, c in other.counts.items():
             self.counts[k] = self.counts.get(k, 0) + c
 
     def quantile(self, q: float) -> float:
-        """The value at rank ``ceil(q * count)`` (the sample numpy's ``inverted_cdf``
-        percentile picks), as the geometric middle of its bucket: within
-        :data:`RELATIVE_ERROR` of it. NaN when empty."""
+        """The ``q`` quantile (0-1) by :func:`percentile`'s definition (rank ``q * (n -
+        1)``, interpolated), each order statistic taken as its bucket's geometric middle
+        (0 for a zero) clamped to the exact min and max: within :attr:`relative_error` of
+        the exact value. NaN when empty."""
         n = self.count
         if not n:
             return math.nan
-        rank = max(1, math.ceil(q * n))
-        if rank <= self.zero:
-            return 0.0
-        seen = self.zero
-        for k in sorted(self.counts):
-            seen += self.counts[k]
-            if seen >= rank:
-                return BASE ** (k + 0.5)
-        return BASE ** (max(self.counts) + 0.5)
+        pos = (n - 1) * q
+        lo = math.floor(pos)
+        frac = pos - lo
+        a, b = self._order_statistics((lo, min(lo + 1, n - 1)))
+        return a + (b - a) * frac
+
+    def _order_statistics(self, ranks: Sequence[int]) -> list[float]:
+        """The estimates of the values at ``ranks`` (0-based, ascending, below ``count``)."""
+        scale_base = 2.0 ** (2.0 ** -self.scale)
+        hi = math.inf if self.max is None else self.max
+        buckets = iter(sorted(self.counts))
+        out = []
+        seen, k = self.zero, 0
+        for r in ranks:
+            if r < self.zero:
+                out.append(0.0)
+                continue
+            while seen <= r:
+                k = next(buckets)
+                seen += self.counts[k]
+            out.append(min(max(scale_base ** (k + 0.5), self.min), hi))
+        return out
 
     def as_dict(self) -> dict[str, Any]:
-        return {"scale": SCALE, "zero": self.zero,
+        return {"scale": self.scale, "zero": self.zero,
                 "min": None if math.isinf(self.min) else self.min,
+                "max": None if self.max is None or math.isinf(self.max) else self.max,
                 "buckets": {str(k): c for k, c in sorted(self.counts.items())}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Distribution:
-        if int(d.get("scale", SCALE)) != SCALE:
-            raise ValueError(f"a distribution at scale {d.get('scale')} cannot merge with "
-                             f"scale {SCALE}")
-        out = cls()
+        scale = d.get("scale", _LEGACY_SCALE)
+        if not isinstance(scale, int) or isinstance(scale, bool) \
+                or not MIN_SCALE <= scale <= MAX_SCALE:
+            raise ValueError(f"scale {scale!r} is not an integer between {MIN_SCALE} and "
+                             f"{MAX_SCALE}")
+        out = cls(scale)
         out.zero = int(d.get("zero", 0))
         if d.get("min") is not None:
             out.min = float(d["min"])
         out.counts = {int(k): int(c) for k, c in (d.get("buckets") or {}).items()}
+        if "max" in d:  # written with it: exact (None: empty)
+            out.max = -math.inf if d["max"] is None else float(d["max"])
+        else:  # a record from before the max was kept
+            out.max = None if out.count else -math.inf
         return out
 
     @classmethod
     def merged(cls, parts: Iterable[Distribution]) -> Distribution:
-        out = cls()
+        out: Distribution | None = None
         for p in parts:
+            if out is None:
+                out = cls(p.scale)
             out.merge(p)
-        return out
+        return cls() if out is None else out

@@ -158,8 +158,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
     merged: dict[str, Any] = {}
     if results:
+        # tests, not a job's processes: xdist workers are each "rank 0"
         merged = merge_records([RunRecord.from_json(r, nodeid) for nodeid, r in results.items()],
-                               allow_mixed=True, command=["pytest"]).to_json()
+                               allow_mixed=True, allow_duplicates=True,
+                               command=["pytest"]).to_json()
     try:
         written: Path | str = write_json(path, {
             "tests": results, "merged": merged,

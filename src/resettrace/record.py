@@ -14,13 +14,21 @@ at exit), and every tool that reads runs reads it (``compare``, ``report``, ``me
   registered ones), so a reader rebuilds the phase tree without importing the user's code;
 - per key: ``stats`` (count, mean, p50/p90/p99, max, total, share of parent), ``dist``
   (mergeable exponential buckets: :mod:`resettrace.distribution`), ``samples`` (at most
-  :data:`MAX_RECORD_SAMPLES` per key, evenly thinned in call order) and the cost model's
-  sums (``model``);
+  :data:`MAX_RECORD_SAMPLES` per key, evenly thinned in call order: complete when there
+  are as many as the key's count) and the cost model's sums (``model``). Percentiles
+  follow :mod:`resettrace.distribution`'s one rule (numpy's linear percentile): exact
+  from every call's value when at hand, else from the buckets within their bound (0.54%);
 - throughput where known: ``env_steps`` (calls of ``env_step``), ``env_per_s`` (envs x env
   steps per second of ``env_step`` time; the collector's is over its timed loop) and
   ``reset_fraction``;
 - ``traces_dropped``: traces the statistics miss (the aggregation queue was full);
-- the export report (``export``), and a job's ``members`` (one line per process).
+- the export report (``export``), and a job's ``members`` (one line per process: its
+  host, pid and start identify it) and what its merge found (``relative_error``,
+  ``exact_percentiles``, ``duplicates``, ``left_out``: :func:`merge_records`).
+
+A folder of runs is every ``timing.json`` under it and every other run record ``*.json``
+there (:func:`record_files`); a job record read beside its own processes' records is left
+out (:func:`leave_out_jobs`).
 
 The JSON has a ``format`` version (:data:`FORMAT`). A collector ``timing.json`` written
 before it existed (``format`` 1, implied) is still read. Anything else is refused with a
@@ -30,8 +38,10 @@ before it existed (``format`` 1, implied) is still read. Anything else is refuse
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -42,9 +52,12 @@ from typing import Any
 
 from resettrace.config import ENV_RUN_ID, ENV_RUN_JSON
 
+log = logging.getLogger("resettrace")
+
 __all__ = ["RunRecord", "RecordError", "FORMAT", "MAX_RECORD_SAMPLES", "read_record", "load_json",
            "read_records", "record_files", "merge_records", "record_of_session", "write_run",
-           "arrange_exit_record", "identity_of", "same_process"]
+           "arrange_exit_record", "identity_of", "same_process", "leave_out_jobs",
+           "duplicates", "NotARecord"]
 
 #: the record's format version: 2 (1: a collector timing.json from before records)
 FORMAT = 2
@@ -63,6 +76,11 @@ _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", boo
 
 class RecordError(ValueError):
     """A file that is not a run record resettrace can read (the message names it)."""
+
+
+class NotARecord(RecordError):
+    """A file that is not a run record at all (not JSON, not an object, no statistics):
+    a folder read passes over such files."""
 
 
 def _thin(values: Sequence[float], limit: int = MAX_RECORD_SAMPLES) -> list[float]:
@@ -152,19 +170,19 @@ class RunRecord:
         :class:`RecordError` naming ``source`` and what is missing otherwise."""
         where = source or "run record"
         if not isinstance(data, dict):
-            raise RecordError(f"{where}: not a resettrace run record (a JSON "
+            raise NotARecord(f"{where}: not a resettrace run record (a JSON "
                               f"{_JSON_TYPES.get(type(data), type(data).__name__)}, not an "
                               "object)")
         if "tests" in data and isinstance(data.get("merged"), dict):
             return cls.from_json(data["merged"], source)  # the pytest plugin's file
         version = data.get("format", 1)
         if not isinstance(version, int) or version < 1:
-            raise RecordError(f"{where}: not a resettrace run record (format {version!r})")
+            raise NotARecord(f"{where}: not a resettrace run record (format {version!r})")
         if version > FORMAT:
             raise RecordError(f"{where}: a run record of format {version}, written by a newer "
                               f"resettrace (this one reads up to {FORMAT})")
         if "stats" not in data:
-            raise RecordError(f"{where}: not a resettrace run record (no 'stats' section)")
+            raise NotARecord(f"{where}: not a resettrace run record (no 'stats' section)")
         if version == 1 and set(data) <= {"resettrace", "pid", "mode", "stats"}:
             raise RecordError(f"{where}: the stats file of an older resettrace run: it has no "
                               "distributions or samples to analyse; run it again")
@@ -172,7 +190,7 @@ class RunRecord:
         needed = ("stats", "samples") if version == 1 else ("stats", "dist", "samples")
         missing = [k for k in needed if not isinstance(data.get(k), dict)]
         if missing:
-            raise RecordError(f"{where}: not a resettrace run record (no "
+            raise NotARecord(f"{where}: not a resettrace run record (no "
                               + ", ".join(repr(m) for m in missing) + " section)")
         problem = _shape_problem(data)
         if problem is not None:
@@ -449,23 +467,63 @@ def expand(path: str, *, pid: int, rank: int) -> str:
 
 
 # -- reading ------------------------------------------------------------------------------------
+#: how a JSON file resettrace may have written as a run record begins: its first key is
+#: the marker ``write_json`` puts first, a record's own first key (``to_json``), or that of
+#: a file from before the marker (a collector timing.json, the pytest plugin's file)
+_RECORD_HEAD = re.compile(rb'\A\s*\{\s*"(?:resettrace|format|kind|config|pid|tests)"\s*:')
+
+
 def record_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """The record files named by ``paths``: each file as given, each folder as every
-    ``timing.json`` under it (a folder with none, or a path that does not exist, is a
-    one-line error)."""
-    files: list[Path] = []
+    """The record files named by ``paths``: each file as given; each folder as every
+    ``timing.json`` under it and every other ``*.json`` under it that is a run record
+    (``resettrace run --stats-json out/job.json``'s ``job.json`` and ``job.PID.json``,
+    ``bench collector --workers``' ``merged.json``, ...; JSON that is no run record is
+    passed over). A folder with none, or a path that does not exist, is a one-line error.
+    A job record among its own processes' records is not left out here:
+    :func:`read_records` and :func:`merge_records` do that."""
+    return [f for f, _ in _gather(paths)]
+
+
+def _gather(paths: Iterable[str | os.PathLike[str]]) -> list[tuple[Path, RunRecord | None]]:
+    """Each record file named by ``paths``, with its record where a folder read parsed it
+    already (to know it is one)."""
+    out: list[tuple[Path, RunRecord | None]] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found = sorted(p.rglob(RECORD_NAME))
+            found: list[tuple[Path, RunRecord | None]] = []
+            for f in sorted(p.rglob("*.json")):
+                if f.name == RECORD_NAME:
+                    found.append((f, None))
+                elif f.is_file():
+                    rec = _record_or_none(f)
+                    if rec is not None:
+                        found.append((f, rec))
             if not found:
-                raise RecordError(f"{p}: no {RECORD_NAME} in this folder")
-            files += found
+                raise RecordError(f"{p}: no run record in this folder (no {RECORD_NAME}, and "
+                                  "no other .json file under it is a resettrace run record)")
+            out += found
         elif p.is_file():
-            files.append(p)
+            out.append((p, None))
         else:
             raise FileNotFoundError(f"no such run: {p}")
-    return files
+    return out
+
+
+def _record_or_none(path: Path) -> RunRecord | None:
+    """The record in ``path``, or None when it is no run record (a damaged record, or one
+    of a newer format, is still an error: it is one, and cannot be read)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not _RECORD_HEAD.match(head):
+        return None  # not resettrace's JSON (a trace, a config, ...): not read at all
+    try:
+        return read_record(path)
+    except NotARecord:
+        return None
 
 
 def load_json(path: str | os.PathLike[str]) -> Any:
@@ -478,9 +536,9 @@ def load_json(path: str | os.PathLike[str]) -> Any:
     except OSError as e:
         raise RecordError(f"{p}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError:
-        raise RecordError(f"{p}: not a resettrace run record (not UTF-8 text)") from None
+        raise NotARecord(f"{p}: not a resettrace run record (not UTF-8 text)") from None
     except ValueError as e:
-        raise RecordError(f"{p}: not a resettrace run record (not JSON: {e})") from None
+        raise NotARecord(f"{p}: not a resettrace run record (not JSON: {e})") from None
 
 
 def read_record(path: str | os.PathLike[str]) -> RunRecord:
@@ -488,9 +546,22 @@ def read_record(path: str | os.PathLike[str]) -> RunRecord:
     return RunRecord.from_json(load_json(path), str(Path(path)))
 
 
-def read_records(paths: Iterable[str | os.PathLike[str]]) -> list[RunRecord]:
-    """Every record named by ``paths`` (files, or folders of ``timing.json``)."""
-    return [read_record(f) for f in record_files(paths)]
+def read_records(paths: Iterable[str | os.PathLike[str]], *, keep_jobs: bool = False,
+                 notes: list[str] | None = None) -> list[RunRecord]:
+    """Every record named by ``paths`` (files, or folders: :func:`record_files`), less
+    the job records whose processes' records are among them (:func:`leave_out_jobs`: each
+    said in one line, appended to ``notes``, else logged as a warning), unless
+    ``keep_jobs`` (:func:`merge_records` leaves them out itself)."""
+    records = [rec if rec is not None else read_record(f) for f, rec in _gather(paths)]
+    if keep_jobs:
+        return records
+    kept, said = leave_out_jobs(records)
+    if notes is not None:
+        notes += said
+    else:
+        for line in said:
+            log.warning("%s", line)
+    return kept
 
 
 # -- merging ------------------------------------------------------------------------------------
@@ -500,49 +571,196 @@ CONFIG_FIELDS = ("task", "backend", "num_envs", "model", "randomize", "control_d
 
 def config_differences(records: Sequence[RunRecord]) -> list[str]:
     """The configuration fields on which ``records`` differ, with their values. A record
-    that does not know a field (a worker that resets envs but never steps the batch, so
-    knows no env count) does not differ on it."""
+    that does not know a field does not differ on it; nor, on the env count, does one that
+    never steps the batch beside one that does (a Gymnasium or SB3 worker that resets its
+    sub-envs, one each: the batch is its main process's)."""
     configs = [dict(r.config or {}, mode=r.mode) for r in records]
+    stepping = [c for c, r in zip(configs, records, strict=True) if r.env_steps > 0]
     out = []
     for k in CONFIG_FIELDS:
-        values = {json.dumps(c.get(k)) for c in configs if c.get(k) is not None}
+        which = stepping if k == "num_envs" and stepping else configs
+        values = {json.dumps(c.get(k)) for c in which if c.get(k) is not None}
         if len(values) > 1:
             out.append(f"{k}: " + ", ".join(sorted(values)))
     return out
 
 
 def member_summary(r: RunRecord) -> dict[str, Any]:
-    """One process's line in a job: who it was and what it did."""
-    return {"source": r.source, "pid": r.pid, "parent_pid": r.parent_pid, "rank": r.rank,
+    """One process's line in a job: who it was (its host, pid and start identify it: a
+    job read beside its processes' records is then known as theirs) and what it did."""
+    return {"source": r.source, "host": r.host, "pid": r.pid, "start": r.start,
+            "parent_pid": r.parent_pid, "rank": r.rank,
+            "identity": identity_of(r) if r.kind != "job" else None,
             "kind": r.kind, "command": r.command, "env_steps": r.env_steps,
             "env_per_s": r.env_per_s, "reset_fraction": r.reset_fraction,
             "steps": (r.config or {}).get("steps"), "interrupted": r.interrupted,
             "num_envs": r.num_envs, "stats": r.stats}
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether two sources name one file: the shorter path is the end of the longer (one
+    was given relative, the other absolute or from another folder)."""
+    pa, pb = Path(a).parts, Path(b).parts
+    n = min(len(pa), len(pb))
+    return n > 0 and pa[-n:] == pb[-n:]
+
+
+def _is_member(m: Mapping[str, Any], r: RunRecord) -> bool:
+    """Whether a job's member line ``m`` is the record ``r``: a process by its host, pid
+    and start; in a job written before those were kept, by its pid and file; a job (a
+    merge of jobs) by its file and env steps."""
+    if m.get("kind") == "job" or r.kind == "job":
+        return (m.get("kind") == r.kind == "job" and _same_file(str(m.get("source") or ""),
+                                                                 r.source)
+                and m.get("env_steps") == r.env_steps
+                and ("start" not in m or m["start"] == r.start))
+    if r.pid is None or m.get("pid") != r.pid:
+        return False
+    if "start" in m:
+        return bool(m.get("host") == r.host and m["start"] == r.start)
+    return _same_file(str(m.get("source") or ""), r.source)
+
+
+def _name(r: RunRecord) -> str:
+    return r.source or f"the record of pid {r.pid}"
+
+
+def leave_out_jobs(records: Sequence[RunRecord]) -> tuple[list[RunRecord], list[str]]:
+    """``records`` less each job record whose processes all have their own record among
+    them (``resettrace run --stats-json out/job.json`` leaves ``job.json`` beside each
+    ``job.PID.json``; ``bench collector --workers`` its ``merged.json`` beside each
+    ``rank<r>/timing.json``): merged with them it would count every call twice. Returned
+    with a line per record left out. A job record with only some of its processes among
+    them is a :class:`RecordError` (nothing merged from both would be right)."""
+    kept: list[RunRecord] = []
+    notes: list[str] = []
+    for r in records:
+        if r.kind != "job" or not r.members:
+            kept.append(r)
+            continue
+        others = [o for o in records if o is not r]
+        found = [m for m in r.members if any(_is_member(m, o) for o in others)]
+        if not found:
+            kept.append(r)
+        elif len(found) == len(r.members):
+            n = len(found)
+            notes.append(f"{_name(r)}: left out: the job record of {n} of the other "
+                         f"run{'' if n == 1 else 's'} (merged with them it would count "
+                         "their calls twice)")
+        else:
+            raise RecordError(
+                f"{_name(r)}: a job record of {len(r.members)} processes, {len(found)} of "
+                "which are among the other runs: merged with them it would count those "
+                "twice, and without it the others are missing; give the job record alone, "
+                "or every process's record")
+    return kept, notes
+
+
+def _process_key(m: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What identifies a job's member line (see :func:`_is_member`)."""
+    if m.get("kind") == "job":
+        return ("job", Path(str(m.get("source") or "")).name, m.get("start"),
+                m.get("env_steps"))
+    if "start" in m:
+        return ("process", m.get("host"), m.get("pid"), m.get("start"))
+    return ("file", Path(str(m.get("source") or "")).name, m.get("pid"))
+
+
+def duplicates(records: Sequence[RunRecord]) -> list[str]:
+    """The identities (:func:`identity_of`) that two or more processes among ``records``
+    claim, one line each: ``"rank 0: pid 11 (a.json), pid 12 (b.json)"``. A job record
+    counts as a unit of its own (two jobs each have a rank 0), and records of one process
+    (the sessions of one pytest run, say) are one claim. Raises a :class:`RecordError`
+    naming both sources where one process's record is there twice, or two job records
+    share a process: merged, they would count its calls twice."""
+    for i, a in enumerate(records):
+        for b in records[i + 1:]:
+            if a.source and b.source and Path(a.source).resolve() == Path(b.source).resolve():
+                raise RecordError(f"{_name(a)}: given twice: merged, it would count its "
+                                  "calls twice")
+            if a.kind != "job" and b.kind != "job" and same_process(a, b):
+                raise RecordError(f"{_name(a)} and {_name(b)}: the same process's record "
+                                  f"twice (pid {a.pid} on {a.host or 'an unknown host'}, "
+                                  "started at the same time): merged, it would count its "
+                                  "calls twice")
+            if a.kind == b.kind == "job" and a.members and b.members:
+                shared = ({_process_key(m) for m in a.members}
+                          & {_process_key(m) for m in b.members})
+                if shared:
+                    raise RecordError(f"{_name(a)} and {_name(b)}: job records that share "
+                                      f"{len(shared)} process{'' if len(shared) == 1 else 'es'}"
+                                      " (the same job twice?): merged, they would count "
+                                      "their calls twice")
+    claims: dict[str, dict[tuple[str, int | None], RunRecord]] = {}
+    for r in records:
+        if r.kind != "job":
+            claims.setdefault(identity_of(r), {}).setdefault((r.host, r.pid), r)
+    return [f"{who}: " + ", ".join(f"pid {r.pid} ({Path(r.source).name or 'no file'})"
+                                   for r in by.values())
+            for who, by in claims.items() if len(by) > 1]
+
+
+def _pool(parts: Sequence[tuple[Sequence[float], int]],
+          limit: int = MAX_RECORD_SAMPLES) -> list[float]:
+    """The samples of ``parts`` (each: a record's samples of a key and its call count) as
+    one record's: each part's kept in proportion to its calls (a sample then stands for
+    as many calls in every part: a part thinned more does not weigh less), at most
+    ``limit``, each part's evenly thinned in call order."""
+    calls = sum(c for _, c in parts)
+    have = [(s, c) for s, c in parts if len(s)]
+    if not have:
+        return []
+    # calls per kept sample: the most any part's samples stand for, and the limit's
+    per = max(calls / limit, max(c / len(s) for s, c in have), 1.0)
+    out: list[float] = []
+    for s, c in have:
+        out += _thin(s, min(len(s), math.floor(c / per + 1e-9)))
+    return out
+
+
 def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
                   allow_duplicates: bool = False,
                   command: Sequence[str] | None = None) -> RunRecord:
-    """The job record of ``records`` (workers of one job): per key, counts and totals
-    add, the max is the largest, the buckets and the cost model's sums add, percentiles
-    come from the summed buckets; env/s and env steps add (the workers ran at once);
-    samples are pooled (thinned to :data:`MAX_RECORD_SAMPLES`). Runs of different
-    configurations are refused unless ``allow_mixed``."""
+    """The job record of ``records`` (workers of one job).
+
+    Per key: counts and totals add, the max is the largest, the buckets and the cost
+    model's sums add. p50 / p90 / p99 follow :mod:`resettrace.distribution`'s rule: exact
+    (numpy's linear definition over every call) when every record's ``samples`` of the key
+    are complete (as many as its calls), else read from the summed buckets within
+    ``extra["relative_error"]`` (0.54%; 1.09% where a record of scale 5 buckets is merged);
+    ``extra["exact_percentiles"]`` names the exact ones. env/s and env steps add (the
+    workers ran at once); the env count is the sum of the members' that step a batch
+    (those that only reset envs, a Gymnasium or SB3 worker, do not: their main process
+    steps the batch), else of the known ones (``config["env_counts"]``: the members' batch
+    sizes). Samples are pooled, each record's in proportion to its calls (at most
+    :data:`MAX_RECORD_SAMPLES`).
+
+    Refused (:class:`RecordError`, one line): no records; runs of different configurations
+    unless ``allow_mixed``; one process's record twice, or job records that share a
+    process; two processes that claim one identity (:func:`duplicates`, two "rank 0")
+    unless ``allow_duplicates`` (then listed in ``extra["duplicates"]``); a job record with
+    part of its processes among ``records``. A job record with all of them there is left
+    out (:func:`leave_out_jobs`), said in ``extra["left_out"]``."""
     from resettrace import catalog as C
     from resettrace.catalog import Catalog
     from resettrace.costmodel import FitSums, model_section
-    from resettrace.distribution import RELATIVE_ERROR, Distribution
+    from resettrace.distribution import Distribution, percentile, relative_error
 
     if not records:
         raise RecordError("no runs to merge")
+    records, left_out = leave_out_jobs(records)
     differ = config_differences(records)
     if differ and not allow_mixed:
         raise RecordError("the runs have different configurations (" + "; ".join(differ)
                           + "): --allow-mixed merges them anyway")
+    twice = duplicates(records)
+    if twice and not allow_duplicates:
+        raise RecordError("two processes claim one identity (" + "; ".join(twice)
+                          + "): records of different jobs? --allow-duplicates merges them "
+                          "anyway")
     stats: dict[str, dict[str, Any]] = {}
     dists: dict[str, Distribution] = {}
     sums: dict[str, FitSums] = {}
-    samples: dict[str, list[float]] = {}
     phases: dict[str, dict[str, Any]] = {}
     for r in records:
         if r.stats and not r.dist:
@@ -559,40 +777,72 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
             m["total_ms"] += float(s["total_ms"])
             m["max_ms"] = max(m["max_ms"], float(s.get("max_ms", -math.inf)))
         for key, raw in r.dist.items():
-            dists.setdefault(key, Distribution()).merge(Distribution.from_dict(raw))
+            d = Distribution.from_dict(raw)
+            if key in dists:
+                dists[key].merge(d)
+            else:
+                dists[key] = d
         for key, v in ((r.model or {}).get("keys") or {}).items():
             sums.setdefault(key, FitSums()).merge(FitSums.from_dict(v["sums"]))
-        for key, v in r.samples.items():
-            samples.setdefault(key, []).extend(v)
+    exact: list[str] = []
+    samples: dict[str, list[float]] = {}
     for key, m in stats.items():
         dist = dists.get(key)
         if dist is not None and dist.count != m["count"]:
             raise RecordError(f"{key}: the distributions hold {dist.count} calls, the counts "
                               f"{m['count']}: a run is inconsistent")
         m["mean_ms"] = m["total_ms"] / m["count"] if m["count"] else float("nan")
-        for q in (50, 90, 99):
-            m[f"p{q}_ms"] = dist.quantile(q / 100) if dist is not None and dist.count else None
         if m["max_ms"] == -math.inf:
             m["max_ms"] = float("nan")
+        parts = [(r.samples.get(key) or [], int(r.stats[key]["count"])) for r in records
+                 if key in r.stats]
+        if m["count"] and all(len(s) == c for s, c in parts):  # every call's value: exact
+            pooled = sorted(x for s, _ in parts for x in s)
+            for q in (50, 90, 99):
+                m[f"p{q}_ms"] = percentile(pooled, q)
+            exact.append(key)
+        else:
+            if dist is not None and dist.max is None and math.isfinite(m["max_ms"]):
+                dist.max = m["max_ms"]  # a record from before the buckets kept it: exact
+            for q in (50, 90, 99):
+                m[f"p{q}_ms"] = dist.quantile(q / 100) if dist is not None and dist.count \
+                    else None
+        if any(s for s, _ in parts):
+            samples[key] = _pool(parts)
     cat = RunRecord(phases=list(phases.values())).catalog() if phases else Catalog()
     order = {k: i for i, k in enumerate(cat.all_keys())}
     ordered = sorted(stats, key=lambda k: (order.get(k, len(order)), k))
     _share_of_parent(stats, cat)
     steps = sum(r.env_steps for r in records)
-    envs = {r.num_envs for r in records if r.num_envs}
     first = records[0]
     configured = [r for r in records if r.config]
     config = {k: v for k, v in (configured[0].config if configured else {}).items()
               if all(r.config.get(k) in (v, None) for r in configured)}
-    if len(envs) > 1:
-        config["num_envs"] = sum(envs)  # different workers, different batches: all of them
-    reset = [(r.reset_fraction, r.env_steps * (r.num_envs or 0)) for r in records
+    # the envs of the job: each batch once, as its stepping process knows it
+    counted = [r for r in records if r.env_steps > 0] or list(records)
+    batches = [r.num_envs for r in counted if r.num_envs]
+    config.pop("num_envs", None)
+    config.pop("env_counts", None)
+    if batches:
+        config["num_envs"] = sum(batches)
+        config["env_counts"] = sorted({n for r in counted if r.num_envs
+                                       for n in (r.config.get("env_counts") or [r.num_envs])})
+    reset = [(r.reset_fraction, _env_steps_envs(r)) for r in records
              if r.reset_fraction is not None]
     weight = sum(w for _, w in reset)
     # resets of workers that never step the batch (Gymnasium's async workers reset their
     # sub-envs; the main process steps them) count against the job's env steps
     stepless = sum(float((r.stats.get(C.RESET_DONE_COUNT) or {}).get("total_ms", 0.0))
                    for r in records if not r.env_steps)
+    scale = min((d.scale for d in dists.values()), default=None)
+    extra: dict[str, Any] = {
+        "mixed": differ,
+        "relative_error": relative_error() if scale is None else relative_error(scale),
+        "exact_percentiles": [k for k in ordered if k in exact]}
+    if twice:
+        extra["duplicates"] = twice
+    if left_out:
+        extra["left_out"] = left_out
     return RunRecord(
         kind="job", mode=first.mode,
         command=list(command) if command is not None else first.command,
@@ -603,7 +853,7 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
         phases=[phases[p.span] for p in cat if p.span in phases],
         stats={k: stats[k] for k in ordered},
         dist={k: dists[k].as_dict() for k in ordered if k in dists},
-        samples={k: _thin(v) for k, v in samples.items()},
+        samples=samples,
         model=model_section({k: sums[k] for k in ordered if k in sums}),
         env_steps=steps,
         traces_dropped=sum(r.traces_dropped for r in records),
@@ -611,7 +861,22 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
         reset_fraction=(sum(f * w for f, w in reset) + stepless) / weight if weight
         else None,
         sim=first.sim, members=[member_summary(r) for r in records],
-        extra={"mixed": differ, "relative_error": RELATIVE_ERROR})
+        extra=extra)
+
+
+def _env_steps_envs(r: RunRecord) -> float:
+    """Envs x env steps of ``r``: a job's from its reset fraction (envs reset over
+    this), else its members' (each its own batch); not its env count times its steps
+    (both sums)."""
+    from resettrace import catalog as C
+
+    if r.kind == "job" and r.members:
+        resets = float((r.stats.get(C.RESET_DONE_COUNT) or {}).get("total_ms", 0.0))
+        if r.reset_fraction and resets:
+            return resets / r.reset_fraction
+        return float(sum(int(m.get("env_steps") or 0) * int(m.get("num_envs") or 0)
+                         for m in r.members))
+    return float(r.env_steps * (r.num_envs or 0))
 
 
 def identity_of(r: RunRecord) -> str:

@@ -3,7 +3,8 @@ with a verdict per key that tells a real change from machine noise.
 
 A run is a run record (:mod:`resettrace.record`: ``resettrace bench collector``'s
 ``timing.json``, a ``resettrace run`` job or process record, ...); a folder stands for every
-``timing.json`` under it (several runs of one configuration). Keys are ordered, and
+run record under it (several runs of one configuration; a job record beside its processes'
+is left out: :func:`resettrace.record.read_records`). Keys are ordered, and
 registered phases known, by the records' own phase catalogs.
 
 The statistics, per key:
@@ -19,7 +20,8 @@ The statistics, per key:
   physics on a quiet machine) and how far the reference key (``physics_ms``, the engine's
   step, which a change to the reset path leaves alone) moved between the two sides (the far
   end of its interval): a machine that ran slower or faster for one side shifts every key
-  alike, and that shift is not the change's.
+  alike, and that shift is not the change's. A run without the reference key (a Gymnasium
+  run has no ``physics_ms``) leaves the fixed floor, said in one line (``notes``).
 * **Verdict.** ``slower`` when the whole interval lies above ``+floor``, ``faster`` when it
   lies below ``−floor``, else ``within noise``. A key that only one side has is ``new`` or
   ``gone``; one that took no time on BASE and some on NEW is ``slower``.
@@ -92,7 +94,7 @@ def _model_sums(model: Mapping[str, Any] | None) -> dict[str, FitSums]:
 
 def load_runs(path: str | Path) -> list[Run]:
     """The runs at ``path``: a run record file (collector ``timing.json``, a ``resettrace
-    run`` job or process record, ...), or every ``timing.json`` under a folder."""
+    run`` job or process record, ...), or every run record under a folder."""
     return [Run.of(r) for r in read_records([path])]
 
 
@@ -185,19 +187,38 @@ def config_differences(base: Sequence[Run], new: Sequence[Run]) -> list[str]:
     return out
 
 
-def _share(stats: Mapping[str, float], key: str, of: float) -> float:
-    return 100.0 * stats.get(key, 0.0) / of if of > 0 else float("nan")
+def _share(stats: Mapping[str, float], key: str, of: float) -> float | None:
+    return 100.0 * stats.get(key, 0.0) / of if of > 0 else None
 
 
-def _shares(runs: Sequence[Run]) -> dict[str, float]:
+def _shares(runs: Sequence[Run]) -> dict[str, float | None]:
     """reset_done's share of the env step and of the non-physics overhead (total times:
-    reset_done runs only on steps with resets)."""
+    reset_done runs only on steps with resets); None (not known) without env steps, and
+    the overhead's without a physics step."""
     total = {k: float(sum(sum(r.samples.get(k, [])) for r in runs))
              for k in (C.ENV_STEP.key, C.PHYSICS.key, C.RESET_DONE.key)}
     step = total[C.ENV_STEP.key]
-    overhead = step - total[C.PHYSICS.key]
+    physics = all(C.PHYSICS.key in r.samples for r in runs)
+    overhead = step - total[C.PHYSICS.key] if physics else 0.0
     return {"reset_done_of_env_step_pct": _share(total, C.RESET_DONE.key, step),
             "reset_done_of_overhead_pct": _share(total, C.RESET_DONE.key, overhead)}
+
+
+def _reference_note(reference: str, noise_pct: float, base: Sequence[Run],
+                    new: Sequence[Run], shift: float | None) -> str | None:
+    """The line that says the reference key could not set the noise floor, and why."""
+    fixed = f"the noise floor is the fixed {noise_pct:g}% (the machine's drift between the " \
+        "sides is not measured)"
+    runs = [*base, *new]
+    lacking = [r.source or "a run" for r in runs if reference not in r.samples]
+    if len(lacking) == len(runs):
+        return f"reference key {reference} is in neither side's runs: {fixed}"
+    if lacking:
+        more = f" and {len(lacking) - 3} more" if len(lacking) > 3 else ""
+        return f"reference key {reference} is not in {', '.join(lacking[:3])}{more}: {fixed}"
+    if shift is None:
+        return f"reference key {reference} took no time to compare: {fixed}"
+    return None
 
 
 def compare_runs(base: Sequence[Run], new: Sequence[Run], *, blocks: int = 10,
@@ -227,16 +248,28 @@ def compare_runs(base: Sequence[Run], new: Sequence[Run], *, blocks: int = 10,
         if math.isfinite(ref.ci_low_pct) and math.isfinite(ref.ci_high_pct):
             machine = max(abs(ref.ci_low_pct), abs(ref.ci_high_pct))
             floor = max(noise_pct, machine)
+    notes = []
+    if reference:  # never dropped without a word (a Gymnasium run has no physics_ms)
+        note = _reference_note(reference, noise_pct, base, new, machine)
+        if note:
+            notes.append(note)
     verdicts = [verdict(k, floor) for k in keys]
+    shares = {"base": _shares(base), "new": _shares(new)}
+    stepless = [side for side in ("base", "new")
+                if shares[side]["reset_done_of_env_step_pct"] is None]
+    if stepless:
+        notes.append("reset % not known for " + " and ".join(stepless) + ": runs without "
+                     "env steps (no env_step recorded) have no reset share")
     return {
         "base": [r.source for r in base], "new": [r.source for r in new],
         "not_comparable": config_differences(base, new),
+        "notes": notes,
         "settings": {"blocks": blocks, "noise_pct": noise_pct, "confidence": confidence,
                      "resamples": resamples, "reference": reference,
                      "reference_shift_pct": machine, "noise_floor_pct": floor},
         "env_per_s": {"base": float(np.mean([r.env_per_s for r in base])),
                       "new": float(np.mean([r.env_per_s for r in new]))},
-        "shares": {"base": _shares(base), "new": _shares(new)},
+        "shares": shares,
         # JSON has no inf or nan: a delta with no base (a phase that appears) is null
         "keys": [{k: None if isinstance(x, float) and not math.isfinite(x) else x
                   for k, x in asdict(v).items()} for v in verdicts],
@@ -286,11 +319,18 @@ def render_compare(result: Mapping[str, Any]) -> str:
         parts.append("env/s: not known (" + " and ".join(
             side for side in ("base", "new") if not e[side]) + ": the run's env count was "
             "not given; give it with env_count in the spec or the recorder)")
+    parts.extend(result.get("notes") or ())
     sb, sn = result["shares"]["base"], result["shares"]["new"]
-    parts.append(f"reset_done share of the env step: {sb['reset_done_of_env_step_pct']:.1f}% "
-                 f"-> {sn['reset_done_of_env_step_pct']:.1f}%; of the non-physics overhead: "
-                 f"{sb['reset_done_of_overhead_pct']:.1f}% -> "
-                 f"{sn['reset_done_of_overhead_pct']:.1f}%")
+
+    def pct(x: Any) -> str:  # JSON's null (nan before) is "not known", never "nan%"
+        return "not known" if x is None or not math.isfinite(x) else f"{x:.1f}%"
+
+    step, over = "reset_done_of_env_step_pct", "reset_done_of_overhead_pct"
+    if any(s[step] is not None and math.isfinite(s[step]) for s in (sb, sn)):
+        line = f"reset_done share of the env step: {pct(sb[step])} -> {pct(sn[step])}"
+        if any(s[over] is not None and math.isfinite(s[over]) for s in (sb, sn)):
+            line += f"; of the non-physics overhead: {pct(sb[over])} -> {pct(sn[over])}"
+        parts.append(line)
     s = result["settings"]
     def num(x: Any) -> float:
         return float("nan") if x is None else float(x)

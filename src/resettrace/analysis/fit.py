@@ -9,10 +9,13 @@ whose env count is unknown (a process whose recorders did not say it) is fitted 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resettrace.costmodel import FitSums, fit_cells, fit_with_n
+
+log = logging.getLogger("resettrace")
 
 __all__ = ["fit_runs", "fit_set_state_ab", "render_fit", "load_fit_inputs"]
 
@@ -136,11 +139,12 @@ def render_fit(result: Mapping[str, Any]) -> str:
 def load_fit_inputs(paths: Sequence[str]) -> dict[str, Any]:
     """``resettrace fit``'s result for ``paths``: run records (files, or folders of
     ``timing.json``) or one ``bench set-state-ab`` JSON."""
-    from resettrace.record import RecordError, RunRecord, load_json, record_files
+    from resettrace.record import RecordError, RunRecord, leave_out_jobs, load_json, record_files
 
     files = record_files(paths)
     runs: list[tuple[str, int | None, dict[str, FitSums]]] = []
     catalogs = []
+    records = []
     for f in files:
         data = load_json(f)
         if isinstance(data, dict) and "cells" in data:
@@ -151,19 +155,27 @@ def load_fit_inputs(paths: Sequence[str]) -> dict[str, Any]:
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise RecordError(f"{f}: a damaged bench set-state-ab JSON "
                                   f"({type(e).__name__}: {e})") from None
-        rec = RunRecord.from_json(data, str(f))
+        records.append(RunRecord.from_json(data, str(f)))
+    records, left_out = leave_out_jobs(records)  # a job beside its processes: once
+    for line in left_out:
+        log.warning("%s", line)
+    for rec in records:
+        source = rec.source
         keys = (rec.model or {}).get("keys")
         if not rec.model:
-            raise RecordError(f"{f}: no cost model in this run record (a timing.json written "
+            raise RecordError(f"{source}: no cost model in this run record (a timing.json written "
                               "before resettrace kept one; run it again)")
         if not isinstance(keys, dict) or not keys:
-            raise RecordError(f"{f}: no cost model in this run record (its 'model' section "
+            raise RecordError(f"{source}: no cost model in this run record (its 'model' section "
                               "is empty: no call with a reset count ran)")
         try:
             sums = {k: FitSums.from_dict(v["sums"]) for k, v in keys.items()}
         except (KeyError, TypeError, ValueError) as e:
-            raise RecordError(f"{f}: malformed cost model ({e})") from None
-        runs.append((str(f), rec.num_envs, sums))
+            raise RecordError(f"{source}: malformed cost model ({e})") from None
+        # a job's env count is the sum of its batches: the cost of a call is its batch's
+        counts = rec.config.get("env_counts") if rec.kind == "job" else None
+        n = counts[0] if isinstance(counts, list) and len(counts) == 1 else rec.num_envs
+        runs.append((source, n, sums))
         catalogs.append(rec.catalog())
     return fit_runs(runs, _union(catalogs))
 

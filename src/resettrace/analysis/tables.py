@@ -45,6 +45,22 @@ def _p(stats: Mapping[str, Any], key: str, field: str = "p50_ms") -> float:
     return float("nan") if v is None else float(v)
 
 
+def _percentile_note(job: RunRecord) -> str:
+    """How the job's percentiles were had (:func:`resettrace.record.merge_records`)."""
+    err = job.extra.get("relative_error")
+    exact = job.extra.get("exact_percentiles")
+    shown = ran(job.stats)
+    within = f"within {100 * err:.2f}%" if err else ""
+    if exact is None:  # a job record from before exact percentiles
+        return f"; the job's percentiles from the summed buckets, {within}" if err else ""
+    if shown and all(k in exact for k in shown):
+        return "; the job's percentiles exact, from every call"
+    if any(k in exact for k in shown):
+        return ("; the job's percentiles exact where every call's sample was kept, else "
+                f"from the summed buckets, {within}")
+    return f"; the job's percentiles from the summed buckets, {within}"
+
+
 def render_job(job: RunRecord) -> str:
     """A job (a merged record): one line per process (rank, pid, env steps, env/s, reset
     share and the p50 of its main phases), the merged line, then the merged keys."""
@@ -52,6 +68,9 @@ def render_job(job: RunRecord) -> str:
     mixed = job.extra.get("mixed")
     if mixed:
         parts.append("MIXED configurations: " + "; ".join(mixed))
+    twice = job.extra.get("duplicates")
+    if twice:
+        parts.append("DUPLICATE identities, merged anyway: " + "; ".join(map(str, twice)))
     members: Sequence[Mapping[str, Any]] = job.members
     cols = [k for k in _PER_RANK if k in ran(job.stats)]
     tail = [C.SET_STATE.key] if C.SET_STATE.key in cols else []  # its p99 too
@@ -67,9 +86,7 @@ def render_job(job: RunRecord) -> str:
     rows.append(["job", len(members), job.env_steps, job.env_per_s,
                  None if job.reset_fraction is None else 100 * float(job.reset_fraction),
                  *[_p(ms, k) for k in cols], *[_p(ms, k, "p99_ms") for k in tail]])
-    err = job.extra.get("relative_error")
-    note = f"; the job's percentiles from the summed buckets, within {100 * err:.2f}%" \
-        if err else ""
+    note = _percentile_note(job)
     parts.append(format_table(
         f"{len(members)} process{'' if len(members) == 1 else 'es'} (p50/p99 in ms{note}; "
         "the job's env steps and env/s: the sums)",

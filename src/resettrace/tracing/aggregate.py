@@ -3,9 +3,11 @@
 :class:`Aggregator` is the recorders' sink in ``timing`` and ``trace`` mode
 (:meth:`Aggregator.on_trace`): it queues each finished trace (O(1) on the training
 thread) and a daemon thread folds the queue into per-key series (exact count, total and
-max, a reservoir of samples for percentiles), mergeable distributions and the cost model's
-sums. Traces of one shape share a plan (:class:`_Plan`), so a trace costs a shape
-lookup and a few appends to arrays, and folding many is a few numpy column sums per key.
+max, a reservoir of samples), mergeable distributions and the cost model's sums. Its
+percentiles follow :mod:`resettrace.distribution`'s rule: exact (numpy's linear definition)
+while the reservoir holds every call, else read from the key's buckets within their bound.
+Traces of one shape share a plan (:class:`_Plan`), so a trace costs a shape lookup and a
+few appends to arrays, and folding many is a few numpy column sums per key.
 It imports no OpenTelemetry: :class:`~resettrace.tracing.processor.TimingSpanProcessor` is the
 ``SpanProcessor`` adapter over it for SDK spans.
 
@@ -45,7 +47,7 @@ from resettrace.catalog import (
     Phase,
 )
 from resettrace.costmodel import FitSums
-from resettrace.distribution import Distribution
+from resettrace.distribution import Distribution, percentile
 from resettrace.tracing import lifecycle
 from resettrace.tracing.recorder import (
     NO_COUNT,
@@ -78,18 +80,6 @@ _MAX_PLANS = 256
 DEFAULT_MAX_PENDING = 100_000
 
 
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default) of already sorted values."""
-    n = len(sorted_values)
-    if n == 0:
-        return math.nan
-    pos = (n - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, n - 1)
-    frac = pos - lo
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
 
 
 @dataclass(frozen=True)
@@ -289,10 +279,11 @@ def _recursive(records: Sequence[Record], phases: Sequence[Phase]) -> list[bool]
 class Aggregator:
     """Aggregates recorder traces (and, through :meth:`add`, any value) into per-key
     statistics. ``catalog``: the phases it knows (default: the process's
-    :data:`~resettrace.catalog.CATALOG`); ``max_samples``: samples kept per key for
-    percentiles; ``seed``: of the reservoir sampling; ``max_pending``: traces that wait
-    for the aggregation thread at most: a trace that finds the queue full is dropped, and
-    counted in :attr:`dropped_traces` (training outpacing the thread for long keeps memory
+    :data:`~resettrace.catalog.CATALOG`); ``max_samples``: samples kept per key (the
+    percentiles are exact up to that many calls, from the buckets beyond); ``seed``: of the
+    reservoir sampling; ``max_pending``: traces that wait for the aggregation thread at
+    most: a trace that finds the queue full is dropped, and counted in
+    :attr:`dropped_traces` (training outpacing the thread for long keeps memory
     bounded; the statistics then miss exactly that many traces)."""
 
     def __init__(self, *, max_samples: int = 100_000, seed: int = 0,
@@ -545,7 +536,11 @@ class Aggregator:
         self._drain()
         with self._lock:
             self._fold()
-            snapshot = {k: (s.count, s.total, s.max, sorted(s.samples))
+            # every call's value at hand: exact; a reservoir of some: from the buckets,
+            # within their bound (the rule of :mod:`resettrace.distribution`)
+            snapshot = {k: (s.count, s.total, s.max,
+                            sorted(s.samples) if len(s.samples) == s.count
+                            or k not in self._dists else Distribution.merged([self._dists[k]]))
                         for k, s in self._series.items()}
         out: dict[str, KeyStats] = {}
         order = self._order()
@@ -556,9 +551,10 @@ class Aggregator:
             share = None
             if pk is not None and pk in snapshot and snapshot[pk][1] > 0:
                 share = total / snapshot[pk][1]
-            out[k] = KeyStats(count=count, mean_ms=total / count, p50_ms=percentile(ordered, 50),
-                              p90_ms=percentile(ordered, 90), p99_ms=percentile(ordered, 99),
-                              max_ms=mx, total_ms=total, share_of_parent=share)
+            p50, p90, p99 = (percentile(ordered, q) if isinstance(ordered, list)
+                             else ordered.quantile(q / 100) for q in (50, 90, 99))
+            out[k] = KeyStats(count=count, mean_ms=total / count, p50_ms=p50, p90_ms=p90,
+                              p99_ms=p99, max_ms=mx, total_ms=total, share_of_parent=share)
         return out
 
     def totals(self) -> dict[str, tuple[int, float, float]]:
