@@ -203,8 +203,9 @@ def test_ranks_a_launchers_world_names_but_no_process_wrote_are_said(tmp_path: P
     # the main process imported no target and recorded nothing; rr_work:work was imported
     # by the ranks: only the module no process imported is said, once
     untraced = [x for x in r.stderr.splitlines() if "never imported" in x]
-    assert untraced == ["resettrace run: instrument target(s) never imported in any process "
-                        "of the job, so never traced: never_imported_mod:f"], r.stderr
+    assert untraced == ["resettrace run: instrument target(s) never imported, so never "
+                        "traced: never_imported_mod:f (no process of the job imported them)"
+                        ], r.stderr
 
 
 @pytest.mark.parametrize("env,expected", [

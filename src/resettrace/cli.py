@@ -404,8 +404,9 @@ def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id:
     records = [r for r in found if r.stats]  # (a main process that recorded nothing
     summary = not args.no_summary            # wrote only the targets it never imported)
     if untraced:
-        print("resettrace run: instrument target(s) never imported in any process of the "
-              "job, so never traced: " + ", ".join(untraced), file=sys.stderr)
+        print("resettrace run: instrument target(s) never imported, so never traced: "
+              + ", ".join(untraced) + " (no process of the job imported them)",
+              file=sys.stderr)
     if not records:
         if summary and code == 0:  # (a command that failed said why itself)
             mode = os.environ.get("RESETTRACE", "").strip().lower() or "timing"

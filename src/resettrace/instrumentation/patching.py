@@ -291,8 +291,9 @@ def _findable(module: str) -> bool:
 def untraced_targets() -> list[str]:
     """The instrument targets of this process whose module was never imported, so never
     traced (a run record lists them: a job says the ones no process imported)."""
-    with _HOOK._lock:
-        return sorted(t.name for m, ts in _HOOK.pending.items() for t, _ in ts)
+    with _HOOK._lock:  # (a module whose import raised is said by the process itself)
+        return sorted(t.name for m, ts in _HOOK.pending.items() for t, _ in ts
+                      if m not in _HOOK.failed_imports)
 
 
 def _warn_unpatched() -> None:
