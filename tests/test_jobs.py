@@ -203,6 +203,12 @@ def test_ranks_a_launchers_world_names_but_no_process_wrote_are_said(tmp_path: P
     # the main process imported no target and recorded nothing; rr_work:work was imported
     # by the ranks: only the module no process imported is said, once
     untraced = [x for x in r.stderr.splitlines() if "never imported" in x]
+    # the run's folder is one run to every reader: the job, not its processes again
+    rep = subprocess.run([sys.executable, "-m", "resettrace.cli", "report", "out", "-o",
+                          "r.html"], cwd=tmp_path, env=clean_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    assert "2 processes" in (tmp_path / "r.html").read_text()
     assert untraced == ["resettrace run: instrument target(s) never imported, so never "
                         "traced: never_imported_mod:f (no process of the job imported them)"
                         ], r.stderr

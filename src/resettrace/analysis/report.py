@@ -570,6 +570,21 @@ def build_report(run: RunRecord | Mapping[str, Any], *, source: str = "",
             + "".join(divs) + "</body></html>\n")
 
 
+def _run_of_folder(folder: Path) -> Any:
+    """The one run of a folder of records: its job record (a ``resettrace run
+    --stats-json`` folder: the job and its processes), else its only record."""
+    from resettrace.record import RecordError, read_records
+
+    records = read_records([folder], keep_jobs=True)
+    jobs = [r for r in records if r.kind == "job"]
+    if len(jobs) == 1:
+        return jobs[0]
+    if len(records) == 1:
+        return records[0]
+    raise RecordError(f"{folder}: {len(records)} runs in this folder and no one job of them: "
+                      "name the run to report")
+
+
 def write_report(run_path: str | Path, out: str | Path, *,
                  compare_base: str | Path | None = None) -> Path:
     """Write the report of the run at ``run_path`` (a run record, or the folder of its
@@ -578,11 +593,15 @@ def write_report(run_path: str | Path, out: str | Path, *,
     from resettrace.analysis.compare import Run, compare_runs, load_runs
 
     path = Path(run_path)
-    if path.is_dir():
-        path = path / "timing.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no such run: {path}")
-    rec = read_record(path)
+    if path.is_dir() and not (path / "timing.json").is_file():
+        rec = _run_of_folder(path)  # a resettrace run's folder: its job
+        path = Path(rec.source)
+    else:
+        if path.is_dir():
+            path = path / "timing.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no such run: {path}")
+        rec = read_record(path)
     compared = None
     if compare_base is not None:
         compared = compare_runs(load_runs(compare_base), [Run.of(rec)])

@@ -6,10 +6,10 @@ or scraped, so they see every call whatever the trace sampling, and nothing is a
 hot path or to the aggregation: no per-call instrument call is made anywhere.
 
 * ``resettrace.phase.duration`` (unit ``ms``): per phase, its calls in the processor's
-  base-2 exponential buckets (:mod:`resettrace.distribution`, scale 5), with the exact
+  base-2 exponential buckets (:mod:`resettrace.distribution`, scale 6), with the exact
   count, sum, min and max. OTLP gets it as an exponential histogram; Prometheus as a classic
   histogram ``resettrace_phase_duration_milliseconds`` whose ``le`` bounds are the same
-  buckets merged four to one (``2 ** (1/8)`` apart: ``histogram_quantile`` is then within
+  buckets merged eight to one (``2 ** (1/8)`` apart: ``histogram_quantile`` is then within
   about 9% of the exact percentile).
 * ``resettrace.resets`` (envs reset) and ``resettrace.env_steps`` (env step calls): counters.
 
@@ -588,7 +588,7 @@ class _PromCollector:
                                      "resettrace phase durations (ms)", labels=names)
         for name, dist, (_count, total, _mx) in self.owner._phases():
             merged: dict[int, int] = {}
-            for i, c in dist.counts.items():  # bucket i of scale 5 lies in bucket i >> 2 of 3
+            for i, c in dist.counts.items():  # bucket i of scale 6 lies in bucket i >> 3 of 3
                 j = i >> _PROM_SHIFT
                 merged[j] = merged.get(j, 0) + c
             buckets = []
