@@ -79,8 +79,9 @@ def runtime_env_hook(runtime_env_: dict[str, Any] | None) -> dict[str, Any]:
     (after a hook that was set before, ``RESETTRACE_RAY_NEXT_HOOK``) with :func:`runtime_env`'s
     additions."""
     nxt = os.environ.get(ENV_NEXT_HOOK, "").strip()
-    if nxt:
-        from ray._private.utils import load_class  # the loader Ray uses for its hook
+    if nxt:  # ``package.module.function``, as Ray names its hook
+        import importlib
 
-        runtime_env_ = load_class(nxt)(runtime_env_)
+        module, _, name = nxt.rpartition(".")
+        runtime_env_ = getattr(importlib.import_module(module), name)(runtime_env_)
     return runtime_env(runtime_env_)
