@@ -238,3 +238,37 @@ def test_a_bad_record_period_is_said_once_and_the_default_used() -> None:
     assert p.stdout.split() == ["5.0", "5.0"]
     lines = [x for x in p.stderr.splitlines() if "RESETTRACE_RECORD_PERIOD" in x]
     assert len(lines) == 1 and "'soon'" in lines[0], p.stderr
+
+
+PARENT = """
+import multiprocessing as mp
+
+def worker():
+    import rr_work  # only the worker imports the traced module
+    rr_work.work(1)
+
+if __name__ == "__main__":
+    p = mp.get_context("spawn").Process(target=worker)
+    p.start()
+    p.join()
+    print("exit", p.exitcode)
+"""
+
+
+def test_a_parent_whose_workers_import_the_targets_is_not_told_they_were_never_imported(
+        tmp_path: Path) -> None:
+    """Without ``resettrace run`` (``RESETTRACE_INSTRUMENT`` alone): the main process of a
+    ``SubprocVecEnv`` never imports what its workers trace; it says nothing of it."""
+    (tmp_path / "rr_work.py").write_text(WORK)
+    (tmp_path / "spec.toml").write_text('[instrument]\n"rr_work:work" = "env_step"\n')
+    (tmp_path / "main.py").write_text(PARENT)
+    env = clean_env(RESETTRACE="timing", RESETTRACE_INSTRUMENT="spec.toml",
+                    PYTHONPATH=str(tmp_path))
+    r = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip() == "exit 0", r.stderr
+    assert "never imported" not in r.stderr, r.stderr
+    # a process that started no worker still says it
+    alone = subprocess.run([sys.executable, "-c", "import resettrace"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert "never imported, so never traced: rr_work:work" in alone.stderr, alone.stderr

@@ -305,6 +305,11 @@ def _warn_unpatched() -> None:
     names = sorted(n for m, ts in waiting.items() if m not in failed for n in ts)
     if names and _job_speaks():
         names = []  # its record lists them: the job says the ones no process imported
+    if names and _started_workers():  # (a Stable-Baselines3 SubprocVecEnv's main process)
+        log.info("resettrace: instrument target(s) never imported in this process, which "
+                 "started worker processes that may have (resettrace run says the ones no "
+                 "process of the job imported): %s", ", ".join(names))
+        names = []
     if names:
         log.warning("resettrace: instrument target(s) never imported, so never traced: %s",
                     ", ".join(names))
@@ -321,3 +326,11 @@ def _job_speaks() -> bool:
     from resettrace.record import run_main_process
 
     return run_main_process()
+
+
+def _started_workers() -> bool:
+    """Whether this process started multiprocessing workers (fork, forkserver, spawn):
+    multiprocessing numbers each one it makes from one counter, which starts at 1."""
+    mp = sys.modules.get("multiprocessing")
+    counter = getattr(getattr(mp, "process", None), "_process_counter", None)
+    return counter is not None and repr(counter) != "count(1)"
