@@ -60,13 +60,13 @@ N_ENVS = 4
 
 @ray.remote
 class Worker:
-    def __init__(self):
+    def __init__(self, seed):
         import gymnasium as gym
 
         self.env = gym.make_vec("InvertedPendulum-v5", num_envs=N_ENVS,
                                 vectorization_mode="sync")
-        self.env.reset(seed=0)
-        self.env.action_space.seed(0)
+        self.env.reset(seed=seed)
+        self.env.action_space.seed(seed)
         self.resets = N_ENVS
 
     def run(self, steps):
@@ -87,7 +87,7 @@ if mode == "local":  # (never an existing cluster of the machine: address "local
     ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=temp)
 else:
     ray.init(address="auto", _temp_dir=temp)
-actors = [Worker.remote() for _ in range(2)]
+actors = [Worker.remote(seed) for seed in (0, 1)]  # (counts of their own)
 resets = ray.get([a.run.remote(steps) for a in actors])
 who = ray.get([a.who.remote() for a in actors])
 truth = [{"pid": pid, "actor_id": aid, "resets": n} for (pid, aid), n in zip(who, resets)]
