@@ -59,9 +59,26 @@ def _count(raw: str | None) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+#: the Ray actor this process was found to be, by pid: an actor's process stays that actor
+#: until it exits, and by the time its exit record is written (an actor ended gracefully:
+#: ``__ray_terminate__``, ``exit_actor``) Ray is shut down in it and no longer says who it was
+_RAY_FOUND: dict[int, Identity] = {}
+
+
 def _ray() -> Identity | None:
     """A Ray actor's identity, when this process is one (Ray already imported: never
-    imported here)."""
+    imported here); once found, kept for the process's life."""
+    known = _RAY_FOUND.get(os.getpid())
+    if known is not None:
+        return known
+    found = _ray_now()
+    if found is not None:
+        _RAY_FOUND.clear()  # (a forked child's inherited entry is another pid's)
+        _RAY_FOUND[os.getpid()] = found
+    return found
+
+
+def _ray_now() -> Identity | None:
     ray = sys.modules.get("ray")
     if ray is None:
         return None
