@@ -6,15 +6,18 @@ taken from the launcher, first match wins:
 ==============================  ==========================  ===============================
 launched by                     identity                    world size
 ==============================  ==========================  ===============================
-Ray (an actor's process)        ``ray actor <id>``, or an   -
-                                RLlib EnvRunner's ``rllib
-                                worker <worker_index>``
+Ray (an actor's process, a      ``ray actor <id>``, an      -
+task's)                         RLlib EnvRunner's ``rllib
+                                worker <worker_index>``,
+                                ``ray worker <id>``
 ``RESETTRACE_WORKER_RANK``      ``rank N``                  ``WORLD_SIZE`` if set
 torchrun / torch.distributed    ``rank RANK``               ``WORLD_SIZE``
 (``RANK``)
 SLURM (``SLURM_PROCID``)        ``rank SLURM_PROCID``       ``SLURM_NTASKS``
 a multiprocessing worker        ``rank R`` (parent rank x   -
-(fork, forkserver, spawn)       1000 + its number)
+(fork, forkserver, spawn)       1000 + its number); forked
+                                by a Ray actor: ``ray actor
+                                <id>, rank R``
 anything else                   ``rank 0``                  -
 ==============================  ==========================  ===============================
 
@@ -86,10 +89,12 @@ def _ray_now() -> Identity | None:
         if not ray.is_initialized():
             return None
         ctx = ray.get_runtime_context()
+        worker = getattr(ctx, "worker", None)
         actor = ctx.get_actor_id()
         if not actor:
-            return None
-        worker = getattr(ctx, "worker", None)
+            if getattr(worker, "mode", None) != getattr(ray, "WORKER_MODE", 1):
+                return None  # the driver
+            return Identity(f"ray worker {ctx.get_worker_id()[:16]}", "ray", None)
         index = None
         for instance in (getattr(worker, "actors", None) or {}).values():
             value = getattr(instance, "worker_index", None)  # an RLlib EnvRunner
@@ -105,12 +110,15 @@ def _ray_now() -> Identity | None:
 def identity(rank: int, environ: Mapping[str, str] | None = None) -> Identity:
     """This process's identity (the module docstring's rules); ``rank`` is its resolved
     rank (:func:`resettrace.config.process_rank`)."""
-    found = _ray()
-    if found is not None:
-        return found
     env = os.environ if environ is None else environ
     mp = sys.modules.get("multiprocessing")
     worker = bool(mp is not None and getattr(mp.current_process(), "_identity", ()))
+    found = _ray()
+    if found is not None:
+        if not worker:
+            return found
+        # a worker forked by an actor (an AsyncVectorEnv's): Ray's state came with the fork
+        return Identity(f"{found.identity}, rank {rank}", "multiprocessing", rank)
     for name in ENV_RANK:
         raw = env.get(name, "").strip()
         if raw and NUMBERS["worker_rank"].parse(raw)[0] == rank and not worker:

@@ -61,9 +61,19 @@ def _percentile_note(job: RunRecord) -> str:
     return f"; the job's percentiles from the summed buckets, {within}"
 
 
+def _member(m: Mapping[str, Any]) -> Any:
+    """A member's name in the job's table: its rank where its identity is one (``rank 3``:
+    3), else its identity (``ray actor 5f0c...``), else its rank."""
+    who = m.get("identity")
+    if isinstance(who, str) and who:
+        return who[len("rank "):] if who.startswith("rank ") else who
+    return m.get("rank")
+
+
 def render_job(job: RunRecord) -> str:
-    """A job (a merged record): one line per process (rank, pid, env steps, env/s, reset
-    share and the p50 of its main phases), the merged line, then the merged keys."""
+    """A job (a merged record): one line per process (its rank or identity, pid, env steps,
+    env/s, reset share and the p50 of its main phases), the merged line, then the merged
+    keys."""
     parts = []
     mixed = job.extra.get("mixed")
     if mixed:
@@ -78,7 +88,7 @@ def render_job(job: RunRecord) -> str:
     rows = []
     for m in members:
         s = m.get("stats") or {}
-        rows.append([m.get("rank"), m.get("pid"), m.get("env_steps"), m.get("env_per_s"),
+        rows.append([_member(m), m.get("pid"), m.get("env_steps"), m.get("env_per_s"),
                      None if m.get("reset_fraction") is None
                      else 100 * float(m["reset_fraction"]),
                      *[_p(s, k) for k in cols], *[_p(s, k, "p99_ms") for k in tail]])
@@ -90,7 +100,7 @@ def render_job(job: RunRecord) -> str:
     parts.append(format_table(
         f"{len(members)} process{'' if len(members) == 1 else 'es'} (p50/p99 in ms{note}; "
         "the job's env steps and env/s: the sums)",
-        ["rank", "pid", "env steps", "env/s", "reset %",
+        ["member", "pid", "env steps", "env/s", "reset %",
          *[f"{cat.label(k)} p50" for k in cols], *[f"{cat.label(k)} p99" for k in tail]],
         rows))
     parts.append(render_keys(job, f"the job, per key ({job.title}; ms)"))
