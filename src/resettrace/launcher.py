@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from resettrace.config import ENV_RANK, ENV_WORKER_RANK, NUMBERS
 
-__all__ = ["Identity", "identity"]
+__all__ = ["Identity", "identity", "remember_ray"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,13 @@ def _ray() -> Identity | None:
         _RAY_FOUND.clear()  # (a forked child's inherited entry is another pid's)
         _RAY_FOUND[os.getpid()] = found
     return found
+
+
+def remember_ray() -> None:
+    """Find this process's Ray identity now, if it has one (when its session starts: by its
+    exit Ray may be shut down in it); the rank is not resolved here (a worker may still set
+    its own)."""
+    _ray()
 
 
 def _ray_now() -> Identity | None:

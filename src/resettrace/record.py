@@ -1034,11 +1034,11 @@ def _on_session(session: Any) -> None:
     from resettrace.tracing.session import install_sigterm_exit, watch_sigterm
 
     if session.config.enabled:
-        from resettrace.launcher import identity
+        from resettrace.launcher import remember_ray
 
         install_sigterm_exit()
         watch_sigterm()
-        identity(session.worker_rank)  # found while the launcher still says it (Ray's)
+        remember_ray()  # found while Ray still says it (not at a graceful exit)
         keep_record_current(session)
 
 
