@@ -272,3 +272,34 @@ def test_a_parent_whose_workers_import_the_targets_is_not_told_they_were_never_i
     alone = subprocess.run([sys.executable, "-c", "import resettrace"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
     assert "never imported, so never traced: rr_work:work" in alone.stderr, alone.stderr
+
+
+def test_a_folder_lock_kept_by_a_forked_child_does_not_stop_later_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process forked while its parent held a folder's lock (a snapshot being written)
+    keeps a copy of it for its life: the parent's next write still happens."""
+    import fcntl
+    import os
+
+    from resettrace import outputs
+
+    monkeypatch.setattr(outputs, "FOLDER_LOCK_WAIT", 0.2, raising=False)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    pid = os.fork()
+    if pid == 0:  # the child: holds its copy of the locked descriptor until told
+        try:
+            while not (tmp_path / "stop").exists():
+                import time
+
+                time.sleep(0.01)
+        finally:
+            os._exit(0)
+    try:
+        os.close(fd)  # the parent lets go; the child's copy keeps the lock
+        written = outputs.write_output(tmp_path / "r.json", outputs.JSON,
+                                       b'{"resettrace": "x", "stats": {}}')
+        assert written == tmp_path / "r.json" and written.read_bytes().startswith(b'{"res')
+    finally:
+        (tmp_path / "stop").touch()
+        os.waitpid(pid, 0)

@@ -984,11 +984,31 @@ def _write_snapshot(session: Any) -> None:
         write_run(template, session, snapshot=True)
 
 
+_FORKING: list[Any] = []  # the snapshot lock a fork holds (none: no snapshot thread)
+
+
+def _before_fork() -> None:
+    """No snapshot is being written while the process forks: the write holds its folder's
+    ``flock``, and a child would keep a copy of that descriptor (and the lock) for its life,
+    so that the parent's next write would wait forever. A write takes a few milliseconds
+    (bounded here, should a disk stall)."""
+    lock = _SNAP["lock"] if _SNAP["pid"] == os.getpid() else None
+    if lock is not None and lock.acquire(timeout=5.0):
+        _FORKING.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    while _FORKING:
+        _FORKING.pop().release()
+
+
 def _forget_snapshots() -> None:  # in a forked child: the parent's thread is not here
     _SNAP["pid"] = None
+    _FORKING.clear()  # (the child's copy of the lock is never used: it makes its own)
 
 
-os.register_at_fork(after_in_child=_forget_snapshots)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_forget_snapshots)
 
 
 def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
