@@ -113,6 +113,13 @@ def test_a_killed_worker_leaves_its_last_snapshot_and_the_job_says_so(tmp_path: 
     line = re.search(r"^resettrace run: 1 member incomplete: rank 1 \(pid (\d+)\) ended "
                      r"without writing its record.*may miss up to 0.2 s", r.stderr, re.M)
     assert line and int(line.group(1)) == out["worker"], r.stderr
+    # read again later: the folder is the job, and the snapshot is said as one
+    m = subprocess.run([sys.executable, "-m", "resettrace.cli", "merge", "out"], cwd=tmp_path,
+                       env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert m.returncode == 0, m.stderr
+    assert f"INCOMPLETE: rank 1 (pid {out['worker']}): a snapshot taken while it ran (it " \
+           "may miss up to 0.2 s, if it was killed then)" in m.stdout, m.stdout
+    assert re.search(r"^job\s+2\s+8\s", m.stdout, re.M), m.stdout
 
 
 LATE = """

@@ -594,7 +594,8 @@ def member_summary(r: RunRecord) -> dict[str, Any]:
             "kind": r.kind, "command": r.command, "env_steps": r.env_steps,
             "env_per_s": r.env_per_s, "reset_fraction": r.reset_fraction,
             "steps": (r.config or {}).get("steps"), "interrupted": r.interrupted,
-            "num_envs": r.num_envs, "stats": r.stats}
+            "num_envs": r.num_envs, "complete": r.complete, "snapshot_at": r.snapshot_at,
+            "period_s": r.period_s, "stats": r.stats}
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -740,7 +741,8 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
     process; two processes that claim one identity (:func:`duplicates`, two "rank 0")
     unless ``allow_duplicates`` (then listed in ``extra["duplicates"]``); a job record with
     part of its processes among ``records``. A job record with all of them there is left
-    out (:func:`leave_out_jobs`), said in ``extra["left_out"]``."""
+    out (:func:`leave_out_jobs`), said in ``extra["left_out"]``; a process record with no
+    statistics (a run's main process that recorded nothing) is no member."""
     from resettrace import catalog as C
     from resettrace.catalog import Catalog
     from resettrace.costmodel import FitSums, model_section
@@ -749,6 +751,9 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
     if not records:
         raise RecordError("no runs to merge")
     records, left_out = leave_out_jobs(records)
+    # the record of a ``resettrace run``'s main process that recorded nothing (it lists
+    # only the targets it never imported) is no member
+    records = [r for r in records if r.stats or r.kind != "process"] or records
     differ = config_differences(records)
     if differ and not allow_mixed:
         raise RecordError("the runs have different configurations (" + "; ".join(differ)

@@ -70,6 +70,11 @@ def _member(m: Mapping[str, Any]) -> Any:
     return m.get("rank")
 
 
+def _member_name(m: Mapping[str, Any]) -> str:
+    who = m.get("identity")
+    return str(who) if who else f"rank {m.get('rank')}"
+
+
 def render_job(job: RunRecord) -> str:
     """A job (a merged record): one line per process (its rank or identity, pid, env steps,
     env/s, reset share and the p50 of its main phases), the merged line, then the merged
@@ -82,6 +87,12 @@ def render_job(job: RunRecord) -> str:
     if twice:
         parts.append("DUPLICATE identities, merged anyway: " + "; ".join(map(str, twice)))
     members: Sequence[Mapping[str, Any]] = job.members
+    snapshots = [m for m in members if m.get("complete") is False]
+    if snapshots and "incomplete" not in job.extra:  # (resettrace run says its own line)
+        parts.append("INCOMPLETE: " + "; ".join(
+            f"{_member_name(m)} (pid {m.get('pid')}): a snapshot taken while it ran"
+            + (f" (it may miss up to {m['period_s']:g} s, if it was killed then)"
+               if m.get("period_s") else "") for m in snapshots))
     cols = [k for k in _PER_RANK if k in ran(job.stats)]
     tail = [C.SET_STATE.key] if C.SET_STATE.key in cols else []  # its p99 too
     cat = job.catalog()
