@@ -281,32 +281,40 @@ def test_a_parent_whose_workers_import_the_targets_is_not_told_they_were_never_i
     assert "never imported, so never traced: rr_work:work" in alone.stderr, alone.stderr
 
 
-def test_a_folder_lock_kept_by_a_forked_child_does_not_stop_later_writes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A process forked while its parent held a folder's lock (a snapshot being written)
-    keeps a copy of it for its life: the parent's next write still happens."""
-    import fcntl
+def test_no_snapshot_is_being_written_while_the_process_forks() -> None:
+    """A snapshot holds its folder's ``flock`` while it writes; a child forked meanwhile
+    would keep that lock for its life and stop every later write of the parent. The fork
+    waits for the snapshot being written (here: held by a thread, let go a little after
+    the fork is asked for)."""
     import os
+    import threading
 
-    from resettrace import outputs
+    from resettrace import record
 
-    monkeypatch.setattr(outputs, "FOLDER_LOCK_WAIT", 0.2, raising=False)
-    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    pid = os.fork()
-    if pid == 0:  # the child: holds its copy of the locked descriptor until told
-        try:
-            while not (tmp_path / "stop").exists():
-                import time
+    lock = threading.Lock()
+    saved = dict(record._SNAP)
+    record._SNAP.update(pid=os.getpid(), lock=lock)
+    holding, forking, released = threading.Event(), threading.Event(), threading.Event()
 
-                time.sleep(0.01)
-        finally:
-            os._exit(0)
+    def writer() -> None:  # a snapshot being written
+        with lock:
+            holding.set()
+            forking.wait(60)
+            released.wait(0.3)  # (nothing sets it: a pause)
+            released.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
     try:
-        os.close(fd)  # the parent lets go; the child's copy keeps the lock
-        written = outputs.write_output(tmp_path / "r.json", outputs.JSON,
-                                       b'{"resettrace": "x", "stats": {}}')
-        assert written == tmp_path / "r.json" and written.read_bytes().startswith(b'{"res')
+        holding.wait(60)
+        forking.set()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if released.is_set() else 1)
+        assert released.is_set()  # the parent went on only once the write was over
+        assert os.waitpid(pid, 0)[1] == 0  # and the child was made after it
+        assert lock.acquire(timeout=5)  # nothing left held in the parent
+        lock.release()
     finally:
-        (tmp_path / "stop").touch()
-        os.waitpid(pid, 0)
+        t.join()
+        record._SNAP.update(saved)

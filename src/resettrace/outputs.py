@@ -137,7 +137,8 @@ _EARLIER_JSON_KEYS = ("config", "pid", "tests", "base", "runs", "sources", "sour
 
 def _is_json(head: bytes) -> bool:
     keys = (JSON_MARKER,) + _EARLIER_JSON_KEYS
-    return any(head.startswith(b'{\n "' + k.encode() + b'": ') for k in keys)
+    return any(head.startswith(b'{\n "' + k.encode() + b'": ') for k in keys) or \
+        head.startswith(b'{"' + JSON_MARKER.encode() + b'":"')  # write_json(compact=True)
 
 
 def _is_csv(head: bytes) -> bool:
@@ -327,20 +328,15 @@ def release_claims() -> None:
     _CLAIMS.clear()
 
 
-#: seconds a writer waits for another one's lock of a folder (each holds it for a check and
-#: a rename); past it, it goes on with the check alone: a process forked while its parent
-#: held the lock keeps a copy of it for its life, and must not stop every later write
-FOLDER_LOCK_WAIT = 5.0
-
-
 @contextlib.contextmanager
 def _folder_locked(folder: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` of ``folder`` (every resettrace writer's check and
     replace of a file there run under it, so two cannot interleave); without it where the
-    file system cannot lock, or after :data:`FOLDER_LOCK_WAIT` seconds (the check alone
-    then)."""
+    file system cannot lock (the check alone then). A process forked while one of its
+    threads holds it would keep a copy of the lock for its life: the one writer on a
+    thread of its own, the run record's snapshots, never writes across a fork
+    (:mod:`resettrace.record`)."""
     import fcntl
-    import time
 
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -348,17 +344,8 @@ def _folder_locked(folder: Path) -> Iterator[None]:
         fd = -1
     try:
         if fd >= 0:
-            deadline = time.monotonic() + FOLDER_LOCK_WAIT
-            while True:  # held for a check and a rename: short
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        break
-                    time.sleep(0.002)
-                except OSError:
-                    break
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held for a check and a rename: short
         yield
     finally:
         if fd >= 0:

@@ -458,7 +458,8 @@ def write_run(path: str | os.PathLike[str], session: Any = None, **what: Any) ->
 
     session = get_tracing() if session is None else session
     target = expand(str(path), pid=os.getpid(), rank=session.worker_rank)
-    return write_json(Path(target), record_of_session(session, **what).to_json())
+    return write_json(Path(target), record_of_session(session, **what).to_json(),
+                      compact=bool(what.get("snapshot")))
 
 
 def expand(path: str, *, pid: int, rank: int) -> str:

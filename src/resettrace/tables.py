@@ -49,12 +49,15 @@ def format_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]
     return "\n".join(lines)
 
 
-def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
-    """Write ``payload`` as JSON, ``"resettrace": VERSION`` first; the path written."""
+def write_json(path: Path, payload: Mapping[str, Any], *, compact: bool = False) -> Path:
+    """Write ``payload`` as JSON, ``"resettrace": VERSION`` first; the path written.
+    ``compact``: on one line (CPython's C encoder: about 5x less CPU than indented, for a
+    record written every few seconds beside the training)."""
     from resettrace import __version__, outputs
 
     doc = {outputs.JSON_MARKER: __version__, **payload}
-    text = json.dumps(doc, indent=1, allow_nan=False, default=_json_default)
+    text = json.dumps(doc, allow_nan=False, default=_json_default,
+                      **({"separators": (",", ":")} if compact else {"indent": 1}))
     return outputs.write_output(path, outputs.JSON, text.encode())
 
 
