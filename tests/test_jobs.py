@@ -318,3 +318,34 @@ def test_no_snapshot_is_being_written_while_the_process_forks() -> None:
     finally:
         t.join()
         record._SNAP.update(saved)
+
+
+TORCH_DIST = """
+    import json, os, sys
+    import torch.distributed as dist
+    import torch.multiprocessing as tmp
+    import rr_work
+
+    def rank_main(r, store):
+        # torch.multiprocessing.spawn gives the rank in code: no RANK variable is set
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=r, world_size=2)
+        for i in range(3 + r):
+            rr_work.work(i)
+        dist.barrier()
+        dist.destroy_process_group()  # gone by the time the record is written at exit
+
+    if __name__ == "__main__":
+        tmp.spawn(rank_main, args=(os.path.abspath("store"),), nprocs=2)
+        print(json.dumps({"ok": True}))
+"""
+
+
+def test_ranks_of_torch_distributed_given_in_code(tmp_path: Path) -> None:
+    r, out = _run(tmp_path, TORCH_DIST, RESETTRACE_JOB_WAIT="60")
+    job = _job(tmp_path)
+    records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "out").glob("job.*.json")}
+    members = sorted((d["identity"], d["launcher"], d["rank"], d["world_size"], _calls(d))
+                     for d in records.values() if d["stats"])
+    assert members == [("rank 0", "torch.distributed", 0, 2, 3),
+                       ("rank 1", "torch.distributed", 1, 2, 4)], members
+    assert _calls(job) == 7 and job["missing"] == [] and "duplicates" not in job, job

@@ -6,6 +6,8 @@ taken from the launcher, first match wins:
 ==============================  ==========================  ===============================
 launched by                     identity                    world size
 ==============================  ==========================  ===============================
+torch.distributed (its default  ``rank get_rank()``         ``get_world_size()``
+group, once initialized)
 Ray (an actor's process, a      ``ray actor <id>``, an      -
 task's)                         RLlib EnvRunner's ``rllib
                                 worker <worker_index>``,
@@ -32,10 +34,11 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from resettrace.config import ENV_RANK, ENV_WORKER_RANK, NUMBERS
 
-__all__ = ["Identity", "identity", "remember_ray"]
+__all__ = ["Identity", "identity", "remember_launcher"]
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,12 @@ def _ray() -> Identity | None:
     return found
 
 
-def remember_ray() -> None:
-    """Find this process's Ray identity now, if it has one (when its session starts: by its
-    exit Ray may be shut down in it); the rank is not resolved here (a worker may still set
-    its own)."""
+def remember_launcher() -> None:
+    """Find this process's Ray or torch.distributed identity now, if it has one (when its
+    session starts, and at each snapshot: by its exit Ray may be shut down in it, its
+    process group destroyed); the rank rule is not run here (a worker may still set its
+    own rank)."""
+    _remembered(_TORCH_FOUND, _torch_distributed)
     _ray()
 
 
@@ -114,10 +119,44 @@ def _ray_now() -> Identity | None:
         return None
 
 
+#: this process's torch.distributed rank, once found (by its exit the group may be gone)
+_TORCH_FOUND: dict[int, Identity] = {}
+
+
+def _remembered(found: dict[int, Identity], look: Any) -> Identity | None:
+    known = found.get(os.getpid())
+    if known is not None:
+        return known
+    now = look()
+    if now is not None:
+        found.clear()  # (a forked child's inherited entry is another pid's)
+        found[os.getpid()] = now
+    return now
+
+
+def _torch_distributed() -> Identity | None:
+    """The rank and world size of this process's torch.distributed default group, when it
+    has one (torch already imported: never imported here): ``init_process_group`` given
+    them in code (``torch.multiprocessing.spawn``) sets no variable."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        rank, world = int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # noqa: BLE001 - a group torn down meanwhile: the other rules
+        return None
+    return Identity(f"rank {rank}", "torch.distributed", rank, world)
+
+
 def identity(rank: int, environ: Mapping[str, str] | None = None) -> Identity:
     """This process's identity (the module docstring's rules); ``rank`` is its resolved
     rank (:func:`resettrace.config.process_rank`)."""
     env = os.environ if environ is None else environ
+    group = _remembered(_TORCH_FOUND, _torch_distributed)
+    if group is not None:
+        return group
     mp = sys.modules.get("multiprocessing")
     worker = bool(mp is not None and getattr(mp.current_process(), "_identity", ()))
     found = _ray()

@@ -1060,11 +1060,11 @@ def _on_session(session: Any) -> None:
     from resettrace.tracing.session import install_sigterm_exit, watch_sigterm
 
     if session.config.enabled:
-        from resettrace.launcher import remember_ray
+        from resettrace.launcher import remember_launcher
 
         install_sigterm_exit()
         watch_sigterm()
-        remember_ray()  # found while Ray still says it (not at a graceful exit)
+        remember_launcher()  # found while Ray / torch.distributed still say it
         keep_record_current(session)
 
 
