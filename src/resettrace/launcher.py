@@ -65,6 +65,22 @@ def _count(raw: str | None) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+#: this process's torch.distributed rank, once found (by its exit the group may be gone)
+_TORCH_FOUND: dict[int, Identity] = {}
+
+
+def _remembered(found: dict[int, Identity], look: Any) -> Identity | None:
+    """What ``look()`` finds, kept for this process's life once found (by pid)."""
+    known = found.get(os.getpid())
+    if known is not None:
+        return known
+    now = look()
+    if now is not None:
+        found.clear()  # (a forked child's inherited entry is another pid's)
+        found[os.getpid()] = now
+    return now
+
+
 #: the Ray actor this process was found to be, by pid: an actor's process stays that actor
 #: until it exits, and by the time its exit record is written (an actor ended gracefully:
 #: ``__ray_terminate__``, ``exit_actor``) Ray is shut down in it and no longer says who it was
@@ -74,14 +90,7 @@ _RAY_FOUND: dict[int, Identity] = {}
 def _ray() -> Identity | None:
     """A Ray actor's identity, when this process is one (Ray already imported: never
     imported here); once found, kept for the process's life."""
-    known = _RAY_FOUND.get(os.getpid())
-    if known is not None:
-        return known
-    found = _ray_now()
-    if found is not None:
-        _RAY_FOUND.clear()  # (a forked child's inherited entry is another pid's)
-        _RAY_FOUND[os.getpid()] = found
-    return found
+    return _remembered(_RAY_FOUND, _ray_now)
 
 
 def remember_launcher() -> None:
@@ -117,21 +126,6 @@ def _ray_now() -> Identity | None:
         return Identity(f"ray actor {actor[:16]}", "ray", None)
     except Exception:  # noqa: BLE001 - Ray's internals: never break a record over them
         return None
-
-
-#: this process's torch.distributed rank, once found (by its exit the group may be gone)
-_TORCH_FOUND: dict[int, Identity] = {}
-
-
-def _remembered(found: dict[int, Identity], look: Any) -> Identity | None:
-    known = found.get(os.getpid())
-    if known is not None:
-        return known
-    now = look()
-    if now is not None:
-        found.clear()  # (a forked child's inherited entry is another pid's)
-        found[os.getpid()] = now
-    return now
 
 
 def _torch_distributed() -> Identity | None:
