@@ -349,3 +349,33 @@ def test_ranks_of_torch_distributed_given_in_code(tmp_path: Path) -> None:
     assert members == [("rank 0", "torch.distributed", 0, 2, 3),
                        ("rank 1", "torch.distributed", 1, 2, 4)], members
     assert _calls(job) == 7 and job["missing"] == [] and "duplicates" not in job, job
+
+
+TWINS = """
+    import json, os, subprocess, sys
+    if __name__ == "__main__":  # two processes given one rank (a launcher's mistake)
+        procs = [subprocess.Popen([sys.executable, "-c", "import rr_work; rr_work.work(1)"],
+                                  env=dict(os.environ, RESETTRACE_WORKER_RANK="1"))
+                 for _ in range(2)]
+        print(json.dumps({"pids": [p.pid for p in procs], "codes": [p.wait() for p in procs]}))
+"""
+
+
+@pytest.mark.parametrize("summary", [True, False])
+def test_two_members_with_one_identity_are_said(tmp_path: Path, summary: bool) -> None:
+    (tmp_path / "rr_work.py").write_text(WORK)
+    (tmp_path / "spec.toml").write_text('[instrument]\n"rr_work:work" = "env_step"\n')
+    (tmp_path / "main.py").write_text(textwrap.dedent(TWINS))
+    r = subprocess.run([sys.executable, "-m", "resettrace.cli", "run", "--instrument",
+                        "spec.toml", "--stats-json", "out/job.json",
+                        *([] if summary else ["--no-summary"]), "--", sys.executable,
+                        "main.py"], cwd=tmp_path, env=clean_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    pids = json.loads(r.stdout.strip().splitlines()[-1])["pids"]
+    job = _job(tmp_path)
+    assert _calls(job) == 2 and len(job["members"]) == 2  # both merged: they ran
+    assert len(job["duplicates"]) == 1 and job["duplicates"][0].startswith("rank 1: ")
+    assert all(f"pid {p}" in job["duplicates"][0] for p in pids)
+    said = [x for x in r.stderr.splitlines() if "rank 1: pid" in x]
+    assert len(said) == 1, r.stderr

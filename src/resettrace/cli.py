@@ -433,6 +433,10 @@ def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id:
         if written is not None:
             print(f"resettrace run: the job's record: {written} (each process's: "
                   f"{template.name.replace('{pid}', 'PID')} beside it)", file=sys.stderr)
+    twice = job.extra.get("duplicates")
+    if twice and not summary:  # (the summary says it in its table)
+        print("resettrace run: two processes claim one identity, merged anyway: "
+              + "; ".join(map(str, twice)), file=sys.stderr)
     line = _members_line(notes)
     if line:
         print(f"resettrace run: {line}", file=sys.stderr)
