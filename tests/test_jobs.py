@@ -11,6 +11,7 @@ another did.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -379,3 +380,24 @@ def test_two_members_with_one_identity_are_said(tmp_path: Path, summary: bool) -
     assert all(f"pid {p}" in job["duplicates"][0] for p in pids)
     said = [x for x in r.stderr.splitlines() if "rank 1: pid" in x]
     assert len(said) == 1, r.stderr
+
+
+def test_the_ray_runtime_env_copies_no_credentials_and_keeps_the_users_own() -> None:
+    import resettrace.ray as rr
+
+    environ = {"RESETTRACE": "timing", "RESETTRACE_RUN_JSON": "/r/{pid}.json",
+               "RESETTRACE_PARENT_RANK": "0::", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317",
+               "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cret",
+               "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x=s3cret", "HOME": "/root"}
+    env = rr.runtime_env({"env_vars": {"RESETTRACE": "trace", "MINE": "1"}, "pip": ["x"]},
+                         environ=environ)
+    got = env["env_vars"]
+    assert env["pip"] == ["x"] and got["MINE"] == "1"
+    assert got["RESETTRACE"] == "trace"  # the user's own setting wins
+    assert got["RESETTRACE_RUN_JSON"] == "/r/{pid}.json"
+    assert got["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://c:4317"
+    assert "s3cret" not in json.dumps(env)  # credentials stay where the user put them
+    assert "RESETTRACE_PARENT_RANK" not in got and "HOME" not in got
+    assert got["PYTHONPATH"].split(os.pathsep)[1:] == ["${PYTHONPATH}"]
+    with pytest.raises(TypeError, match="env_vars"):
+        rr.runtime_env({"env_vars": ["RESETTRACE=timing"]})

@@ -397,10 +397,11 @@ def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id:
                 template: Path, job_path: Path | None) -> int:
     """Merge the records this run's processes wrote (waiting for members still running),
     write the job's, print the summary."""
+    from resettrace.job import gather_members, members_line, untraced_in_job
     from resettrace.record import merge_records
 
-    found, notes = _gather_members(template, job_path, run_id)
-    untraced = _untraced(found)
+    found, notes = gather_members(template, job_path, run_id)
+    untraced = untraced_in_job(found)
     records = [r for r in found if r.stats]  # (a main process that recorded nothing
     summary = not args.no_summary            # wrote only the targets it never imported)
     if untraced:
@@ -437,166 +438,10 @@ def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id:
     if twice and not summary:  # (the summary says it in its table)
         print("resettrace run: two processes claim one identity, merged anyway: "
               + "; ".join(map(str, twice)), file=sys.stderr)
-    line = _members_line(notes)
+    line = members_line(notes)
     if line:
         print(f"resettrace run: {line}", file=sys.stderr)
     return code
-
-
-def _job_wait() -> float:
-    """``RESETTRACE_JOB_WAIT`` (seconds; default 10): how long the job waits for members
-    still running after its command ended."""
-    from resettrace.config import ENV_JOB_WAIT, NUMBERS_OF_RUNS
-
-    raw = os.environ.get(ENV_JOB_WAIT, "").strip()
-    if not raw:
-        return DEFAULT_JOB_WAIT
-    value, problem = NUMBERS_OF_RUNS["job_wait_s"].parse(raw)
-    if problem is not None:
-        print(f"resettrace run: {ENV_JOB_WAIT}={raw[:40]!r} {problem}; waiting "
-              f"{DEFAULT_JOB_WAIT:g} s", file=sys.stderr)
-        return DEFAULT_JOB_WAIT
-    return float(value)
-
-
-#: seconds ``resettrace run`` waits for members still running, by default
-DEFAULT_JOB_WAIT = 10.0
-
-
-def _process_state(pid: int | None) -> bool | None:
-    """Whether process ``pid`` of this host still runs (a zombie does not); None: unknown."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def _read_members(template: Path, job_path: Path | None, run_id: str) -> list[Any]:
-    import glob
-
-    from resettrace.record import RecordError, read_record
-
-    pattern = glob.escape(str(template)).replace(glob.escape("{pid}"), "*").replace(
-        glob.escape("{rank}"), "*")
-    records = []
-    for f in sorted(glob.glob(pattern)):
-        if job_path is not None and Path(f) == job_path:
-            continue
-        try:
-            rec = read_record(f)
-        except RecordError:
-            continue  # not a record of this run (or one being replaced: read next time)
-        if rec.run_id == run_id:
-            records.append(rec)
-    return records
-
-
-def _gather_members(template: Path, job_path: Path | None, run_id: str
-                    ) -> tuple[list[Any], dict[str, Any]]:
-    """The records of this run's processes, once every member is complete, or ended, or
-    :func:`_job_wait` seconds passed; and what the job misses: ``incomplete`` (members
-    merged as of their last snapshot: killed, or still running) and ``missing`` (ranks
-    below a launcher's world size with no record)."""
-    import socket
-    import time
-
-    host = socket.gethostname()
-    wait = _job_wait()
-    deadline = time.monotonic() + wait
-    said = False
-    while True:
-        records = _read_members(template, job_path, run_id)
-        now = time.time()
-        running, missing = [], _missing_ranks(records)
-        for r in records:
-            if r.complete:
-                continue
-            alive = _process_state(r.pid) if r.host == host else None
-            if alive is None:  # another host: alive while its snapshots keep coming
-                fresh = 2 * (r.period_s or 0) + 1.0
-                alive = r.snapshot_at is not None and now - r.snapshot_at < fresh
-            if alive:
-                running.append(r)
-        if not (running or missing) or time.monotonic() >= deadline:
-            break
-        if not said:
-            from resettrace.record import identity_of
-
-            who = [identity_of(r) for r in running] + [f"rank {m}" for m in missing]
-            print(f"resettrace run: waiting up to {wait:g} s for {len(who)} member"
-                  f"{'' if len(who) == 1 else 's'} still running or not yet written: "
-                  + ", ".join(who[:8]) + (", ..." if len(who) > 8 else ""), file=sys.stderr)
-            said = True
-        time.sleep(0.2)
-    ended = time.time()
-    records.sort(key=lambda r: (r.rank if r.rank is not None else -1, r.pid or 0))
-    incomplete = []
-    from resettrace.record import identity_of
-
-    for r in records:
-        if r.complete:
-            continue
-        still = r in running
-        incomplete.append({
-            "identity": identity_of(r), "pid": r.pid, "host": r.host, "source": r.source,
-            "state": "running" if still else "ended without its exit record",
-            "snapshot_age_s": None if r.snapshot_at is None else max(0.0,
-                                                                     ended - r.snapshot_at),
-            "period_s": r.period_s})
-    return records, {"incomplete": incomplete, "missing": missing, "waited_s": wait}
-
-
-def _missing_ranks(records: list[Any]) -> list[int]:
-    """Ranks below a launcher's world size (torchrun, SLURM, ...) that no record has."""
-    worlds = {r.world_size for r in records if r.world_size}
-    if len(worlds) != 1:
-        return []
-    have = {r.rank for r in records if r.world_size and r.rank is not None}
-    return [k for k in range(worlds.pop()) if k not in have]
-
-
-def _members_line(notes: dict[str, Any]) -> str:
-    """One line on what the job misses (nothing when every member is complete)."""
-    parts = []
-    for m in notes["incomplete"]:
-        age = m["snapshot_age_s"]
-        period = m["period_s"]
-        if m["state"] == "running":
-            what = (f"still running after {notes['waited_s']:g} s: merged as of its last "
-                    f"snapshot ({age:.1f} s old)")
-        else:
-            what = ("ended without writing its record (killed?): merged as of its last "
-                    f"snapshot, taken at most {age:.1f} s before the job ended; it may miss "
-                    f"up to {period:g} s of work" if age is not None and period else
-                    "ended without writing its record: merged as of its last snapshot")
-        parts.append(f"{m['identity']} (pid {m['pid']}) {what}")
-    parts += [f"rank {k}: no record" for k in notes["missing"]]
-    if not parts:
-        return ""
-    return f"{len(parts)} member{'' if len(parts) == 1 else 's'} incomplete: " + "; ".join(parts)
-
-
-def _untraced(records: list[Any]) -> list[str]:
-    """The instrument targets no process of the job imported (each process lists its own
-    in its record)."""
-    lists = [r.extra.get("untraced") for r in records if isinstance(r.extra.get("untraced"), list)]
-    if not lists:
-        return []
-    common = set(lists[0])
-    for x in lists[1:]:
-        common &= set(x)
-    return sorted(str(x) for x in common)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -68,7 +68,7 @@ variable                           meaning                                  rang
 ``RESETTRACE_RECORD_PERIOD``       seconds between snapshots of a process's 0 - 86400
                                    run record (5; 0: only at exit)
 ``RESETTRACE_JOB_WAIT``            seconds ``resettrace run`` waits for     0 - 86400
-                                   members still running (30)
+                                   members still running (10)
 ``RESETTRACE_WORKER_RANK``         this worker's rank (else ``RANK``, else  0 - 2**31-1
                                    ``SLURM_PROCID``, 0)
 ``OTEL_EXPORTER_OTLP_TIMEOUT``     seconds one OTLP export may take (2;     0.001 - 3600
@@ -256,11 +256,30 @@ NUMBERS: dict[str, Number] = {
 }
 
 
-#: the numeric settings of run records and jobs (not :class:`Config` fields)
+#: the numeric settings of run records and jobs (not :class:`Config` fields), and their
+#: defaults (:func:`run_number`)
 NUMBERS_OF_RUNS: dict[str, Number] = {
     "record_period_s": Number((ENV_RECORD_PERIOD,), float, 0.0, 86_400.0),
     "job_wait_s": Number((ENV_JOB_WAIT,), float, 0.0, 86_400.0),
 }
+RUN_DEFAULTS: dict[str, float] = {"record_period_s": 5.0, "job_wait_s": 10.0}
+
+
+def run_number(name: str, environ: Mapping[str, str] | None = None) -> float:
+    """The setting ``name`` of :data:`NUMBERS_OF_RUNS` from the environment: its default
+    when unset; a bad value is said once (naming the variable and the default used) and
+    the default used."""
+    env = os.environ if environ is None else environ
+    number, default = NUMBERS_OF_RUNS[name], RUN_DEFAULTS[name]
+    var = number.env[0]
+    raw = env.get(var, "").strip()
+    if not raw:
+        return default
+    value, problem = number.parse(raw)
+    if problem is not None:
+        _warn(env, "%s=%s %s; using the default %g", var, _shown(raw), problem, default)
+        return default
+    return float(value)
 
 
 @dataclass(frozen=True, kw_only=True)

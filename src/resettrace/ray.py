@@ -60,7 +60,11 @@ def runtime_env(runtime_env: Mapping[str, Any] | None = None, *,
 
     env = os.environ if environ is None else environ
     out = dict(runtime_env or {})
-    env_vars = {str(k): str(v) for k, v in dict(out.get("env_vars") or {}).items()}
+    given = out.get("env_vars") or {}
+    if not isinstance(given, Mapping):
+        raise TypeError(f"runtime_env['env_vars'] must map variable names to values, not "
+                        f"{type(given).__name__}")
+    env_vars = {str(k): str(v) for k, v in given.items()}
     for name, value in env.items():
         if _copied(name):
             env_vars.setdefault(name, value)

@@ -106,9 +106,9 @@ class RunRecord:
     pid: int | None = None
     parent_pid: int | None = None
     rank: int | None = None
-    #: who this process is in its job, from what launched it (``rank 3``, ``torchrun rank
-    #: 3``, ``slurm task 3``, ``ray actor 5f0c...``, ``rllib worker 2``, ...): two members of
-    #: one job never share it (:func:`identity_of`)
+    #: who this process is in its job, from what launched it (``rank 3``, ``ray actor
+    #: 5f0c...``, ``rllib worker 2``, ``ray actor 5f0c..., rank 1``: :mod:`resettrace.
+    #: launcher`): two members of one job never share it unawares (:func:`duplicates`)
     identity: str | None = None
     #: what launched it (``resettrace``, ``torchrun``, ``slurm``, ``ray``, ``rllib``,
     #: ``multiprocessing``; None: a main process nothing named)
@@ -915,8 +915,6 @@ _EXIT: dict[str, Any] = {"pid": None, "written": None}
 #: the snapshots of this process's record: the pid whose thread runs, the period (s), the
 #: thread's stop event; ``lock`` orders a snapshot before the record written at exit
 _SNAP: dict[str, Any] = {"pid": None, "period": 0.0, "stop": None, "lock": None}
-#: seconds between snapshots by default
-DEFAULT_RECORD_PERIOD = 5.0
 #: the first snapshot of a process comes this soon after its first recording (s), so that
 #: its job knows of it early (at most the period)
 _FIRST_SNAPSHOT = 0.5
@@ -924,20 +922,10 @@ _FIRST_SNAPSHOT = 0.5
 
 def record_period(environ: Mapping[str, str] | None = None) -> float:
     """Seconds between the snapshots of a process's record (``RESETTRACE_RECORD_PERIOD``,
-    default :data:`DEFAULT_RECORD_PERIOD`; 0: only at exit). A bad value is said once and
-    the default used."""
-    from resettrace.config import ENV_RECORD_PERIOD, NUMBERS_OF_RUNS, say_once
+    default 5; 0: only at exit; :func:`resettrace.config.run_number`)."""
+    from resettrace.config import run_number
 
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_RECORD_PERIOD, "").strip()
-    if not raw:
-        return DEFAULT_RECORD_PERIOD
-    value, problem = NUMBERS_OF_RUNS["record_period_s"].parse(raw)
-    if problem is not None:
-        say_once(f"resettrace: {ENV_RECORD_PERIOD}={raw[:40]!r} {problem}; using "
-                 f"{DEFAULT_RECORD_PERIOD:g} s")
-        return DEFAULT_RECORD_PERIOD
-    return float(value)
+    return run_number("record_period_s", environ)
 
 
 def keep_record_current(session: Any) -> bool:
@@ -983,38 +971,31 @@ def _write_snapshot(session: Any) -> None:
             return  # the record of its exit is written (or being written): the last word
         template = os.environ.get(ENV_RUN_JSON, "").strip()
         proc = session.processor
-        if not template or session.closed or proc is None or not proc.totals():
-            return
-        if "{pid}" not in template and "{rank}" not in template and _job_worker():
+        if not template or session.closed or proc is None or not proc.totals() or \
+                _jobs_path_not_mine(template):
             return
         write_run(template, session, snapshot=True)
 
 
-_FORKING: list[Any] = []  # the snapshot lock a fork holds (none: no snapshot thread)
-
-
-def _before_fork() -> None:
-    """No snapshot is being written while the process forks: the write holds its folder's
-    ``flock``, and a child would keep a copy of that descriptor (and the lock) for its life,
-    so that the parent's next write would wait forever. A write takes a few milliseconds
-    (bounded here, should a disk stall)."""
-    lock = _SNAP["lock"] if _SNAP["pid"] == os.getpid() else None
-    if lock is not None and lock.acquire(timeout=5.0):
-        _FORKING.append(lock)
-
-
-def _after_fork_in_parent() -> None:
-    while _FORKING:
-        _FORKING.pop().release()
+def _snapshot_lock() -> Any:
+    """The lock a snapshot holds while it writes, when this process writes them: no fork
+    may come while it does (the write holds its folder's ``flock``, and a child would keep
+    a copy of it, and the lock, for its life: the parent's next write would wait forever)."""
+    return _SNAP["lock"] if _SNAP["pid"] == os.getpid() else None
 
 
 def _forget_snapshots() -> None:  # in a forked child: the parent's thread is not here
     _SNAP["pid"] = None
-    _FORKING.clear()  # (the child's copy of the lock is never used: it makes its own)
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                    after_in_child=_forget_snapshots)
+def _arm_fork_steps() -> None:
+    from resettrace.tracing import lifecycle
+
+    lifecycle.hold_across_fork(_snapshot_lock)
+    lifecycle.at_fork(_forget_snapshots)
+
+
+_arm_fork_steps()
 
 
 def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
@@ -1097,13 +1078,13 @@ def _write_exit_record() -> None:
 
     if _EXIT["written"] == os.getpid():
         return
-    lock = _SNAP["lock"] if _SNAP["pid"] == os.getpid() else None
+    lock = _snapshot_lock()
     if lock is not None:
-        if _SNAP["stop"] is not None:
-            _SNAP["stop"].set()
-        with lock:  # a snapshot being written finishes first: this record replaces it
-            _EXIT["written"] = os.getpid()
+        _SNAP["stop"].set()
+        lock.acquire()  # a snapshot being written finishes first: this record replaces it
     _EXIT["written"] = os.getpid()
+    if lock is not None:
+        lock.release()
     # held from the start: reading the statistics aggregates what is queued, and a
     # SystemExit raised meanwhile would leave the record unwritten
     with holding_signals(redeliver=True):
@@ -1115,7 +1096,7 @@ def _write_exit_record() -> None:
             if run_main_process():  # it says which targets it never imported (its workers
                 _write_untraced(template)  # may have): the job says what none imported
             return  # nothing recorded here: nothing to say
-        if "{pid}" not in template and "{rank}" not in template and _job_worker():
+        if _jobs_path_not_mine(template):
             return  # one path for the job: the first process writes it
         try:
             write_run(template, session)
@@ -1133,13 +1114,16 @@ def _write_untraced(template: str) -> None:
         return
     from resettrace.config import process_rank
     from resettrace.instrumentation.patching import untraced_targets
+    from resettrace.launcher import identity
 
     untraced = untraced_targets()
     if not untraced:
         return
     rank = process_rank(publish=False)
+    who = identity(rank)
     rec = RunRecord(command=list(sys.argv), host=socket.gethostname(), pid=os.getpid(),
-                    rank=rank, identity=f"rank {rank}", version=resettrace.__version__,
+                    rank=who.rank, identity=who.identity, launcher=who.launcher,
+                    world_size=who.world_size, version=resettrace.__version__,
                     run_id=os.environ.get(ENV_RUN_ID) or None,
                     extra={"untraced": untraced})
     try:
@@ -1155,6 +1139,12 @@ def run_main_process() -> bool:
 
     return ENV_RUN_SUMMARY in os.environ and not _job_worker() and bool(
         os.environ.get(ENV_RUN_JSON, "").strip())
+
+
+def _jobs_path_not_mine(template: str) -> bool:
+    """Whether ``template`` is the job's one path (no ``{pid}`` or ``{rank}``) and this
+    process not the job's first (the first process writes it)."""
+    return "{pid}" not in template and "{rank}" not in template and _job_worker()
 
 
 def _job_worker() -> bool:

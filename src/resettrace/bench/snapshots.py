@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from resettrace.config import Config
+from resettrace.config import RUN_DEFAULTS, Config
 from resettrace.tables import format_table
 
 __all__ = ["SnapshotConfig", "run_snapshots", "render_snapshots"]
@@ -131,7 +131,7 @@ def run_snapshots(cfg: SnapshotConfig, progress: Callable[[str], None] | None = 
         "snapshot_cpu_ms": {"p50": per * 1e3, "max": max(cpu) * 1e3 if cpu else None},
         "record_bytes": size,
         "cpu_share_at_period": per / cfg.period,
-        "cpu_share_at_default": per / record.DEFAULT_RECORD_PERIOD,
+        "cpu_share_at_default": per / RUN_DEFAULTS["record_period_s"],
     }
 
 

@@ -297,13 +297,15 @@ def untraced_targets() -> list[str]:
 
 
 def _warn_unpatched() -> None:
+    from resettrace.record import run_main_process
+
     if _run_worker():
         return  # a helper process of a ``resettrace run`` command: its main one speaks
     with _HOOK._lock:
         waiting = {m: sorted(t.name for t, _ in ts) for m, ts in _HOOK.pending.items()}
         failed = dict(_HOOK.failed_imports)
-    names = sorted(n for m, ts in waiting.items() if m not in failed for n in ts)
-    if names and _job_speaks():
+    names = untraced_targets()
+    if names and run_main_process():
         names = []  # its record lists them: the job says the ones no process imported
     if names and _started_workers():  # (a Stable-Baselines3 SubprocVecEnv's main process)
         log.info("resettrace: instrument target(s) never imported in this process, which "
@@ -317,15 +319,6 @@ def _warn_unpatched() -> None:
         if waiting.get(module):
             log.warning("resettrace: instrument target(s) never traced: importing their "
                         "module %r raised %s: %s", module, error, ", ".join(waiting[module]))
-
-
-def _job_speaks() -> bool:
-    """Whether this is the main process of a ``resettrace run``: its record lists its
-    never-imported targets, and the job says the ones no process imported (its workers
-    may have imported what it never did)."""
-    from resettrace.record import run_main_process
-
-    return run_main_process()
 
 
 def _started_workers() -> bool:

@@ -8,7 +8,9 @@ export) calls :func:`track` when it is made; the one ``os.register_at_fork`` hoo
 then calls each live part's ``_after_fork_in_child()`` in the forked child, in the order
 they were made (a session makes its aggregation engine, then its span export, then its
 metrics), after the process-wide steps given to :func:`at_fork` (the SIGTERM watcher's
-wake-up fd, first).
+wake-up fd, first). Before the fork, the same hook takes the locks given to
+:func:`hold_across_fork` (work on another thread that a fork must not cut in two), and
+lets them go after it in the parent.
 
 At exit, one ``atexit`` hook (and, in a ``multiprocessing`` worker, which leaves through
 ``os._exit`` where ``atexit`` never runs, one ``multiprocessing`` finalizer armed by
@@ -29,8 +31,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["ForkAware", "track", "at_fork", "EXIT_STAGES", "at_exit", "arm_worker_exit",
-           "uncut", "inside_uncut"]
+__all__ = ["ForkAware", "track", "at_fork", "hold_across_fork", "EXIT_STAGES", "at_exit",
+           "arm_worker_exit", "uncut", "inside_uncut"]
 
 log = logging.getLogger("resettrace")
 
@@ -81,9 +83,36 @@ def at_fork(step: Callable[[], None]) -> None:
     _steps.append(step)
 
 
+#: seconds a fork waits for each lock given to :func:`hold_across_fork` (work that stalls,
+#: a disk that hangs, does not stop the fork for longer)
+HOLD_ACROSS_FORK_S = 5.0
+_held: list[Callable[[], Any]] = []
+_holding: list[Any] = []
+
+
+def hold_across_fork(lock_of: Callable[[], Any]) -> None:
+    """A lock no fork may cut into: ``lock_of()`` (the lock now, or None) is taken before
+    the process forks (waiting at most :data:`HOLD_ACROSS_FORK_S`) and let go after it in
+    the parent; the child's copy stays taken (its owner makes itself a new one)."""
+    _held.append(lock_of)
+
+
+def _before_fork() -> None:
+    for lock_of in list(_held):
+        lock = lock_of()
+        if lock is not None and lock.acquire(timeout=HOLD_ACROSS_FORK_S):
+            _holding.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    while _holding:
+        _holding.pop().release()
+
+
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # another thread may have held it at the fork
+    _holding.clear()
     for step in list(_steps):
         step()
     alive = []
@@ -95,7 +124,8 @@ def _after_fork_in_child() -> None:
     _parts[:] = alive
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
 
 
 #: the exit stages in the order they run, and whether a ``multiprocessing`` worker runs
