@@ -952,12 +952,18 @@ def keep_record_current(session: Any) -> bool:
     return True
 
 
-def _snapshots(session: Any, period: float, stop: Any) -> None:
+def _snapshots(session: Any, period: float, stop: Any, cpu: list[float] | None = None
+               ) -> None:
+    """The snapshot thread: a snapshot every ``period`` s until ``stop`` is set (``cpu``:
+    the thread CPU time of each is appended to it: ``bench snapshots``)."""
     wait = min(_FIRST_SNAPSHOT, period)
     while not stop.wait(wait):
         wait = period
         try:
+            t0 = time.thread_time()
             _write_snapshot(session)
+            if cpu is not None:
+                cpu.append(time.thread_time() - t0)
         except Exception as e:  # noqa: BLE001 - a snapshot never ends the process
             from resettrace.config import say_once
 

@@ -76,15 +76,10 @@ def run_snapshots(cfg: SnapshotConfig, progress: Callable[[str], None] | None = 
         os.environ[ENV_RUN_JSON] = str(path)
         record._SNAP.update(pid=os.getpid(), lock=threading.Lock())
 
-        def writer(stop: threading.Event) -> None:  # the snapshot thread, its CPU measured
-            while not stop.wait(cfg.period):
-                t0 = time.thread_time()
-                record._write_snapshot(session)
-                cpu.append(time.thread_time() - t0)
-
         def block(mode: str) -> float:
             stop = threading.Event()
-            thread = threading.Thread(target=writer, args=(stop,), daemon=True)
+            thread = threading.Thread(  # the process's snapshot thread, its CPU measured
+                target=record._snapshots, args=(session, cfg.period, stop, cpu), daemon=True)
             if mode == "on":
                 thread.start()
             step: list[float] = []
@@ -121,17 +116,18 @@ def run_snapshots(cfg: SnapshotConfig, progress: Callable[[str], None] | None = 
                 os.environ[ENV_RUN_JSON] = saved
             env.close()
             session.shutdown()
-    per = statistics.median(cpu) if cpu else float("nan")
+    per = statistics.median(cpu) if cpu else None  # (none: no snapshot fell in a block)
     return {
         "config": asdict(cfg) | {"k": k},
         "step_p50_ms": {m: statistics.median(times[m]) * 1e3 for m in MODES},
         "ratios": {f"{m}_vs_off": statistics.median(v) for m, v in ratios.items()},
         "rounds": {f"{m}_vs_off": v for m, v in ratios.items()},
         "snapshots": len(cpu),
-        "snapshot_cpu_ms": {"p50": per * 1e3, "max": max(cpu) * 1e3 if cpu else None},
+        "snapshot_cpu_ms": {"p50": None if per is None else per * 1e3,
+                            "max": max(cpu) * 1e3 if cpu else None},
         "record_bytes": size,
-        "cpu_share_at_period": per / cfg.period,
-        "cpu_share_at_default": per / RUN_DEFAULTS["record_period_s"],
+        "cpu_share_at_period": None if per is None else per / cfg.period,
+        "cpu_share_at_default": None if per is None else per / RUN_DEFAULTS["record_period_s"],
     }
 
 
@@ -148,6 +144,10 @@ def render_snapshots(result: dict[str, Any]) -> str:
     snap = result["snapshot_cpu_ms"]
     lines.append(f"step time, median of the rounds' ratios: on/off {r['on_vs_off']:.3f} "
                  f"(A/A off_aa/off {r['off_aa_vs_off']:.3f})")
+    if not result["snapshots"]:
+        lines.append(f"no snapshot fell in the 'on' blocks (each shorter than --period "
+                     f"{cfg['period']:g} s): give more --steps")
+        return "\n".join(lines)
     lines.append(f"{result['snapshots']} snapshots of {result['record_bytes']:,} bytes: "
                  f"{snap['p50']:.2f} ms of CPU each (p50; max {snap['max'] or 0:.2f}): "
                  f"{100 * result['cpu_share_at_period']:.3f}% of a core at every "
