@@ -25,7 +25,7 @@
 #include <time.h>
 
 static PyObject *str_value, *str_stack, *str_records, *str_owner, *str_scopes, *str_index,
-    *str_enter_slow, *str_exit_slow, *str_name;
+    *str_name;
 static PyObject *zero;            /* the int 0 */
 static PyObject *no_count;        /* the int -1: no count given */
 static PyObject *clock_fn;        /* a replacement clock (tests), or NULL */
@@ -81,6 +81,132 @@ now_after(long long *t)
     }
     PyErr_Restore(type, value, tb);
 }
+
+/* ---------------------------------------------------------------- RecorderBase */
+/* The state of a recorder that the hot path reads: the base of recorder.Recorder (its
+ * Python subclass adds the routing and the rest). The C code reads these fields in place;
+ * Python code reads them as the members _stack, _records, _laps, _scopes, _named and
+ * _owner. What the C code hands to Python it was given by setup_recorder(). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *stack;      /* positions of the open records (a list of ints) */
+    PyObject *records;    /* the open trace's records (a list) */
+    PyObject *laps;       /* positions of the running laps, each also on the stack */
+    PyObject *scopes;     /* one Scope per phase index (a list) */
+    PyObject *named;      /* span name -> Scope (a dict) */
+    unsigned long owner;  /* the thread that records here */
+} RecorderBase;
+
+static PyTypeObject RecorderBaseType;
+/* what setup_recorder() gives: the Python implementations of every case */
+static PyObject *scope_general;   /* Recorder._scope_general(rec, phase, count, lap) */
+static PyObject *enter_general;   /* the Python Scope.__enter__ */
+static PyObject *exit_general;    /* the Python Scope.__exit__ */
+static PyObject *lap_general;     /* the Python Scope.lap */
+
+static int
+rb_traverse(RecorderBase *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->stack);
+    Py_VISIT(self->records);
+    Py_VISIT(self->laps);
+    Py_VISIT(self->scopes);
+    Py_VISIT(self->named);
+    return 0;
+}
+
+static int
+rb_clear(RecorderBase *self)
+{
+    Py_CLEAR(self->stack);
+    Py_CLEAR(self->records);
+    Py_CLEAR(self->laps);
+    Py_CLEAR(self->scopes);
+    Py_CLEAR(self->named);
+    return 0;
+}
+
+static void
+rb_dealloc(RecorderBase *self)
+{
+    PyObject_GC_UnTrack(self);
+    rb_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    RecorderBase *self = (RecorderBase *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->stack = PyList_New(0);
+    self->records = PyList_New(0);
+    self->laps = PyList_New(0);
+    self->scopes = PyList_New(0);
+    self->named = PyDict_New();
+    self->owner = PyThread_get_thread_ident();
+    if (!self->stack || !self->records || !self->laps || !self->scopes || !self->named) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int
+rb_set_list(PyObject **field, PyObject *v, const char *name)
+{
+    if (v == NULL || !PyList_CheckExact(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a list", name);
+        return -1;
+    }
+    Py_SETREF(*field, Py_NewRef(v));
+    return 0;
+}
+
+#define RB_LIST(field, name) \
+    static PyObject *rb_get_##field(RecorderBase *self, void *c) { return Py_NewRef(self->field); } \
+    static int rb_set_##field(RecorderBase *self, PyObject *v, void *c) \
+    { return rb_set_list(&self->field, v, name); }
+RB_LIST(stack, "_stack")
+RB_LIST(records, "_records")
+RB_LIST(laps, "_laps")
+RB_LIST(scopes, "_scopes")
+#undef RB_LIST
+
+static PyObject *
+rb_get_named(RecorderBase *self, void *c)
+{
+    return Py_NewRef(self->named);
+}
+
+static PyObject *
+rb_get_owner(RecorderBase *self, void *c)
+{
+    return PyLong_FromUnsignedLong(self->owner);
+}
+
+static int
+rb_set_owner(RecorderBase *self, PyObject *v, void *c)
+{
+    unsigned long o = v == NULL ? (unsigned long)-1 : PyLong_AsUnsignedLong(v);
+    if (o == (unsigned long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    self->owner = o;
+    return 0;
+}
+
+static PyGetSetDef rb_getset[] = {
+    {"_stack", (getter)rb_get_stack, (setter)rb_set_stack, NULL, NULL},
+    {"_records", (getter)rb_get_records, (setter)rb_set_records, NULL, NULL},
+    {"_laps", (getter)rb_get_laps, (setter)rb_set_laps, NULL, NULL},
+    {"_scopes", (getter)rb_get_scopes, (setter)rb_set_scopes, NULL, NULL},
+    {"_named", (getter)rb_get_named, NULL, NULL, NULL},
+    {"_owner", (getter)rb_get_owner, (setter)rb_set_owner, NULL, NULL},
+    {NULL},
+};
 
 /* ---------------------------------------------------------------- ScopeBase */
 typedef struct {
@@ -290,39 +416,90 @@ push_record(PyObject *stack, PyObject *records, Py_ssize_t index, PyObject *coun
     return r;
 }
 
+/* The pending slow path: the Python implementation given by setup_recorder(). */
+static PyObject *
+call_general(PyObject *fn, PyObject *const *args, size_t n)
+{
+    if (fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "resettrace._fast: setup_recorder() not called");
+        return NULL;
+    }
+    return PyObject_Vectorcall(fn, args, n, NULL);
+}
+
+/* The int a list item holds as a record position, or -2. */
+static inline Py_ssize_t
+record_phase(PyObject *records, Py_ssize_t pos)
+{
+    if (pos < 0 || pos >= PyList_GET_SIZE(records)) {
+        return -2;
+    }
+    PyObject *r = PyList_GET_ITEM(records, pos);
+    if (!PyList_CheckExact(r) || PyList_GET_SIZE(r) != 6) {
+        return -2;
+    }
+    return int_at(r, 0);
+}
+
 static PyObject *
 scope_enter(ScopeBase *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *stack = self->stack, *records = self->records;
-    if (stack == NULL || records == NULL || !PyList_CheckExact(stack)
-            || !PyList_CheckExact(records) || PyList_GET_SIZE(stack) == 0
-            || self->first >= 0 || PyList_GET_SIZE(records) >= max_records()
+    PyObject *stack = self->stack, *records = self->records, *laps = self->laps;
+    if (stack == NULL || records == NULL || laps == NULL || !PyList_CheckExact(stack)
+            || !PyList_CheckExact(records) || !PyList_CheckExact(laps)
+            || PyList_GET_SIZE(stack) == 0
+            || PyList_GET_SIZE(records) >= max_records()
             || (self->stash != NULL && self->stash != Py_None)) {
-        /* a trace opens, a first lap, an overflow, an earlier scope() call waiting for
-         * its own enter (a signal handler's scope landed in between): the Python method */
-        return PyObject_CallMethodNoArgs((PyObject *)self, str_enter_slow);
+        /* a trace opens, an overflow, an earlier scope() call waiting for its own enter
+         * (a signal handler's scope landed in between): the Python method */
+        PyObject *a[] = {(PyObject *)self};
+        return call_general(enter_general, a, 1);
     }
     self->armed = 0;  /* its count is taken */
     PyObject *r = push_record(stack, records, self->index, self->count);
     if (r == NULL) {
         return NULL;
     }
+    PyObject *lap = NULL;
+    if (self->first >= 0) {  /* it opens with its first lap, on the same clock read */
+        lap = push_record(stack, records, self->first, no_count);
+        PyObject *at = lap ? PyLong_FromSsize_t(PyList_GET_SIZE(records) - 1) : NULL;
+        if (at == NULL || PyList_Append(laps, at) < 0) {
+            Py_XDECREF(at);
+            Py_XDECREF(lap);
+            Py_DECREF(r);
+            return NULL;
+        }
+        Py_DECREF(at);
+    }
     long long t;
-    if (now_ns(&t) < 0 || set_int(r, 2, t) < 0) {  /* R_START, last: bookkeeping is not timed */
+    if (now_ns(&t) < 0 || set_int(r, 2, t) < 0 || (lap && set_int(lap, 2, t) < 0)) {
+        Py_XDECREF(lap);
         Py_DECREF(r);
         return NULL;
     }
+    Py_XDECREF(lap);
     Py_DECREF(r);
     Py_INCREF(self);
     return (PyObject *)self;
+}
+
+/* The code of exception type `type` (a new reference), or NULL with an error. */
+static PyObject *
+code_of(PyObject *type)
+{
+    PyObject *name = PyObject_GetAttr(type, str_name);
+    PyObject *code = name == NULL ? NULL : PyObject_CallOneArg(error_code_fn, name);
+    Py_XDECREF(name);
+    return code;
 }
 
 static PyObject *
 scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *stack = self->stack, *records = self->records, *laps = self->laps;
-    Py_ssize_t n, pos;
-    PyObject *r;
+    Py_ssize_t n, pos, lap = -1, nl;
+    PyObject *r, *lr = NULL;
     if (nargs != 3) {
         PyErr_Format(PyExc_TypeError,
                      "__exit__() takes 3 arguments (exc_type, exc, tb), %zd given", nargs);
@@ -334,58 +511,191 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
         goto slow;  /* not entered, or the trace closes */
     }
     pos = int_at(stack, n - 1);
-    if (pos < 0 || pos >= PyList_GET_SIZE(records)) {
-        goto slow;
+    nl = PyList_GET_SIZE(laps);
+    if (nl > 0 && int_at(laps, nl - 1) == pos) {  /* its running lap ends with it */
+        lap = pos;
+        if (n < 3 || record_phase(records, lap) < 0) {
+            goto slow;
+        }
+        lr = PyList_GET_ITEM(records, lap);
+        pos = int_at(stack, n - 2);
     }
-    Py_ssize_t nl = PyList_GET_SIZE(laps);
-    if (nl > 0 && int_at(laps, nl - 1) == pos) {
-        goto slow;  /* its running lap ends with it */
-    }
-    r = PyList_GET_ITEM(records, pos);
-    if (!PyList_CheckExact(r) || PyList_GET_SIZE(r) != 6 || int_at(r, 0) != self->index) {
+    if (record_phase(records, pos) != self->index) {
         goto slow;  /* not on top: inner scopes left open, or not open at all */
     }
+    r = PyList_GET_ITEM(records, pos);
     long long t;  /* read once the case is known: the Python method reads its own */
     if (now_ns(&t) < 0) {
         return NULL;
     }
     PyObject *code = NULL;
-    if (args[0] != Py_None) {  /* an exception leaves it: its type's code */
-        PyObject *name = PyObject_GetAttr(args[0], str_name);
-        code = name == NULL ? NULL : PyObject_CallOneArg(error_code_fn, name);
-        Py_XDECREF(name);
-        if (code == NULL) {
-            return NULL;
-        }
+    if (args[0] != Py_None && (code = code_of(args[0])) == NULL) {
+        return NULL;
     }
     /* the clock and the error code may run Python code (a signal handler that records):
      * it is still on top, or the Python method takes the case as it is now */
-    if (PyList_GET_SIZE(stack) != n || int_at(stack, n - 1) != pos
-            || pos >= PyList_GET_SIZE(records) || PyList_GET_ITEM(records, pos) != r) {
+    if (PyList_GET_SIZE(stack) != n || int_at(stack, n - 1) != (lap >= 0 ? lap : pos)
+            || pos >= PyList_GET_SIZE(records) || PyList_GET_ITEM(records, pos) != r
+            || (lap >= 0 && (lap >= PyList_GET_SIZE(records)
+                             || PyList_GET_ITEM(records, lap) != lr
+                             || PyList_GET_SIZE(laps) != nl))) {
         Py_XDECREF(code);
         goto slow;
     }
     Py_INCREF(r);
-    if (set_int(r, 3, t) < 0) {  /* R_END */
+    Py_XINCREF(lr);
+    if (set_int(r, 3, t) < 0 || (lr && set_int(lr, 3, t) < 0)) {  /* R_END */
         Py_XDECREF(code);
         Py_DECREF(r);
+        Py_XDECREF(lr);
         return NULL;
     }
-    if (code != NULL) {
-        set_item(r, 5, code);  /* R_ERROR */
+    if (code != NULL) {  /* R_ERROR */
+        if (lr) {
+            set_item(lr, 5, Py_NewRef(code));
+        }
+        set_item(r, 5, code);
     }
     Py_DECREF(r);
-    list_drop(stack, 1);
+    Py_XDECREF(lr);
+    list_drop(stack, lap >= 0 ? 2 : 1);
+    if (lap >= 0) {
+        list_drop(laps, 1);
+    }
     self->pos = pos;
     Py_RETURN_NONE;
-slow:
-    return PyObject_CallMethodObjArgs((PyObject *)self, str_exit_slow, args[0], args[1],
-                                      args[2], NULL);
+slow:;
+    PyObject *a[] = {(PyObject *)self, args[0], args[1], args[2]};
+    return call_general(exit_general, a, 4);
+}
+
+/* The scope object of `phase` (a Phase or a span name) on rec, borrowed, or NULL with no
+ * error: the Python method resolves it (an unknown name, a phase registered later). */
+static PyObject *
+scope_for(RecorderBase *rec, PyObject *phase)
+{
+    PyObject *s;
+    if (PyUnicode_CheckExact(phase)) {
+        s = PyDict_GetItemWithError(rec->named, phase);
+        if (s == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+    }
+    else {
+        PyObject *i = PyObject_GetAttr(phase, str_index);
+        if (i == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+        Py_ssize_t k = PyLong_CheckExact(i) ? PyLong_AsSsize_t(i) : -1;
+        Py_DECREF(i);
+        if (k == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+        }
+        if (k < 0 || k >= PyList_GET_SIZE(rec->scopes)) {
+            return NULL;
+        }
+        s = PyList_GET_ITEM(rec->scopes, k);
+    }
+    return PyObject_TypeCheck(s, &ScopeBaseType) ? s : NULL;
+}
+
+/* A count a record holds as given: an int in [-1, 2**63). */
+static inline int
+plain_count(PyObject *c)
+{
+    if (!PyLong_CheckExact(c)) {
+        return 0;
+    }
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(c, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return overflow == 0 && x >= -1;
+}
+
+static PyObject *
+scope_lap(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *stack = self->stack, *records = self->records, *laps = self->laps;
+    PyObject *rec = self->rec;
+    Py_ssize_t index = -1, n, nl, pos, owner;
+    int running;
+    if (nargs < 1 || nargs > 2 || (nargs == 2 && !plain_count(args[1]))
+            || rec == NULL || !PyObject_TypeCheck(rec, &RecorderBaseType)
+            || stack == NULL || records == NULL || laps == NULL
+            || !PyList_CheckExact(stack) || !PyList_CheckExact(records)
+            || !PyList_CheckExact(laps)) {
+        goto slow;
+    }
+    if (args[0] != Py_None) {
+        PyObject *s = scope_for((RecorderBase *)rec, args[0]);
+        if (s == NULL) {
+            goto slow;
+        }
+        index = ((ScopeBase *)s)->index;
+    }
+    if ((n = PyList_GET_SIZE(stack)) == 0) {
+        goto slow;
+    }
+    pos = int_at(stack, n - 1);
+    nl = PyList_GET_SIZE(laps);
+    running = nl > 0 && int_at(laps, nl - 1) == pos;
+    if (pos < 0 || pos >= PyList_GET_SIZE(records)) {
+        goto slow;
+    }
+    owner = running ? int_at(PyList_GET_ITEM(records, pos), 1) : pos;
+    if (record_phase(records, owner) != self->index
+            || (index >= 0 && PyList_GET_SIZE(records) >= max_records())) {
+        goto slow;  /* not the innermost (said once), or an overflow */
+    }
+    long long t;
+    if (now_ns(&t) < 0) {
+        return NULL;
+    }
+    if (PyList_GET_SIZE(stack) != n || PyList_GET_SIZE(laps) != nl) {
+        goto slow;  /* a replaced clock ran Python code that recorded */
+    }
+    if (running) {
+        if (set_int(PyList_GET_ITEM(records, pos), 3, t) < 0) {
+            return NULL;
+        }
+        list_drop(stack, 1);
+        list_drop(laps, 1);
+    }
+    if (index >= 0) {
+        PyObject *o = PyLong_FromSsize_t(owner);
+        PyObject *r = o ? new_record(index, o, nargs == 2 ? args[1] : no_count) : NULL;
+        Py_XDECREF(o);
+        PyObject *at = r ? PyLong_FromSsize_t(PyList_GET_SIZE(records)) : NULL;
+        if (at == NULL || set_int(r, 2, t) < 0 || PyList_Append(records, r) < 0
+                || PyList_Append(stack, at) < 0 || PyList_Append(laps, at) < 0) {
+            Py_XDECREF(r);
+            Py_XDECREF(at);
+            return NULL;
+        }
+        Py_DECREF(r);
+        Py_DECREF(at);
+    }
+    Py_RETURN_NONE;
+slow:;
+    PyObject *a[] = {(PyObject *)self, args[0], nargs == 2 ? args[1] : no_count};
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "lap() takes a phase and an optional count, %zd "
+                     "arguments given", nargs);
+        return NULL;
+    }
+    return call_general(lap_general, a, 3);
 }
 
 static PyMethodDef scope_methods[] = {
     {"__enter__", (PyCFunction)scope_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))scope_exit, METH_FASTCALL, NULL},
+    {"lap", (PyCFunction)(void (*)(void))scope_lap, METH_FASTCALL,
+     "lap(phase, count=-1): see recorder.Scope.lap."},
     {NULL},
 };
 
@@ -418,6 +728,81 @@ static PyTypeObject ScopeBaseType = {
     .tp_members = scope_members,
 };
 
+/* RecorderBase.scope(phase, count=-1, lap=None): the common case of recorder.Recorder's
+ * scope() (a scope inside this thread's open trace, a plain int count): the phase's scope
+ * object, armed with the count and first lap for its __enter__. Every other case: the
+ * Python method given by setup_recorder(), before anything changed. */
+static PyObject *
+rb_scope(RecorderBase *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), first = -1;
+    PyObject *count = no_count, *s;
+    if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames)) || nargs < 1 || nargs > 3
+            || PyList_GET_SIZE(self->stack) == 0
+            || self->owner != PyThread_get_thread_ident()) {
+        goto general;
+    }
+    if (nargs >= 2) {
+        count = args[1];
+        if (!plain_count(count)) {
+            goto general;  /* count_of reads it */
+        }
+    }
+    if (nargs == 3 && args[2] != Py_None) {
+        PyObject *f = scope_for(self, args[2]);
+        if (f == NULL) {
+            goto general;
+        }
+        first = ((ScopeBase *)f)->index;
+    }
+    s = scope_for(self, args[0]);
+    if (s == NULL || ((ScopeBase *)s)->armed) {
+        goto general;  /* an earlier call's, not entered yet: kept for its __enter__ */
+    }
+    ScopeBase *sb = (ScopeBase *)s;
+    Py_SETREF(sb->count, Py_NewRef(count));
+    sb->first = first;
+    sb->armed = 1;
+    return Py_NewRef(s);
+general:
+    if (scope_general == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "resettrace._fast: setup_recorder() not called");
+        return NULL;
+    }
+    /* (self, *args): the vectorcall's spare slot before args holds self */
+    PyObject *small[4];
+    PyObject **a = small;
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    if (total + 1 > 4) {
+        return PyErr_Format(PyExc_TypeError, "scope() takes at most 3 arguments");
+    }
+    a[0] = (PyObject *)self;
+    for (Py_ssize_t i = 0; i < total; i++) {
+        a[i + 1] = args[i];
+    }
+    return PyObject_Vectorcall(scope_general, a, nargs + 1, kwnames);
+}
+
+static PyMethodDef rb_methods[] = {
+    {"scope", (PyCFunction)(void (*)(void))rb_scope, METH_FASTCALL | METH_KEYWORDS,
+     "scope(phase, count=-1, lap=None): see recorder.Recorder.scope."},
+    {NULL},
+};
+
+static PyTypeObject RecorderBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "resettrace.tracing._fast.RecorderBase",
+    .tp_basicsize = sizeof(RecorderBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The state of a recorder that the hot path reads (see recorder.Recorder).",
+    .tp_traverse = (traverseproc)rb_traverse,
+    .tp_clear = (inquiry)rb_clear,
+    .tp_dealloc = (destructor)rb_dealloc,
+    .tp_new = rb_new,
+    .tp_methods = rb_methods,
+    .tp_getset = rb_getset,
+};
+
 /* A recorder's lists and owner: the slots of recorder.Recorder (offsets read from its
  * member descriptors by setup_api), read where the recorder holds them now, so code that
  * replaces a list is followed and nothing is kept alive. */
@@ -426,39 +811,22 @@ typedef struct {
     int mine;                             /* its owner is this thread */
 } Parts;
 
-static Py_ssize_t off_stack = -1, off_records = -1, off_scopes = -1, off_owner = -1;
 static PyObject *recorder_type;   /* recorder.Recorder (set by setup_api) */
 
-static inline PyObject *
-slot_of(PyObject *obj, Py_ssize_t offset)
-{
-    return *(PyObject **)((char *)obj + offset);
-}
-
-/* 0, or -1 (no error set) when rec does not have a recorder's lists. */
+/* 0, or -1 (no error set) when rec is not a recorder.Recorder (a subclass may route
+ * otherwise: Python takes it). */
 static int
 rec_parts(PyObject *rec, Parts *parts)
 {
-    if ((PyObject *)Py_TYPE(rec) != recorder_type || off_stack < 0 || off_records < 0
-            || off_scopes < 0 || off_owner < 0) {
+    if ((PyObject *)Py_TYPE(rec) != recorder_type
+            || !PyObject_TypeCheck(rec, &RecorderBaseType)) {
         return -1;
     }
-    PyObject *stack = slot_of(rec, off_stack), *records = slot_of(rec, off_records),
-        *scopes = slot_of(rec, off_scopes), *owner = slot_of(rec, off_owner);
-    if (stack == NULL || records == NULL || scopes == NULL || owner == NULL
-            || !PyList_CheckExact(stack) || !PyList_CheckExact(records)
-            || !PyList_CheckExact(scopes) || !PyLong_CheckExact(owner)) {
-        return -1;
-    }
-    unsigned long ident = PyLong_AsUnsignedLong(owner);
-    if (ident == (unsigned long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return -1;
-    }
-    parts->stack = Py_NewRef(stack);
-    parts->records = Py_NewRef(records);
-    parts->scopes = Py_NewRef(scopes);
-    parts->mine = ident == PyThread_get_thread_ident();
+    RecorderBase *rb = (RecorderBase *)rec;
+    parts->stack = Py_NewRef(rb->stack);
+    parts->records = Py_NewRef(rb->records);
+    parts->scopes = Py_NewRef(rb->scopes);
+    parts->mine = rb->owner == PyThread_get_thread_ident();
     return 0;
 }
 
@@ -720,7 +1088,6 @@ enum { KIND_CALL = 0, KIND_LEAF = 1, KIND_CHAIN = 2 };
 
 static PyObject *api_globals;     /* api.py's globals: _default, the default session */
 static PyObject *slot_obj;        /* the thread-local slot of the current recorder */
-static PyObject *recorder_type;   /* recorder.Recorder */
 static PyObject *env_count_key;   /* catalog.ATTR_ENV_COUNT */
 static PyObject *str_default, *str_processor, *str_local, *str_recorder, *str_closed,
     *str_attributes, *str_token, *str_exit, *str_close_trace, *str_adopt, *one_none,
@@ -1452,24 +1819,6 @@ static PyTypeObject TracedType = {
     .tp_vectorcall_offset = offsetof(Traced, vectorcall),
 };
 
-/* The offset of a slot `name` of type (an object member of its own), else -1 (the hot
- * path then leaves every call to the Python one). */
-static Py_ssize_t
-slot_offset(PyObject *type, PyObject *name)
-{
-    Py_ssize_t offset = -1;
-    PyObject *d = PyType_Check(type) ? PyDict_GetItemWithError(((PyTypeObject *)type)->tp_dict,
-                                                               name) : NULL;
-    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)
-            && ((PyMemberDescrObject *)d)->d_common.d_type == (PyTypeObject *)type) {
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) {
-            offset = m->offset;
-        }
-    }
-    return offset;
-}
-
 static PyObject *
 fast_setup_api(PyObject *module, PyObject *args)
 {
@@ -1481,13 +1830,6 @@ fast_setup_api(PyObject *module, PyObject *args)
     Py_XSETREF(slot_obj, Py_NewRef(slot));
     Py_XSETREF(recorder_type, Py_NewRef(rtype));
     Py_XSETREF(env_count_key, Py_NewRef(key));
-    off_stack = slot_offset(rtype, str_stack);
-    off_records = slot_offset(rtype, str_records);
-    off_scopes = slot_offset(rtype, str_scopes);
-    off_owner = slot_offset(rtype, str_owner);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
     Py_RETURN_NONE;
 }
 
@@ -1536,7 +1878,26 @@ fast_count(PyObject *module, PyObject *value)
     return c;
 }
 
+static PyObject *
+fast_setup_recorder(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"scope", "enter", "exit", "lap", NULL};
+    PyObject *sc, *en, *ex, *lp;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO", kwlist, &sc, &en, &ex, &lp)) {
+        return NULL;
+    }
+    Py_XSETREF(scope_general, Py_NewRef(sc));
+    Py_XSETREF(enter_general, Py_NewRef(en));
+    Py_XSETREF(exit_general, Py_NewRef(ex));
+    Py_XSETREF(lap_general, Py_NewRef(lp));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef fast_methods[] = {
+    {"setup_recorder", (PyCFunction)(void (*)(void))fast_setup_recorder,
+     METH_VARARGS | METH_KEYWORDS,
+     "setup_recorder(scope, enter, exit, lap): the Python implementations of every case "
+     "(Recorder.scope, Scope.__enter__, __exit__ and lap) the C methods hand over."},
     {"count", fast_count, METH_O,
      "The count a traced call reads from value in C (api.count_of's), or None: not known "
      "here (api.count_of takes it)."},
@@ -1565,8 +1926,6 @@ PyInit__fast(void)
     INTERN(str_owner, "_owner");
     INTERN(str_scopes, "_scopes");
     INTERN(str_index, "index");
-    INTERN(str_enter_slow, "_enter_slow");
-    INTERN(str_exit_slow, "_exit_slow");
     INTERN(str_name, "__name__");
     INTERN(str_max, "MAX_TRACE_RECORDS");
     INTERN(str_default, "_default");
@@ -1587,7 +1946,8 @@ PyInit__fast(void)
     no_count = PyLong_FromLong(-1);
     one_none = PyTuple_Pack(1, Py_None);
     if (zero == NULL || no_count == NULL || one_none == NULL
-            || PyType_Ready(&TracedType) < 0 || PyType_Ready(&ScopeBaseType) < 0 || PyType_Ready(&BridgingType) < 0) {
+            || PyType_Ready(&TracedType) < 0 || PyType_Ready(&ScopeBaseType) < 0
+            || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&BridgingType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&fast_module);
@@ -1595,6 +1955,7 @@ PyInit__fast(void)
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "ScopeBase", (PyObject *)&ScopeBaseType) < 0
+            || PyModule_AddObjectRef(m, "RecorderBase", (PyObject *)&RecorderBaseType) < 0
             || PyModule_AddObjectRef(m, "Bridging", (PyObject *)&BridgingType) < 0
             || PyModule_AddObjectRef(m, "Traced", (PyObject *)&TracedType) < 0) {
         Py_DECREF(m);

@@ -472,70 +472,6 @@ class _ScopeCore:
         return t
 
 
-def _compiled() -> Any:
-    """The compiled hot path (``resettrace.tracing._fast``), unless it is not built or
-    ``RESETTRACE_PURE_PYTHON=1``; both record the same."""
-    import os
-
-    if os.environ.get("RESETTRACE_PURE_PYTHON", "").strip() not in ("", "0"):
-        return None
-    try:
-        from resettrace.tracing import _fast  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    _fast.setup(error_code, globals())
-    return _fast
-
-
-_FAST = _compiled()
-#: whether scopes (and the MotrixLab bridge) enter and exit in C
-COMPILED = _FAST is not None
-
-
-if TYPE_CHECKING:
-    _ScopeBase = _ScopeCore
-else:
-    _ScopeBase = _FAST.ScopeBase if COMPILED else _ScopeCore
-
-
-class Scope(_ScopeBase):
-    """One phase's reusable scope object (what :meth:`Recorder.scope` returns).
-
-    Use it as a context manager; :meth:`timing` gives the closed timing dict of its
-    last run. The open records live on the recorder's stack, so the same scope may
-    be entered again inside itself. Call ``recorder.scope(...)`` for each use rather
-    than keeping the object: that call routes other threads and open traces. It holds
-    direct references to its recorder's lists: every attribute lookup saved here is
-    saved ~20 times per reset.
-    """
-
-    __slots__ = ()
-
-    # the Python implementation, for the cases the compiled one hands back
-    _enter_slow = _ScopeCore.__enter__
-    _exit_slow = _ScopeCore.__exit__
-    _unwind = _ScopeCore._unwind
-    _hold = _ScopeCore._hold
-    _restore = _ScopeCore._restore
-    _settle = _ScopeCore._settle
-
-    def __init__(self, rec: Recorder, index: int) -> None:
-        self._rec = rec
-        self._index = index
-        self._count = NO_COUNT
-        self._first = -1  # the phase index of its first lap (-1: none)
-        self._pos = -1
-        self._stack = rec._stack
-        self._records = rec._records
-        self._laps = rec._laps
-        self._layout = None
-        self._armed = False
-        self._stash = None
-
-    @property
-    def phase(self) -> Phase:
-        return self._rec.catalog[self._index]
-
     def lap(self, phase: Phase | str | None, count: int = NO_COUNT) -> None:
         """End this scope's running lap, if any, and start ``phase`` as its next, at one
         clock read: phases that follow one another under this scope, with no gap between
@@ -596,6 +532,69 @@ class Scope(_ScopeBase):
             for j in range(at + 1, len(records)):  # they ran during it, as its children
                 if records[j][1] == owner:
                     records[j][1] = at
+
+
+def _compiled() -> Any:
+    """The compiled hot path (``resettrace.tracing._fast``), unless it is not built or
+    ``RESETTRACE_PURE_PYTHON=1``; both record the same."""
+    import os
+
+    if os.environ.get("RESETTRACE_PURE_PYTHON", "").strip() not in ("", "0"):
+        return None
+    try:
+        from resettrace.tracing import _fast  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    _fast.setup(error_code, globals())
+    return _fast
+
+
+_FAST = _compiled()
+#: whether scopes (and the MotrixLab bridge) enter and exit in C
+COMPILED = _FAST is not None
+
+
+if TYPE_CHECKING:
+    _ScopeBase = _ScopeCore
+else:
+    _ScopeBase = _FAST.ScopeBase if COMPILED else _ScopeCore
+
+
+class Scope(_ScopeBase):
+    """One phase's reusable scope object (what :meth:`Recorder.scope` returns).
+
+    Use it as a context manager; :meth:`timing` gives the closed timing dict of its
+    last run. The open records live on the recorder's stack, so the same scope may
+    be entered again inside itself. Call ``recorder.scope(...)`` for each use rather
+    than keeping the object: that call routes other threads and open traces. It holds
+    direct references to its recorder's lists: every attribute lookup saved here is
+    saved ~20 times per reset.
+    """
+
+    __slots__ = ()
+
+    # the Python implementation of what the compiled one hands back (see setup_recorder)
+    _unwind = _ScopeCore._unwind
+    _hold = _ScopeCore._hold
+    _restore = _ScopeCore._restore
+    _settle = _ScopeCore._settle
+
+    def __init__(self, rec: Recorder, index: int) -> None:
+        self._rec = rec
+        self._index = index
+        self._count = NO_COUNT
+        self._first = -1  # the phase index of its first lap (-1: none)
+        self._pos = -1
+        self._stack = rec._stack
+        self._records = rec._records
+        self._laps = rec._laps
+        self._layout = None
+        self._armed = False
+        self._stash = None
+
+    @property
+    def phase(self) -> Phase:
+        return self._rec.catalog[self._index]
 
     @property
     def count(self) -> int | None:
@@ -664,7 +663,38 @@ class Scope(_ScopeBase):
         return out
 
 
-class Recorder:
+class _State:
+    """The state of a recorder that the hot path reads, in Python: what the compiled
+    ``RecorderBase`` holds in C when it runs (:data:`COMPILED`)."""
+
+    __slots__ = ("_stack", "_records", "_laps", "_scopes", "_named", "_owner")
+
+    _stack: list[int]
+    _records: list[Record]
+    #: positions of the running laps (:meth:`Scope.lap`), each also on the stack
+    _laps: list[int]
+    _scopes: list[Scope]
+    _named: dict[str, Scope]
+    _owner: int
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        self = super().__new__(cls)
+        self._stack = []
+        self._records = []
+        self._laps = []
+        self._scopes = []
+        self._named = {}
+        self._owner = _get_ident()
+        return self
+
+
+if TYPE_CHECKING:
+    _RecorderBase = _State
+else:
+    _RecorderBase = _FAST.RecorderBase if COMPILED else _State
+
+
+class Recorder(_RecorderBase):
     """Records nested phase scopes for one env (and its backend) on one thread.
 
     ``attributes`` are attached to every exported span of this recorder (backend
@@ -673,10 +703,8 @@ class Recorder:
     sinks and attributes, so each thread's traces stay whole.
     """
 
-    # the lists the hot path works on, and the owner thread: slots, so the compiled path
-    # reads the ones the recorder holds now (code may replace them) at a fixed place
-    __slots__ = ("_stack", "_records", "_laps", "_scopes", "_owner", "__dict__",
-                 "__weakref__")
+    # the lists the hot path works on and the owner thread are the base's
+    __slots__ = ("__dict__", "__weakref__")
 
     enabled = True
     _token: tuple[Any] | None = None
@@ -687,15 +715,8 @@ class Recorder:
         self._sinks = tuple(sinks)
         self.catalog = catalog
         self.attributes: dict[str, Any] = dict(attributes or {})
-        self._records: list[Record] = []
         self._last: list[Record] = []
-        self._stack: list[int] = []
-        #: positions of the running laps (:meth:`Scope.lap`), each also on the stack
-        self._laps: list[int] = []
-        self._scopes: list[Scope] = []
-        self._named: dict[str, Scope] = {}
         self._grow()
-        self._owner = _get_ident()
         self._threads: dict[int, Recorder] = {}
         #: wall-clock ns minus perf_counter ns, to place records in real time
         self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
@@ -705,8 +726,8 @@ class Recorder:
         scopes = self._scopes
         scopes.extend(Scope(self, i) for i in range(len(scopes), len(self.catalog)))
 
-    def scope(self, phase: Phase | str, count: int = NO_COUNT,
-              lap: Phase | str | None = None) -> Scope:
+    def _scope_general(self, phase: Phase | str, count: int = NO_COUNT,
+                       lap: Phase | str | None = None) -> Scope:
         """The scope of ``phase`` (a :class:`Phase` or a registered span name).
 
         ``count`` is the envs it resets (an attribute), read by :func:`count_of`: an int,
@@ -748,6 +769,11 @@ class Recorder:
         s._first = first
         s._armed = True
         return s
+
+    if TYPE_CHECKING or not COMPILED:
+        scope = _scope_general
+    # else: RecorderBase.scope, in C, takes the common case and hands the others to
+    # _scope_general (see setup_recorder below the class)
 
     def is_open(self, phase: Phase) -> bool:
         """Whether a scope of ``phase`` is open on this recorder (or on the trace this
@@ -1063,6 +1089,11 @@ class Recorder:
                           " own thread had a trace open; each thread's calls are recorded as "
                           "traces of their own")
         return rec
+
+
+if COMPILED:
+    _FAST.setup_recorder(scope=Recorder._scope_general, enter=_ScopeCore.__enter__,
+                         exit=_ScopeCore.__exit__, lap=_ScopeCore.lap)
 
 
 #: every recorder alive, for :func:`_discard_open_traces`
