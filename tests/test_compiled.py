@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -163,17 +164,30 @@ def _battery(pure: bool) -> dict[str, object]:
 
 
 def test_the_default_install_records_in_c() -> None:
-    """``make test`` builds the extension: scopes enter and exit in C, ``traced``
-    wrappers are shells around its fast paths, the MotrixLab bridge is its type."""
-    from resettrace.stacks import motrixlab
+    """``make test`` builds the extension: a recorder's state is its C base, scopes are
+    armed, entered and exited in C, ``traced`` wrappers are shells around its core."""
     from resettrace.tracing import _fast  # type: ignore[attr-defined]
 
     assert recorder_module.COMPILED
-    assert isinstance(recorder_module.Recorder().scope(C.ENV_STEP), _fast.ScopeBase)
+    rec = recorder_module.Recorder()
+    assert isinstance(rec, _fast.RecorderBase)
+    assert type(rec).scope is _fast.RecorderBase.scope  # no Python frame in the common case
+    assert isinstance(rec.scope(C.ENV_STEP), _fast.ScopeBase)
     wrapped = traced("dr_reset", count="env_ids")(lambda env_ids: None)
     cells = [c.cell_contents for c in wrapped.__closure__ or ()]
     assert any(isinstance(c, _fast.Traced) for c in cells)
-    assert isinstance(motrixlab._bridging(lambda name: None, None), _fast.Bridging)
+
+
+def test_the_compiled_part_holds_no_frameworks_code() -> None:
+    """A framework's instrumentation lives in ``stacks/`` on the public API: the C part
+    names no framework, and exports the recorder's core only."""
+    from resettrace.tracing import _fast  # type: ignore[attr-defined]
+
+    source = (ROOT / "src/resettrace/tracing/_fast.c").read_text().lower()
+    for name in ("motrix", "gymnasium", "mjlab", "stable_baselines", "ray"):
+        assert re.search(rf"\b{name}", source) is None, name
+    assert sorted(n for n in dir(_fast) if n[0].isupper()) == [
+        "RecorderBase", "ScopeBase", "Traced"]
 
 
 def test_compiled_and_pure_python_record_the_same_traces() -> None:

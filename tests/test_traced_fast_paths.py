@@ -1,6 +1,6 @@
-"""``traced`` takes the common cases in one frame (``api._fast_call``, ``_fast_leaf``,
-``_fast_chain``) and routes the rest through the recorder's methods: both must record
-the same trees, counts, errors and timing dicts."""
+"""``traced`` takes the common cases in C (``_fast.Traced``: a call, a leaf, a chain) and
+routes the rest through the recorder's methods: both must record the same trees, counts,
+errors and timing dicts."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from resettrace.tracing.session import Tracing
 
 
 class _Routed(Recorder):
-    """A recorder the fast paths leave to the general one (they take ``Recorder`` only)."""
+    """A recorder the compiled path leaves to the general one (it takes ``Recorder`` only)."""
 
 
 def _shape(trace: list[list[int]]) -> list[tuple[str, int, int, int]]:
@@ -244,15 +244,9 @@ def test_motrixlab_bridge_records_its_scopes_and_their_errors_where_they_are_ent
                 pass
             assert [s for s, *_ in _shape(rec._last)] == ["reset_done.done_mask"]
             assert bridged("done_mask") is inner  # no trace open
-            with rec.scope(C.RESET_DONE, 3):  # the general routing, called directly
-                with motrixlab._bridge(inner, "done_mask"):
-                    pass
-            assert [s for s, *_ in _shape(rec._last)] == ["reset_done",
-                                                          "reset_done.done_mask"]
-            # entered beside the recorder's scope while MotrixLab's profiler is on, and
-            # by the general routing
-            assert inner.entered == inner.exited == (5 if profiler_on else 1)
-        assert session.stats()["reset_done_done_mask_ms"].count == 5
+            # entered beside the recorder's scope while MotrixLab's profiler is on
+            assert inner.entered == inner.exited == (4 if profiler_on else 0)
+        assert session.stats()["reset_done_done_mask_ms"].count == 4
     finally:
         session.shutdown()
 

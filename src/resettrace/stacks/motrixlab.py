@@ -40,7 +40,7 @@ from typing import Any
 from resettrace.catalog import CATALOG, Phase, default_key
 from resettrace.stacks import Instrumentation
 from resettrace.tracing.api import recording
-from resettrace.tracing.recorder import _FAST, _SLOT, COMPILED, NO_COUNT, Recorder, note_once
+from resettrace.tracing.recorder import NO_COUNT, Recorder, note_once
 
 _ENV = "motrix_env_core.numba.manager.env"
 _ARRAY = "motrix_env_core.array.env"
@@ -93,7 +93,6 @@ def spec() -> dict[str, Any]:
 
 # -- the bridge from MotrixLab's profiler ----------------------------------------------------
 _lock = threading.Lock()
-_get_ident = threading.get_ident
 #: (parent phase index, scope name) -> (phase, count taken from the parent's) or None
 _placed: dict[tuple[int, str], tuple[Phase, bool] | None] = {}
 
@@ -152,62 +151,27 @@ class _Bridged:
             self._inner.__exit__(exc_type, exc, tb)
 
 
-def _bridge(inner: Any, name: str) -> Any:
-    """What a MotrixLab perf scope ``inner`` (named ``name``) is entered as: ``inner``
-    itself (not recorded), or it and the resettrace scope of its phase together."""
-    if name in SKIP:  # recorded by a target of the spec: no lookup needed
-        return inner
-    rec = recording()
-    if rec is None:
-        return inner
-    found = _phase_of(rec, name)
-    if found is None:
-        return inner
-    return _Bridged(inner, rec.scope(found[0], found[1]))
-
-
 def _bridging(original: Callable[..., Any], disabled: Any) -> Callable[..., Any]:
-    """``original`` (``Perf.scope`` or ``active_perf_scope``) with its scopes bridged.
-
-    The common case in one frame: a scope inside this thread's open trace, its phase
-    read from the innermost open record in place; with MotrixLab's profiler off
-    (``inner`` is its shared ``disabled`` scope, whose enter and exit do nothing) it is
-    entered as the recorder's own scope of the phase, else beside it. Everything else
-    goes to :func:`_bridge`."""
+    """``original`` (``Perf.scope`` or ``active_perf_scope``) with its scopes bridged, on
+    the public recording API: a perf scope opened inside this thread's open trace is
+    entered with the recorder's scope of its phase (:func:`_phase_of`); with MotrixLab's
+    profiler off (``inner`` is its shared ``disabled`` scope, whose enter and exit do
+    nothing) it is that scope alone, so it costs what ``rec.scope()`` costs."""
 
     def bridged(*args: Any, **kwargs: Any) -> Any:
         inner = original(*args, **kwargs)
         name = kwargs["name"] if kwargs else args[-1]
-        if name in SKIP:
+        if name in SKIP:  # recorded by a target of the spec: no lookup needed
             return inner
-        rec = _SLOT.value  # the recorder of this thread's open trace (or a bound one)
+        rec = recording()
         if rec is None:
-            return inner  # no trace open: outside every phase
-        if rec.__class__ is Recorder and rec._stack and rec._owner == _get_ident():
-            top = rec._records[rec._stack[-1]]
-            key = (top[0], name)
-            try:
-                placed = _placed[key]
-            except KeyError:
-                with _lock:
-                    placed = _placed[key] = _place(rec.catalog[top[0]], name)
-            if placed is None:
-                return inner
-            phase, inherit = placed
-            scopes = rec._scopes
-            if phase.index < len(scopes):  # what rec.scope(phase, count) does, in place
-                s = scopes[phase.index]
-                s._count = top[4] if inherit else NO_COUNT
-                s._first = -1
-                return s if inner is disabled else _Bridged(inner, s)
-        return _bridge(inner, name)
+            return inner  # tracing off
+        found = _phase_of(rec, name)
+        if found is None:
+            return inner  # outside every phase, or a scope of no phase here
+        s = rec.scope(*found)
+        return s if inner is disabled else _Bridged(inner, s)
 
-    if COMPILED:  # the same, in C (resettrace.tracing._fast.Bridging)
-        fast = _FAST.Bridging(original=original, disabled=disabled, skip=SKIP,
-                              placed=_placed, slot=_SLOT, recorder=Recorder,
-                              general=bridged, route=_bridge)
-        fast.__resettrace_bridge__ = True
-        return fast
     bridged.__resettrace_bridge__ = True  # type: ignore[attr-defined]
     return bridged
 

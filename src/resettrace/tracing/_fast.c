@@ -1,18 +1,19 @@
 /* The recorder's hot path in C: what a timed scope costs the training thread.
  *
  * Optional: without it (no compiler at install time, or RESETTRACE_PURE_PYTHON=1) the
- * pure-Python implementations in recorder.py and the stacks' modules record the same
- * records. Each function here takes the common case of its kind and hands every other
- * case to the Python implementation, unchanged, before it has changed anything:
+ * pure-Python implementation in recorder.py records the same records. Each function here
+ * takes the common case of its kind and hands every other case, before it has changed
+ * anything, to the Python implementation that setup_recorder() / setup_api() gave it:
  *
- * - ScopeBase: the base of recorder.Scope. __enter__ / __exit__ of a scope inside an
- *   open trace (a record [index, parent, start, end, count, error] appended to the
+ * - RecorderBase: the base of recorder.Recorder, holding the state the hot path reads
+ *   (stack, records, laps, scopes, named scopes, owner thread); its scope() arms a scope
+ *   inside this thread's open trace.
+ * - ScopeBase: the base of recorder.Scope. __enter__ / __exit__ / lap of a scope inside
+ *   an open trace (a record [index, parent, start, end, count, error] appended to the
  *   recorder's records, its position pushed on its stack; closed in place). A trace that
- *   opens or closes, a lap, an exit that is not on top: the Python methods
- *   _enter_slow / _exit_slow.
- * - Bridging: MotrixLab's Perf.scope / active_perf_scope wrapped (stacks/motrixlab.py):
- *   a perf scope opened inside this thread's open trace, with MotrixLab's profiler off,
- *   is the recorder's own scope of its phase. Everything else: the Python bridge.
+ *   opens or closes, an exit that is not on top, a count that is not a plain int: Python.
+ * - Traced: the core of a traced() wrapper (api.py): a call, an extension's call inside
+ *   a phase (a leaf), or a call that is several levels of the catalog at once (a chain).
  *
  * Records, positions and clocks are Python ints in Python lists, as the Python code keeps
  * them: both implementations share the recorder's state and may interleave.
@@ -845,245 +846,12 @@ rec_take(PyObject *rec, PyObject **stack, PyObject **records, PyObject **scopes,
     return 0;
 }
 
-static void
-parts_clear(Parts *parts)
-{
-    Py_CLEAR(parts->stack);
-    Py_CLEAR(parts->records);
-    Py_CLEAR(parts->scopes);
-}
-
-/* ---------------------------------------------------------------- Bridging */
-typedef struct {
-    PyObject_HEAD
-    PyObject *original;   /* MotrixLab's Perf.scope / active_perf_scope */
-    PyObject *disabled;   /* its shared scope of a profiler that is off (None: none) */
-    PyObject *skip;       /* perf scope names a target of the spec records */
-    PyObject *placed;     /* (parent phase index, name) -> (phase, inherit) or None */
-    PyObject *slot;       /* the recorder's thread-local slot (.value) */
-    PyObject *rec_type;   /* recorder.Recorder */
-    PyObject *general;    /* the Python implementation: general(*args, **kwargs) */
-    PyObject *route;      /* the general bridge: route(inner, name) */
-    vectorcallfunc vectorcall;
-    PyObject *dict;       /* functools.update_wrapper's attributes */
-} Bridging;
-
-static int
-bridging_traverse(Bridging *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->original);
-    Py_VISIT(self->disabled);
-    Py_VISIT(self->skip);
-    Py_VISIT(self->placed);
-    Py_VISIT(self->slot);
-    Py_VISIT(self->rec_type);
-    Py_VISIT(self->general);
-    Py_VISIT(self->route);
-    Py_VISIT(self->dict);
-    return 0;
-}
-
-static int
-bridging_clear(Bridging *self)
-{
-    Py_CLEAR(self->original);
-    Py_CLEAR(self->disabled);
-    Py_CLEAR(self->skip);
-    Py_CLEAR(self->placed);
-    Py_CLEAR(self->slot);
-    Py_CLEAR(self->rec_type);
-    Py_CLEAR(self->general);
-    Py_CLEAR(self->route);
-    Py_CLEAR(self->dict);
-    return 0;
-}
-
-static void
-bridging_dealloc(Bridging *self)
-{
-    PyObject_GC_UnTrack(self);
-    bridging_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-/* The common case, else NULL with no error set (the caller goes to the general bridge):
- * inner is the recorder's scope of the phase when the profiler is off. */
-static PyObject *
-bridge_fast(Bridging *self, PyObject *inner, PyObject *name, int *done)
-{
-    *done = 0;
-    int skip = PySet_Contains(self->skip, name);
-    if (skip != 0) {
-        if (skip < 0) {
-            return NULL;
-        }
-        *done = 1;
-        Py_INCREF(inner);
-        return inner;  /* recorded by a target of the spec */
-    }
-    PyObject *rec = PyObject_GetAttr(self->slot, str_value);
-    if (rec == NULL) {
-        return NULL;
-    }
-    PyObject *result = NULL, *key = NULL, *index = NULL, *top = NULL, *placed = NULL;
-    Parts parts = {NULL, NULL, NULL, 0};
-    if (rec == Py_None) {
-        *done = 1;
-        Py_INCREF(inner);
-        result = inner;  /* no trace open: outside every phase */
-        goto out;
-    }
-    if ((PyObject *)Py_TYPE(rec) != self->rec_type || inner != self->disabled
-            || rec_parts(rec, &parts) < 0 || !parts.mine
-            || PyList_GET_SIZE(parts.stack) == 0) {
-        goto out;
-    }
-    PyObject *stack = parts.stack, *records = parts.records, *scopes = parts.scopes;
-    Py_ssize_t at = int_at(stack, PyList_GET_SIZE(stack) - 1);
-    if (at < 0 || at >= PyList_GET_SIZE(records)) {
-        goto out;
-    }
-    top = Py_NewRef(PyList_GET_ITEM(records, at));  /* held: Python code runs below */
-    if (!PyList_CheckExact(top) || PyList_GET_SIZE(top) != 6) {
-        goto out;
-    }
-    key = pair_no_collection(PyList_GET_ITEM(top, 0), name);
-    if (key == NULL) {
-        goto out;
-    }
-    placed = Py_XNewRef(PyDict_GetItemWithError(self->placed, key));
-    if (placed == NULL) {
-        goto out;  /* not placed yet (or an error): the general bridge */
-    }
-    if (placed == Py_None) {
-        *done = 1;
-        Py_INCREF(inner);
-        result = inner;  /* not recorded there */
-        goto out;
-    }
-    if (!PyTuple_CheckExact(placed) || PyTuple_GET_SIZE(placed) != 2) {
-        goto out;
-    }
-    index = PyObject_GetAttr(PyTuple_GET_ITEM(placed, 0), str_index);
-    if (index == NULL || !PyLong_CheckExact(index)) {
-        goto out;
-    }
-    Py_ssize_t i = PyLong_AsSsize_t(index);
-    if (i < 0 || i >= PyList_GET_SIZE(scopes)) {
-        PyErr_Clear();
-        goto out;  /* a phase registered after this recorder */
-    }
-    PyObject *s = PyList_GET_ITEM(scopes, i);
-    if (!PyObject_TypeCheck(s, &ScopeBaseType)) {
-        goto out;
-    }
-    int inherit = PyObject_IsTrue(PyTuple_GET_ITEM(placed, 1));
-    if (inherit < 0 || PyList_GET_SIZE(top) != 6 || i >= PyList_GET_SIZE(scopes)
-            || PyList_GET_ITEM(scopes, i) != s) {
-        goto out;  /* (the attribute reads above may run Python code) */
-    }
-    /* what rec.scope(phase, count) does, in place */
-    Py_XSETREF(((ScopeBase *)s)->count,
-               Py_NewRef(inherit ? PyList_GET_ITEM(top, 4) : no_count));
-    ((ScopeBase *)s)->first = -1;
-    *done = 1;
-    Py_INCREF(s);
-    result = s;
-out:
-    Py_DECREF(rec);
-    parts_clear(&parts);
-    Py_XDECREF(key);
-    Py_XDECREF(index);
-    Py_XDECREF(top);
-    Py_XDECREF(placed);
-    return result;
-}
-
-static PyObject *
-bridging_vectorcall(Bridging *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs == 0 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)) {
-        return PyObject_Vectorcall(self->general, args, nargsf, kwnames);
-    }
-    PyObject *inner = PyObject_Vectorcall(self->original, args, nargsf, NULL);
-    if (inner == NULL) {
-        return NULL;
-    }
-    int done;
-    PyObject *out = bridge_fast(self, inner, args[nargs - 1], &done);
-    if (!done) {
-        /* everything else: the general bridge, with MotrixLab's scope already made */
-        PyErr_Clear();  /* the Python bridge meets the same case and says what it is */
-        out = PyObject_CallFunctionObjArgs(self->route, inner, args[nargs - 1], NULL);
-    }
-    Py_DECREF(inner);
-    return out;
-}
-
-static PyObject *
-bridging_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"original", "disabled", "skip", "placed", "slot", "recorder",
-                             "general", "route", NULL};
-    PyObject *original, *disabled, *skip, *placed, *slot, *rec_type, *general, *route;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OOOO", kwlist, &original, &disabled,
-                                     &PyFrozenSet_Type, &skip, &PyDict_Type, &placed, &slot,
-                                     &rec_type, &general, &route)) {
-        return NULL;
-    }
-    Bridging *self = (Bridging *)type->tp_alloc(type, 0);
-    if (self == NULL) {
-        return NULL;
-    }
-    self->original = Py_NewRef(original);
-    self->disabled = Py_NewRef(disabled);
-    self->skip = Py_NewRef(skip);
-    self->placed = Py_NewRef(placed);
-    self->slot = Py_NewRef(slot);
-    self->rec_type = Py_NewRef(rec_type);
-    self->general = Py_NewRef(general);
-    self->route = Py_NewRef(route);
-    self->vectorcall = (vectorcallfunc)bridging_vectorcall;
-    return (PyObject *)self;
-}
-
-static PyObject *
-bridging_get(PyObject *self, PyObject *obj, PyObject *type)
-{
-    if (obj == NULL || obj == Py_None) {
-        return Py_NewRef(self);
-    }
-    return PyMethod_New(self, obj);  /* a method, as the Python function it replaces */
-}
-
-static PyGetSetDef bridging_getset[] = {
-    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
-    {NULL},
-};
-
-static PyTypeObject BridgingType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "resettrace.tracing._fast.Bridging",
-    .tp_basicsize = sizeof(Bridging),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
-        | Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "MotrixLab's perf scope function, its scopes bridged (see stacks/motrixlab.py).",
-    .tp_traverse = (traverseproc)bridging_traverse,
-    .tp_clear = (inquiry)bridging_clear,
-    .tp_dealloc = (destructor)bridging_dealloc,
-    .tp_new = bridging_new,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(Bridging, vectorcall),
-    .tp_dictoffset = offsetof(Bridging, dict),
-    .tp_descr_get = bridging_get,
-    .tp_getset = bridging_getset,
-};
 
 /* ---------------------------------------------------------------- Traced */
 /* The core of a traced() wrapper (api.py): ``run(args, kwargs)``, called by the wrapper
- * function with its arguments. Kinds, as the Python fast paths of api.py:
- * KIND_CALL (_fast_call), KIND_LEAF (_fast_leaf), KIND_CHAIN (_fast_chain). */
+ * function with its arguments. Kinds:
+ * KIND_CALL (Recorder.call), KIND_LEAF (Recorder.call_leaf), KIND_CHAIN
+ * (Recorder.call_chain), each the common case of that method. */
 enum { KIND_CALL = 0, KIND_LEAF = 1, KIND_CHAIN = 2 };
 
 static PyObject *api_globals;     /* api.py's globals: _default, the default session */
@@ -1947,7 +1715,7 @@ PyInit__fast(void)
     one_none = PyTuple_Pack(1, Py_None);
     if (zero == NULL || no_count == NULL || one_none == NULL
             || PyType_Ready(&TracedType) < 0 || PyType_Ready(&ScopeBaseType) < 0
-            || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&BridgingType) < 0) {
+            || PyType_Ready(&RecorderBaseType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&fast_module);
@@ -1956,7 +1724,6 @@ PyInit__fast(void)
     }
     if (PyModule_AddObjectRef(m, "ScopeBase", (PyObject *)&ScopeBaseType) < 0
             || PyModule_AddObjectRef(m, "RecorderBase", (PyObject *)&RecorderBaseType) < 0
-            || PyModule_AddObjectRef(m, "Bridging", (PyObject *)&BridgingType) < 0
             || PyModule_AddObjectRef(m, "Traced", (PyObject *)&TracedType) < 0) {
         Py_DECREF(m);
         return NULL;

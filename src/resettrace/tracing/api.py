@@ -35,12 +35,10 @@ from resettrace.tracing.recorder import (
     _SLOT,
     CURRENT,
     MAX_COUNT,
-    MAX_TRACE_RECORDS,
     NO_COUNT,
     NoopRecorder,
     Recorder,
     count_of,
-    error_code,
     note_once,
 )
 
@@ -62,7 +60,6 @@ _making = False
 _while_making: Tracing | None = None
 _CURRENT = CURRENT
 _get_current = _CURRENT.get
-_get_ident = threading.get_ident
 if _rec.COMPILED:
     _rec._FAST.setup_api(globals(), _SLOT, Recorder, ATTR_ENV_COUNT)
 
@@ -248,238 +245,6 @@ def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
     return rec.call_chain(chain, count, fn, args, kwargs)
 
 
-# -- the fast paths of ``traced`` -----------------------------------------------------------
-# A traced call records between stretches of training code that have pushed the recorder's
-# code and data out of the CPU caches, so each instruction saved here counts several times
-# over in a training step. Each wrapper below takes the common case of its kind in one
-# frame, recording what :meth:`Recorder.call`, :meth:`Recorder.call_leaf` and
-# :meth:`Recorder.call_chain` record; anything else (a bound or another thread's recorder,
-# the first call of a recorder, a trace that is full, a phase registered after the
-# recorder, a within-phase open deeper than the top) goes to ``general``, which routes it
-# through those methods.
-def _fast_call(fn: Callable[..., Any], general: Callable[..., Any],
-               count_now: Callable[..., int], static: int | None, index: int, within: int,
-               envs: bool) -> Callable[..., Any]:
-    """A call recorded with a turn on the stack (:meth:`Recorder.call`): at the root of a
-    trace (an env step) or inside one; ``within`` >= 0: only inside that phase."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        rec = _SLOT.value  # the recorder of this thread's open trace, or a bound one
-        if rec is None:  # none open, none bound
-            if within >= 0:
-                return fn(*args, **kwargs)  # not on the path it is recorded on
-            session = _default
-            if session is None:
-                return general(args, kwargs)
-            if session.processor is None:
-                return fn(*args, **kwargs)  # tracing off
-            rec = getattr(session._local, "recorder", None)  # this thread's own
-            if rec is None or session._closed or rec._stack or rec._records:
-                return general(args, kwargs)
-        elif rec.__class__ is not Recorder or not rec._stack or rec._owner != _get_ident():
-            return general(args, kwargs)
-        stack = rec._stack
-        records = rec._records
-        if within >= 0 and records[stack[-1]][0] != within:
-            for p in stack:  # open deeper than the top, or not at all (then not recorded)
-                if records[p][0] == within:
-                    return general(args, kwargs)
-            return fn(*args, **kwargs)
-        scopes = rec._scopes
-        if index >= len(scopes) or (envs and ATTR_ENV_COUNT not in rec.attributes):
-            return general(args, kwargs)
-        if static is not None:
-            c = static
-        else:  # read before the trace's state: a reader may run traced code (a property
-            depth = len(stack)  # calling a traced helper) that opens and closes scopes
-            c = count_now(args, kwargs)
-            if len(stack) != depth or (within >= 0 and records[stack[-1]][0] != within):
-                return general(args, kwargs, c)  # it left the stack otherwise: as it is now
-        if len(records) >= MAX_TRACE_RECORDS:
-            return general(args, kwargs, c)
-        # in the order a signal handler's scopes may interrupt (see recorder._ScopeCore)
-        if stack:
-            r = [index, stack[-1], 0, 0, c, 0]
-            records += (r,)
-            pos = len(records) - 1
-            stack.append(pos)
-        else:  # a trace opens: its recorder is the current one until it closes
-            if records:  # the last trace's hand-over, interrupted by this (a handler)
-                rec._close_trace()
-            r = [index, -1, 0, 0, c, 0]
-            pos = 0  # (no call from here to the pushes)
-            rec._token = (_SLOT.value,)
-            _SLOT.value = rec
-            records += (r,)
-            stack += (pos,)
-        exc_type = None
-        r[2] = t = _rec._perf_ns()  # R_START, last: bookkeeping is not timed
-        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
-            r[2] = _rec._first_start(records, pos, t)
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as e:
-            exc_type = type(e)
-            raise
-        finally:
-            t = _rec._perf_ns()
-            code = 0 if exc_type is None else error_code(exc_type.__name__)
-            if stack and stack[-1] == pos and records[pos] is r:
-                s = scopes[index]  # it remembers the run: its timing(), its count
-                s._pos = pos
-                if not s._armed:  # (else a scope() waits for its enter: its count stays)
-                    s._count = c
-                while records[-1][3] > t:  # a handler's scope inside it, after the clock
-                    t = _rec._last_end(records, pos, t)
-                r[3] = t  # R_END (no call from here to the pop)
-                if code:
-                    r[5] = code  # R_ERROR
-                del stack[-1]
-                if not stack:
-                    rec._close_trace()
-            else:  # not on top: it exits as a ``with`` scope's would
-                scopes[index].__exit__(exc_type, None, None)
-
-    return wrapper
-
-
-def _fast_leaf(fn: Callable[..., Any], general: Callable[..., Any],
-               count_now: Callable[..., int], static: int | None, index: int, within: int
-               ) -> Callable[..., Any]:
-    """An extension's function recorded inside ``within`` without a turn on the stack
-    (:meth:`Recorder.call_leaf`)."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        rec = _SLOT.value
-        if rec is None:
-            return fn(*args, **kwargs)  # no trace open: not on the path it is recorded on
-        if rec.__class__ is not Recorder:
-            return general(args, kwargs)
-        stack = rec._stack
-        if not stack or rec._owner != _get_ident():
-            return general(args, kwargs)
-        records = rec._records
-        if records[stack[-1]][0] != within:
-            return general(args, kwargs)
-        if static is not None:
-            c = static
-        else:  # read before the trace's state: a reader may run traced code
-            c = count_now(args, kwargs)
-            if not stack or records[stack[-1]][0] != within:
-                return general(args, kwargs, c)
-        if len(records) >= MAX_TRACE_RECORDS:
-            return general(args, kwargs, c)
-        # in the order a signal handler's scopes may interrupt (see recorder._ScopeCore):
-        # theirs that go in beside it before its end is read are its children (adopted)
-        parent = stack[-1]
-        r = [index, parent, 0, 0, c, 0]
-        records += (r,)
-        pos = len(records) - 1
-        exc_type = None
-        r[2] = t = _rec._perf_ns()
-        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
-            r[2] = _rec._first_start(records, pos, t)
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as e:
-            exc_type = type(e)
-            raise
-        finally:
-            r[3] = _rec._perf_ns()
-            if exc_type is not None:
-                r[5] = error_code(exc_type.__name__)
-            if len(records) != pos + 1:  # scopes opened inside it (a Python callback)
-                rec._adopt(r, pos, parent, index)
-
-    return wrapper
-
-
-def _fast_chain(fn: Callable[..., Any], general: Callable[..., Any],
-                count_now: Callable[..., int], static: int | None,
-                chains: dict[int, tuple[int, ...]]) -> Callable[..., Any]:
-    """A call that is several levels of the catalog at once, inside an open trace
-    (:meth:`Recorder.call_chain`; ``chains``: the levels under each innermost open phase,
-    as :func:`_with_parents` works them out). The four levels of a reset under an env step
-    (Gymnasium's sub-env reset) are recorded here, unrolled; other chains by the method."""
-    known_of: dict[int, tuple[tuple[int, ...], int]] = {}  # a chain and its highest index
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        rec = _SLOT.value
-        if rec is None or rec.__class__ is not Recorder:
-            return general(args, kwargs)
-        stack = rec._stack
-        if not stack or rec._owner != _get_ident():
-            return general(args, kwargs)
-        records = rec._records
-        parent = stack[-1]
-        known = known_of.get(records[parent][0])
-        if known is None:
-            chain = chains.get(records[parent][0])
-            if chain is None:
-                return general(args, kwargs)  # it works the chain out
-            known = known_of[records[parent][0]] = (chain, max(chain))
-        chain, top = known
-        n = len(chain)
-        scopes = rec._scopes
-        if top >= len(scopes):
-            return general(args, kwargs)
-        if static is not None:
-            c = static
-        else:  # read before the trace's state: a reader may run traced code
-            depth = len(stack)
-            c = count_now(args, kwargs)
-            if len(stack) != depth or stack[-1] != parent:
-                return general(args, kwargs, c)
-        base = len(records)
-        if base + n > MAX_TRACE_RECORDS:
-            return general(args, kwargs, c)
-        if n == 4:  # a reset under an env step (reset_done down to set_state): unrolled
-            i0, i1, i2, i3 = chain
-            r0 = [i0, parent, 0, 0, c, 0]
-            r1 = [i1, base, 0, 0, c, 0]
-            r2 = [i2, base + 1, 0, 0, c, 0]
-            r3 = [i3, base + 2, 0, 0, c, 0]
-            # in the order a signal handler's scopes may interrupt (see recorder._ScopeCore):
-            # the records go in together before their positions go on the stack
-            records += (r0, r1, r2, r3)
-            if records[base] is not r0:  # a handler's records went in after len() read
-                base = _rec._position(records, r0)
-                r1[1], r2[1], r3[1] = base, base + 1, base + 2
-            last = base + 3
-            stack += (base, base + 1, base + 2, last)
-            exc_type = None
-            r0[2] = r1[2] = r2[2] = r3[2] = t = _rec._perf_ns()  # R_START
-            if records[-1] is not r3:  # a handler's scopes went in meanwhile: inside them
-                r0[2] = r1[2] = r2[2] = r3[2] = _rec._first_start(records, last, t)
-            try:
-                return fn(*args, **kwargs)
-            except BaseException as e:
-                exc_type = type(e)
-                raise
-            finally:
-                t = _rec._perf_ns()
-                code = 0 if exc_type is None else error_code(exc_type.__name__)
-                if stack and stack[-1] == last and records[last] is r3:
-                    if code:
-                        r0[5] = r1[5] = r2[5] = r3[5] = code  # R_ERROR
-                    scopes[i0]._pos = base  # each level remembers its run
-                    scopes[i1]._pos = base + 1
-                    scopes[i2]._pos = base + 2
-                    scopes[i3]._pos = last
-                    while records[-1][3] > t:  # a handler's scope inside, after the clock
-                        t = _rec._last_end(records, last, t)
-                    r0[3] = r1[3] = r2[3] = r3[3] = t  # R_END (no call from here to the pop)
-                    del stack[-4:]
-                    if not stack:
-                        rec._close_trace()
-                elif len(records) > last and records[last] is r3:
-                    for pos in range(last, base - 1, -1):
-                        scopes[records[pos][0]].__exit__(exc_type, None, None)
-        return rec.call_chain(chain, c, fn, args, kwargs)  # other lengths: as they come
-
-    return wrapper
-
-
 def argument_reader(fn: Callable[..., Any], spec: str | Callable[..., Any] | None, what: str
                     ) -> Callable[[tuple[Any, ...], dict[str, Any]], Any] | None:
     """A function of ``(args, kwargs)`` reading ``spec`` from a call of ``fn``.
@@ -619,9 +384,9 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
 
         def general(args: tuple[Any, ...], kwargs: dict[str, Any], c: int | None = None
                     ) -> Any:
-            """Every case, as the recorder's methods route it (the fast paths below take
-            the common ones, recording what this records). ``c``: the count, when a fast
-            path read it already (a count is read once per call)."""
+            """Every case, as the recorder's methods route it (the compiled ``Traced``
+            takes the common ones, recording what this records). ``c``: the count, when
+            it read it already (a count is read once per call)."""
             rec = _get_current()
             if rec is None:
                 session = _default
@@ -670,7 +435,7 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
         # the count of every call when it is one (else read per call by count_now)
         static = None if read_count is not None else NO_COUNT if fixed is None else fixed
         within = -1 if inside is None else inside.index
-        if _rec.COMPILED:  # the same fast paths, in C: the wrapper is a shell around them
+        if _rec.COMPILED:  # the common case of each kind in C (Traced); the rest: general
             fast_kind = 2 if lineage else 1 if leaf and inside is not None else 0
             run = _rec._FAST.Traced(kind=fast_kind, fn=fn, general=general, count_now=count_now,
                                     static=static, index=resolved.index, within=within,
@@ -680,13 +445,9 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
 
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 return run(args, kwargs)
-        elif lineage:
-            wrapper = _fast_chain(fn, general, count_now, static, chains)
-        elif leaf and inside is not None:
-            wrapper = _fast_leaf(fn, general, count_now, static, resolved.index, within)
-        else:
-            wrapper = _fast_call(fn, general, count_now, static, resolved.index, within,
-                                 read_envs is not None)
+        else:  # the one Python path: the recorder's methods route and record every case
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                return general(args, kwargs)
         functools.update_wrapper(wrapper, fn)
         wrapper.__resettrace_phase__ = resolved  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
