@@ -143,13 +143,13 @@ with resettrace.use_tracing(session):
         keep("MotrixLab perf scopes")
     finally:
         undo()
-    R.MAX_TRACE_RECORDS = 5
+    R.set_max_trace_records(5)
     rec.scope(C.ENV_STEP).__enter__()
     for _ in range(12):
         with rec.scope(C.PHYSICS):
             pass
     keep("an overflow")
-    R.MAX_TRACE_RECORDS = 100_000
+    R.set_max_trace_records(100_000)
 session.shutdown()
 print(json.dumps({"compiled": R.COMPILED, "traces": out}))
 '''
@@ -437,3 +437,20 @@ def test_a_scopes_exit_takes_exactly_three_arguments(args: tuple[None, ...]) -> 
         s.__exit__(None, None, None)
     session.shutdown()
     assert session.stats()["dr_reset_total_ms"].count == 1
+
+
+def test_the_c_part_reads_the_record_layout_from_its_one_definition() -> None:
+    """``_layout.h`` is what ``layout.py`` writes (so the C part and the Python code index
+    a record by the same names), and the C source indexes records by those names only."""
+    from resettrace.tracing import layout
+
+    header = ROOT / "src/resettrace/tracing/_layout.h"
+    assert header.read_text() == layout.c_header()
+    for i, name in enumerate(layout.FIELDS):
+        assert f"#define R_{name.upper()} {i}\n" in header.read_text()
+    source = (ROOT / "src/resettrace/tracing/_fast.c").read_text()
+    assert '#include "_layout.h"' in source
+    # no record field read or written by a bare number
+    field = r"(set_int|set_item|int_at)\((r|lr|lap|tr|rq|opened\[k\]), [0-9]"
+    assert re.search(field, source) is None
+    assert re.search(r"PyList_SET_ITEM\(r, [0-9]", source) is None

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from helpers import FakeClock
 from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.tracing import recorder as recorder_module
-from resettrace.tracing.recorder import R_COUNT
+from resettrace.tracing.layout import R_COUNT
 from resettrace.tracing.session import Tracing
 
 MS = 1_000_000
@@ -757,9 +757,17 @@ def test_a_second_exit_neither_ends_the_trace_early_nor_loses_it(session: Tracin
     assert st["env_step_other_ms"].total_ms == 0.0
 
 
+@pytest.fixture
+def max_records() -> Iterator[Callable[[int], int]]:
+    """Sets the records a trace may hold (in Python and C) for one test."""
+    old = recorder_module.MAX_TRACE_RECORDS
+    yield recorder_module.set_max_trace_records
+    recorder_module.set_max_trace_records(old)
+
+
 def test_a_scope_never_exited_does_not_grow_the_trace_forever(
-        session: Tracing, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(recorder_module, "MAX_TRACE_RECORDS", 50)
+        session: Tracing, max_records: Callable[[int], int]) -> None:
+    max_records(50)
     rec = resettrace.recorder(tracing=session)
     rec.scope(C.ENV_STEP).__enter__()  # never exited
     for _ in range(200):
@@ -852,7 +860,7 @@ def test_attributes_set_after_the_first_trace_reach_the_span_file(tmp_path: Path
 
 
 def test_parents_open_and_close_together_and_survive_misuse(
-        session: Tracing, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+        session: Tracing, clock: FakeClock, max_records: Callable[[int], int]) -> None:
     """``parents`` opens its levels at one clock read and closes them at one: they share
     their times, an exception marks every level, a scope left open inside is closed with
     them, and a trace that overflows inside one is cut, never grown."""
@@ -906,7 +914,7 @@ def test_parents_open_and_close_together_and_survive_misuse(
         assert [session.catalog[r[0]].span for r in kept[3]][:5] == [
             "env_step", "reset_done", "reset_done.reset_call", "dr_reset", "set_state"]
 
-        monkeypatch.setattr(recorder_module, "MAX_TRACE_RECORDS", 20)
+        max_records(20)
         assert reset(flood=50) == "ok"
         assert max(len(t) for t in kept) <= 20 and not rec._stack
         assert recorder_module.CURRENT.get() is None

@@ -16,7 +16,8 @@ import resettrace
 from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.tracing.api import traced
-from resettrace.tracing.recorder import R_COUNT, R_ERROR, R_PARENT, R_PHASE, Recorder
+from resettrace.tracing.layout import R_COUNT, R_ERROR, R_PARENT, R_PHASE
+from resettrace.tracing.recorder import Recorder
 from resettrace.tracing.session import Tracing
 
 

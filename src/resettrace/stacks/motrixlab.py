@@ -40,7 +40,8 @@ from typing import Any
 from resettrace.catalog import CATALOG, Phase, default_key
 from resettrace.stacks import Instrumentation
 from resettrace.tracing.api import recording
-from resettrace.tracing.recorder import NO_COUNT, Recorder, note_once
+from resettrace.tracing.layout import NO_COUNT
+from resettrace.tracing.recorder import Recorder, note_once
 
 _ENV = "motrix_env_core.numba.manager.env"
 _ARRAY = "motrix_env_core.array.env"

@@ -25,25 +25,22 @@
 #include <string.h>
 #include <time.h>
 
+#include "_layout.h"  /* R_PHASE ... R_ERROR, RECORD_FIELDS: layout.py's */
+
 static PyObject *str_value, *str_stack, *str_records, *str_owner, *str_scopes, *str_index,
     *str_name;
 static PyObject *zero;            /* the int 0 */
 static PyObject *no_count;        /* the int -1: no count given */
 static PyObject *clock_fn;        /* a replacement clock (tests), or NULL */
 static PyObject *error_code_fn;   /* recorder.error_code: exception type name -> code */
-static PyObject *rec_globals;     /* the recorder module's globals: MAX_TRACE_RECORDS */
-static PyObject *str_max;
+/* recorder.MAX_TRACE_RECORDS (set by setup() and set_max_records()): a trace that holds
+ * as many takes the Python path, which closes it (0 until set: every scope takes it) */
+static Py_ssize_t max_recs = 0;
 
-/* recorder.MAX_TRACE_RECORDS, read per scope as the Python code reads it */
-static Py_ssize_t
+static inline Py_ssize_t
 max_records(void)
 {
-    PyObject *v = rec_globals ? PyDict_GetItem(rec_globals, str_max) : NULL;
-    Py_ssize_t m = v && PyLong_CheckExact(v) ? PyLong_AsSsize_t(v) : 0;
-    if (m == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-    }
-    return m;  /* 0 when unknown: every scope takes the Python path */
+    return max_recs;
 }
 
 /* The recorder's clock: time.perf_counter_ns (CLOCK_MONOTONIC on Linux). */
@@ -339,7 +336,7 @@ pair_no_collection(PyObject *a, PyObject *b)
 static PyObject *
 new_record(Py_ssize_t index, PyObject *parent, PyObject *count)
 {
-    PyObject *r = list_no_collection(6);
+    PyObject *r = list_no_collection(RECORD_FIELDS);
     if (r == NULL) {
         return NULL;
     }
@@ -353,12 +350,12 @@ new_record(Py_ssize_t index, PyObject *parent, PyObject *count)
     Py_INCREF(zero);
     Py_INCREF(zero);
     Py_INCREF(zero);
-    PyList_SET_ITEM(r, 0, i);
-    PyList_SET_ITEM(r, 1, parent);
-    PyList_SET_ITEM(r, 2, zero);
-    PyList_SET_ITEM(r, 3, zero);
-    PyList_SET_ITEM(r, 4, c);
-    PyList_SET_ITEM(r, 5, zero);
+    PyList_SET_ITEM(r, R_PHASE, i);
+    PyList_SET_ITEM(r, R_PARENT, parent);
+    PyList_SET_ITEM(r, R_START, zero);
+    PyList_SET_ITEM(r, R_END, zero);
+    PyList_SET_ITEM(r, R_COUNT, c);
+    PyList_SET_ITEM(r, R_ERROR, zero);
     /* a record holds ints only, so it is never part of a cycle: left out of the cyclic
      * GC, it is not traversed by collections nor promoted into older generations (whose
      * growth triggers full collections) while its trace waits to be aggregated */
@@ -436,10 +433,10 @@ record_phase(PyObject *records, Py_ssize_t pos)
         return -2;
     }
     PyObject *r = PyList_GET_ITEM(records, pos);
-    if (!PyList_CheckExact(r) || PyList_GET_SIZE(r) != 6) {
+    if (!PyList_CheckExact(r) || PyList_GET_SIZE(r) != RECORD_FIELDS) {
         return -2;
     }
-    return int_at(r, 0);
+    return int_at(r, R_PHASE);
 }
 
 static PyObject *
@@ -474,7 +471,7 @@ scope_enter(ScopeBase *self, PyObject *Py_UNUSED(ignored))
         Py_DECREF(at);
     }
     long long t;
-    if (now_ns(&t) < 0 || set_int(r, 2, t) < 0 || (lap && set_int(lap, 2, t) < 0)) {
+    if (now_ns(&t) < 0 || set_int(r, R_START, t) < 0 || (lap && set_int(lap, R_START, t) < 0)) {
         Py_XDECREF(lap);
         Py_DECREF(r);
         return NULL;
@@ -545,7 +542,7 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_INCREF(r);
     Py_XINCREF(lr);
-    if (set_int(r, 3, t) < 0 || (lr && set_int(lr, 3, t) < 0)) {  /* R_END */
+    if (set_int(r, R_END, t) < 0 || (lr && set_int(lr, R_END, t) < 0)) {  /* R_END */
         Py_XDECREF(code);
         Py_DECREF(r);
         Py_XDECREF(lr);
@@ -553,9 +550,9 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (code != NULL) {  /* R_ERROR */
         if (lr) {
-            set_item(lr, 5, Py_NewRef(code));
+            set_item(lr, R_ERROR, Py_NewRef(code));
         }
-        set_item(r, 5, code);
+        set_item(r, R_ERROR, code);
     }
     Py_DECREF(r);
     Py_XDECREF(lr);
@@ -648,7 +645,7 @@ scope_lap(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
     if (pos < 0 || pos >= PyList_GET_SIZE(records)) {
         goto slow;
     }
-    owner = running ? int_at(PyList_GET_ITEM(records, pos), 1) : pos;
+    owner = running ? int_at(PyList_GET_ITEM(records, pos), R_PARENT) : pos;
     if (record_phase(records, owner) != self->index
             || (index >= 0 && PyList_GET_SIZE(records) >= max_records())) {
         goto slow;  /* not the innermost (said once), or an overflow */
@@ -661,7 +658,7 @@ scope_lap(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
         goto slow;  /* a replaced clock ran Python code that recorded */
     }
     if (running) {
-        if (set_int(PyList_GET_ITEM(records, pos), 3, t) < 0) {
+        if (set_int(PyList_GET_ITEM(records, pos), R_END, t) < 0) {
             return NULL;
         }
         list_drop(stack, 1);
@@ -672,7 +669,7 @@ scope_lap(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *r = o ? new_record(index, o, nargs == 2 ? args[1] : no_count) : NULL;
         Py_XDECREF(o);
         PyObject *at = r ? PyLong_FromSsize_t(PyList_GET_SIZE(records)) : NULL;
-        if (at == NULL || set_int(r, 2, t) < 0 || PyList_Append(records, r) < 0
+        if (at == NULL || set_int(r, R_START, t) < 0 || PyList_Append(records, r) < 0
                 || PyList_Append(stack, at) < 0 || PyList_Append(laps, at) < 0) {
             Py_XDECREF(r);
             Py_XDECREF(at);
@@ -1080,7 +1077,7 @@ open_below(PyObject *stack, PyObject *records, Py_ssize_t within)
         Py_ssize_t p = int_at(stack, k);
         if (p >= 0 && p < PyList_GET_SIZE(records)) {
             PyObject *r = PyList_GET_ITEM(records, p);
-            if (PyList_CheckExact(r) && PyList_GET_SIZE(r) == 6 && int_at(r, 0) == within) {
+            if (PyList_CheckExact(r) && PyList_GET_SIZE(r) == RECORD_FIELDS && int_at(r, R_PHASE) == within) {
                 return 1;
             }
         }
@@ -1152,8 +1149,8 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         Py_ssize_t top = int_at(stack, n - 1);
         PyObject *tr = top >= 0 && top < PyList_GET_SIZE(records)
             ? PyList_GET_ITEM(records, top) : NULL;
-        if (tr == NULL || !PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != 6
-                || int_at(tr, 0) != self->within) {
+        if (tr == NULL || !PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != RECORD_FIELDS
+                || int_at(tr, R_PHASE) != self->within) {
             if (open_below(stack, records, self->within)) {
                 goto to_general;
             }
@@ -1207,7 +1204,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         goto done;
     }
     long long t;
-    if (now_ns(&t) < 0 || set_int(r, 2, t) < 0) {  /* R_START, last */
+    if (now_ns(&t) < 0 || set_int(r, R_START, t) < 0) {  /* R_START, last */
         Py_DECREF(p);
         goto done;
     }
@@ -1218,9 +1215,9 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
     Py_ssize_t m = PyList_GET_SIZE(stack);
     if (m > 0 && int_at(stack, m - 1) == pos && pos < PyList_GET_SIZE(records)
             && PyList_GET_ITEM(records, pos) == r) {
-        set_int(r, 3, t);  /* R_END */
+        set_int(r, R_END, t);  /* R_END */
         if (code != NULL) {
-            set_item(r, 5, code);  /* R_ERROR */
+            set_item(r, R_ERROR, code);  /* R_ERROR */
             code = NULL;
         }
         list_drop(stack, 1);
@@ -1280,8 +1277,8 @@ run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
     PyObject *parent = PyList_GET_ITEM(stack, n - 1);
     Py_ssize_t at = int_at(stack, n - 1);
     PyObject *tr = at >= 0 && at < pos ? PyList_GET_ITEM(records, at) : NULL;
-    if (tr == NULL || !PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != 6
-            || int_at(tr, 0) != self->within || pos >= max_records()) {
+    if (tr == NULL || !PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != RECORD_FIELDS
+            || int_at(tr, R_PHASE) != self->within || pos >= max_records()) {
         goto to_general;
     }
     Py_INCREF(parent);  /* held: the count's reader may run Python code */
@@ -1301,17 +1298,17 @@ run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
         goto done;
     }
     long long t;
-    if (now_ns(&t) < 0 || set_int(r, 2, t) < 0) {
+    if (now_ns(&t) < 0 || set_int(r, R_START, t) < 0) {
         Py_DECREF(parent);
         goto done;
     }
     result = call_fn(self, args, kwargs);
     now_after(&t);
-    set_int(r, 3, t);
+    set_int(r, R_END, t);
     PyObject *exc_type;
     PyObject *code = pending_code(&exc_type);
     if (code != NULL) {
-        set_item(r, 5, code);  /* R_ERROR */
+        set_item(r, R_ERROR, code);  /* R_ERROR */
     }
     if (PyList_GET_SIZE(records) != pos + 1) {  /* scopes opened inside it: its children */
         PyObject *ppos = PyLong_FromSsize_t(pos);
@@ -1360,10 +1357,10 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
         goto to_general;
     }
     PyObject *tr = PyList_GET_ITEM(records, at);
-    if (!PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != 6) {
+    if (!PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != RECORD_FIELDS) {
         goto to_general;
     }
-    PyObject *key = PyList_GET_ITEM(tr, 0);
+    PyObject *key = PyList_GET_ITEM(tr, R_PHASE);
     PyObject *known = PyDict_GetItemWithError(self->known, key);  /* borrowed */
     if (known == NULL) {
         if (PyErr_Occurred()) {
@@ -1446,7 +1443,7 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
         goto done;
     }
     for (int k = 0; k < 4; k++) {
-        set_int(opened[k], 2, t);  /* R_START */
+        set_int(opened[k], R_START, t);
     }
     result = call_fn(self, args, kwargs);
     now_after(&t);
@@ -1457,9 +1454,9 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
     if (m > 0 && int_at(stack, m - 1) == last && last < PyList_GET_SIZE(records)
             && PyList_GET_ITEM(records, last) == opened[3]) {
         for (int k = 0; k < 4; k++) {
-            set_int(opened[k], 3, t);  /* R_END */
+            set_int(opened[k], R_END, t);
             if (code != NULL) {
-                set_item(opened[k], 5, Py_NewRef(code));
+                set_item(opened[k], R_ERROR, Py_NewRef(code));
             }
             PyObject *sk = idx[k] < PyList_GET_SIZE(scopes)
                 ? PyList_GET_ITEM(scopes, idx[k]) : NULL;
@@ -1476,8 +1473,8 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
     else if (PyList_GET_SIZE(records) > last && PyList_GET_ITEM(records, last) == opened[3]) {
         for (Py_ssize_t q = last; q >= base; q--) {
             PyObject *rq = PyList_GET_ITEM(records, q);
-            Py_ssize_t iq = PyList_CheckExact(rq) && PyList_GET_SIZE(rq) == 6
-                ? int_at(rq, 0) : -2;
+            Py_ssize_t iq = PyList_CheckExact(rq) && PyList_GET_SIZE(rq) == RECORD_FIELDS
+                ? int_at(rq, R_PHASE) : -2;
             if (iq < 0 || iq >= PyList_GET_SIZE(scopes)) {
                 continue;
             }
@@ -1617,12 +1614,24 @@ fast_set_clock(PyObject *module, PyObject *fn)
 static PyObject *
 fast_setup(PyObject *module, PyObject *args)
 {
-    PyObject *fn, *globals;
-    if (!PyArg_ParseTuple(args, "OO!", &fn, &PyDict_Type, &globals)) {
+    PyObject *fn;
+    Py_ssize_t m;
+    if (!PyArg_ParseTuple(args, "On", &fn, &m)) {
         return NULL;
     }
     Py_XSETREF(error_code_fn, Py_NewRef(fn));
-    Py_XSETREF(rec_globals, Py_NewRef(globals));
+    max_recs = m;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+fast_set_max_records(PyObject *module, PyObject *arg)
+{
+    Py_ssize_t m = PyLong_AsSsize_t(arg);
+    if (m == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    max_recs = m;
     Py_RETURN_NONE;
 }
 
@@ -1672,7 +1681,10 @@ static PyMethodDef fast_methods[] = {
     {"set_clock", fast_set_clock, METH_O,
      "The clock the records read (a function returning ns), or None: perf_counter_ns."},
     {"setup", fast_setup, METH_VARARGS,
-     "setup(error_code, globals): the recorder module's error_code and globals()."},
+     "setup(error_code, max_records): the recorder module's error_code and the records "
+     "a trace may hold."},
+    {"set_max_records", fast_set_max_records, METH_O,
+     "The records a trace may hold (recorder.set_max_trace_records)."},
     {"now", fast_now, METH_NOARGS, "The clock the records read, in ns."},
     {"setup_api", fast_setup_api, METH_VARARGS,
      "setup_api(globals, slot, Recorder, env_count_key): what api.py defines."},
@@ -1695,7 +1707,6 @@ PyInit__fast(void)
     INTERN(str_scopes, "_scopes");
     INTERN(str_index, "index");
     INTERN(str_name, "__name__");
-    INTERN(str_max, "MAX_TRACE_RECORDS");
     INTERN(str_default, "_default");
     INTERN(str_processor, "processor");
     INTERN(str_local, "_local");

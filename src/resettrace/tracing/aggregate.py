@@ -49,16 +49,8 @@ from resettrace.catalog import (
 from resettrace.costmodel import FitSums
 from resettrace.distribution import Distribution, percentile
 from resettrace.tracing import lifecycle
-from resettrace.tracing.recorder import (
-    NO_COUNT,
-    R_COUNT,
-    R_END,
-    R_PARENT,
-    R_PHASE,
-    R_START,
-    Record,
-    note_once,
-)
+from resettrace.tracing.layout import NO_COUNT, R_COUNT, R_END, R_PARENT, R_PHASE, R_START
+from resettrace.tracing.recorder import Record, note_once
 
 if TYPE_CHECKING:
     from resettrace.tracing.recorder import Recorder

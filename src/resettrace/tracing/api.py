@@ -31,11 +31,11 @@ from resettrace.catalog import ATTR_ENV_COUNT, CATALOG, Phase, text_problem
 from resettrace.config import Config
 from resettrace.tracing import lifecycle
 from resettrace.tracing import recorder as _rec
+from resettrace.tracing.layout import NO_COUNT, R_PHASE
 from resettrace.tracing.recorder import (
     _SLOT,
     CURRENT,
     MAX_COUNT,
-    NO_COUNT,
     NoopRecorder,
     Recorder,
     count_of,
@@ -232,14 +232,14 @@ def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
     opened and closed together (:meth:`Recorder.call_chain`). ``chains``: the levels to
     open under each innermost open phase (-1: none), worked out once per wrapper."""
     stack = rec._stack  # this thread's open trace is rec's (rec is the current one)
-    key = rec._records[stack[-1]][0] if stack else -1
+    key = rec._records[stack[-1]][R_PHASE] if stack else -1
     chain = chains.get(key)
     if chain is None:
         top = rec.innermost()
         if top is None:
             missing = lineage[:-1]  # every parent below the root
         else:
-            at = next((i for i, p in enumerate(lineage) if p is top[0]), -1)
+            at = next((i for i, p in enumerate(lineage) if p is top[R_PHASE]), -1)
             missing = lineage[:at] if at >= 0 else []  # else: recorded where it is
         chain = chains[key] = tuple(p.index for p in [*missing[::-1], phase])
     return rec.call_chain(chain, count, fn, args, kwargs)
@@ -401,7 +401,7 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 return fn(*args, **kwargs)
             if inside is not None:
                 stack = rec._stack  # the innermost open scope first: the usual place
-                if not (stack and rec._records[stack[-1]][0] == inside.index) \
+                if not (stack and rec._records[stack[-1]][R_PHASE] == inside.index) \
                         and not rec.is_open(inside):
                     return fn(*args, **kwargs)  # not on the path it is recorded on
             if c is None:

@@ -25,16 +25,8 @@ from opentelemetry.trace import Status, StatusCode
 
 from resettrace.catalog import ATTR_RESET_COUNT, CATALOG, INSTRUMENTATION_SCOPE, Catalog
 from resettrace.tracing import lifecycle
-from resettrace.tracing.recorder import (
-    R_COUNT,
-    R_END,
-    R_ERROR,
-    R_PARENT,
-    R_PHASE,
-    R_START,
-    Record,
-    error_name,
-)
+from resettrace.tracing.layout import R_COUNT, R_END, R_ERROR, R_PARENT, R_PHASE, R_START
+from resettrace.tracing.recorder import Record, error_name
 
 if TYPE_CHECKING:
     from resettrace.tracing.recorder import Recorder

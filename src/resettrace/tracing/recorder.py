@@ -9,12 +9,12 @@ in ``trace`` mode the span sinks export it.
 With tracing off every component gets :data:`NOOP_RECORDER`, whose ``scope()``
 returns one shared do-nothing scope and whose ``timing()`` is ``None``.
 
-A record is a list of six ints ``[phase_index, parent_position, start_ns, end_ns,
-count, error]``: ``phase_index`` indexes the recorder's
-:class:`~resettrace.catalog.Catalog`, ``parent_position`` is the parent's position
-in the trace or -1, ``count`` the envs reset (-1: not given), ``error`` 0 or the code
-of the exception type that left the scope (:func:`error_name`). All ints, so a
-trace packs into one ``array('q')`` without a Python loop.
+A record is a list of six ints, the fields of :mod:`resettrace.tracing.layout` in its
+order (the C part reads the same names from the header written from it): its phase's
+index in the recorder's :class:`~resettrace.catalog.Catalog`, its parent's position in
+the trace or -1, start and end ns, the envs reset (-1: not given), and 0 or the code of
+the exception type that left the scope (:func:`error_name`). All ints, so a trace packs
+into one ``array('q')`` without a Python loop.
 
 A trace that opens makes its recorder the thread's current one (:data:`CURRENT`, read
 by ``resettrace.current_recorder``) until it closes,
@@ -43,6 +43,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from resettrace.catalog import CATALOG, Catalog, Phase
 from resettrace.tracing import lifecycle
+from resettrace.tracing.layout import (
+    NO_COUNT,
+    R_COUNT,
+    R_END,
+    R_ERROR,
+    R_PARENT,
+    R_PHASE,
+    R_START,
+)
 
 __all__ = [
     "Recorder", "NoopRecorder", "NOOP_RECORDER", "Record", "Scope", "NoopScope", "TraceSink",
@@ -51,10 +60,7 @@ __all__ = [
 
 log = logging.getLogger("resettrace")
 
-Record = list  # [phase_index, parent_position, start_ns, end_ns, count, error]
-R_PHASE, R_PARENT, R_START, R_END, R_COUNT, R_ERROR = range(6)
-RECORD_FIELDS = 6
-NO_COUNT = -1
+Record = list  # the fields of resettrace.tracing.layout, in its order
 
 #: exception type names by error code (code 0: no error); append-only
 _ERROR_NAMES: list[str] = [""]
@@ -62,7 +68,19 @@ _ERROR_CODES: dict[str, int] = {}
 
 _NOTED: set[str] = set()
 #: records one trace may hold: a scope entered and never exited must not grow it forever
+#: (set it with :func:`set_max_trace_records`, which the C part is told by)
 MAX_TRACE_RECORDS = 100_000
+
+
+def set_max_trace_records(n: int) -> int:
+    """Set :data:`MAX_TRACE_RECORDS` (in Python and in the C part); the previous value."""
+    global MAX_TRACE_RECORDS
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"the records of a trace must be an int >= 1, got {n!r}")
+    old, MAX_TRACE_RECORDS = MAX_TRACE_RECORDS, n
+    if _FAST is not None:
+        _FAST.set_max_records(n)
+    return old
 
 
 def note_once(kind: str, message: str, *args: Any) -> None:
@@ -365,13 +383,13 @@ class _ScopeCore:
             at = len(records) - 1
             stack.append(at)
             self._laps.append(at)
-            r[2] = lap[2] = t = _perf_ns()
+            r[R_START] = lap[R_START] = t = _perf_ns()
             if records[-1] is not lap:  # a handler's scopes went in meanwhile
-                r[2] = lap[2] = _first_start(records, at, t)
+                r[R_START] = lap[R_START] = _first_start(records, at, t)
             return self
-        r[2] = t = _perf_ns()  # R_START, last: bookkeeping is not timed
+        r[R_START] = t = _perf_ns()  # R_START, last: bookkeeping is not timed
         if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
-            r[2] = _first_start(records, pos, t)
+            r[R_START] = _first_start(records, pos, t)
         return self
 
     def _hold(self) -> None:
@@ -418,24 +436,24 @@ class _ScopeCore:
         laps = self._laps
         if laps and laps[-1] == pos:  # its running lap ends with it
             r = records[pos]
-            while records[-1][3] > t:  # a handler's scope inside it ran after the clock read
+            while records[-1][R_END] > t:  # a handler's scope inside it ran after the clock read
                 t = _last_end(records, pos, t)
-            r[3] = t
+            r[R_END] = t
             if code:
                 r[R_ERROR] = code
             del stack[-1]  # (no call in between: statements, not methods)
             del laps[-1]
             pos = stack[-1]
         r = records[pos]
-        if r[0] != self._index:
+        if r[R_PHASE] != self._index:
             t = self._unwind(t)
             if t < 0:
                 return  # not open: ignored (a second exit, or never entered)
             pos = stack[-1]
             r = records[pos]
-        while records[-1][3] > t:  # a handler's scope inside it ran after the clock read
+        while records[-1][R_END] > t:  # a handler's scope inside it ran after the clock read
             t = _last_end(records, pos, t)
-        r[3] = t  # R_END (no call from here to the pop: a handler never sees it half closed)
+        r[R_END] = t  # R_END (no call from here to the pop: a handler never sees it half closed)
         if code:
             r[R_ERROR] = code
         self._pos = pos
@@ -449,7 +467,7 @@ class _ScopeCore:
         time they end at. -1 (nothing closed) when no record of this phase is open."""
         stack, records = self._stack, self._records
         at = next((k for k in range(len(stack) - 1, -1, -1)
-                   if records[stack[k]][0] == self._index), -1)
+                   if records[stack[k]][R_PHASE] == self._index), -1)
         cat = self._rec.catalog
         if at < 0:
             note_once("exit-unopened", "scope %r exited while not open (a second exit?); "
@@ -457,18 +475,18 @@ class _ScopeCore:
             return -1
         note_once("exit-mismatch", "scope %r exited while %r inside it was still open; the "
                   "inner scopes were closed with it", cat[self._index].span,
-                  cat[records[stack[-1]][0]].span)
+                  cat[records[stack[-1]][R_PHASE]].span)
         laps, cut = self._laps, stack[at + 1]
         k = len(laps)
         while k and laps[k - 1] >= cut:  # laps among them end too
             k -= 1
-        while records[-1][3] > t:  # a handler's scope inside them ran after the clock read
+        while records[-1][R_END] > t:  # a handler's scope inside them ran after the clock read
             t = _last_end(records, cut, t)
         inner = stack[at + 1:]
         del laps[k:]  # (no call since the look for a handler's records: statements)
         del stack[at + 1:]
         for p in inner:  # off the stack: a handler's scope now goes in under this one
-            records[p][3] = t
+            records[p][R_END] = t
         return t
 
 
@@ -494,14 +512,14 @@ class _ScopeCore:
         laps = self._laps
         pos = stack[-1]
         running = laps and laps[-1] == pos
-        owner = records[pos][1] if running else pos
+        owner = records[pos][R_PARENT] if running else pos
         rec = self._rec
-        mine = records[owner][0] == self._index
+        mine = records[owner][R_PHASE] == self._index
         index = -1
         if not mine:
             note_once("lap-not-innermost", "lap of scope %r while %r inside it is open; "
                       "ignored", rec.catalog[self._index].span,
-                      rec.catalog[records[owner][0]].span)
+                      rec.catalog[records[owner][R_PHASE]].span)
         elif phase is not None:
             if phase.__class__ is str:
                 s = rec._named.get(phase)
@@ -515,10 +533,10 @@ class _ScopeCore:
                 return
         # in the order a signal handler's scopes may interrupt (see _ScopeCore): they ran
         # in the running lap (or this scope) after the clock read, which ends after them
-        while records[-1][3] > t:
+        while records[-1][R_END] > t:
             t = _last_end(records, pos, t)
         if running:
-            records[pos][3] = t  # R_END of the running lap (no call from here to the pops)
+            records[pos][R_END] = t  # R_END of the running lap (no call from here to the pops)
             del stack[-1]
             del laps[-1]
         if index < 0:
@@ -530,8 +548,8 @@ class _ScopeCore:
         laps += (at,)
         if records[-1] is not r:  # a handler's scopes went in before it was on the stack:
             for j in range(at + 1, len(records)):  # they ran during it, as its children
-                if records[j][1] == owner:
-                    records[j][1] = at
+                if records[j][R_PARENT] == owner:
+                    records[j][R_PARENT] = at
 
 
 def _compiled() -> Any:
@@ -545,7 +563,7 @@ def _compiled() -> Any:
         from resettrace.tracing import _fast  # type: ignore[attr-defined]
     except ImportError:
         return None
-    _fast.setup(error_code, globals())
+    _fast.setup(error_code, MAX_TRACE_RECORDS)
     return _fast
 
 
@@ -603,8 +621,8 @@ class Scope(_ScopeBase):
             self._settle()
         stack, records = self._stack, self._records
         for k in range(len(stack) - 1, -1, -1):
-            if records[stack[k]][0] == self._index:
-                c = records[stack[k]][4]
+            if records[stack[k]][R_PHASE] == self._index:
+                c = records[stack[k]][R_COUNT]
                 return None if c == NO_COUNT else c
         return None if self._count == NO_COUNT else self._count
 
@@ -622,8 +640,8 @@ class Scope(_ScopeBase):
             self._settle()
         stack, records = self._stack, self._records
         for k in range(len(stack) - 1, -1, -1):
-            if records[stack[k]][0] == self._index:
-                records[stack[k]][4] = count
+            if records[stack[k]][R_PHASE] == self._index:
+                records[stack[k]][R_COUNT] = count
                 return
         note_once("count-unopened", "count of scope %r set while it is not open; ignored",
                   self._rec.catalog[self._index].span)
@@ -646,20 +664,20 @@ class Scope(_ScopeBase):
         out = zeros.copy()
         trace = rec._records if rec._stack else rec._last
         pos = self._pos
-        if not 0 <= pos < len(trace) or trace[pos][0] != self._index:
+        if not 0 <= pos < len(trace) or trace[pos][R_PHASE] != self._index:
             return out  # never run
         total_ns = 0
         for j in range(pos + 1, len(trace)):
             r = trace[j]
-            if r[1] == pos:  # R_PARENT: a direct child
-                key = key_of.get(r[0])
+            if r[R_PARENT] == pos:  # R_PARENT: a direct child
+                key = key_of.get(r[R_PHASE])
                 if key is not None:
-                    d = r[3] - r[2]
+                    d = r[R_END] - r[R_START]
                     total_ns += d
                     out[key] += d * 1e-6
         if gap_key is not None:
             record = trace[pos]
-            out[gap_key] = (record[3] - record[2] - total_ns) * 1e-6
+            out[gap_key] = (record[R_END] - record[R_START] - total_ns) * 1e-6
         return out
 
 
@@ -786,7 +804,7 @@ class Recorder(_RecorderBase):
             rec = cur
         records, index = rec._records, phase.index
         for p in rec._stack:  # a plain loop: a generator costs more than the few entries
-            if records[p][0] == index:
+            if records[p][R_PHASE] == index:
                 return True
         return False
 
@@ -802,7 +820,7 @@ class Recorder(_RecorderBase):
                 return None
             rec = cur
         r = rec._records[rec._stack[-1]]
-        return rec.catalog[r[0]], r[4]
+        return rec.catalog[r[R_PHASE]], r[R_COUNT]
 
     def _target(self) -> Recorder:
         """The recorder a scope opened here now goes to (the one rule :meth:`scope`,
@@ -859,9 +877,9 @@ class Recorder(_RecorderBase):
             records += (r,)
             stack += (pos,)
         exc_type = None
-        r[2] = t = _perf_ns()  # R_START, last: bookkeeping is not timed
+        r[R_START] = t = _perf_ns()  # R_START, last: bookkeeping is not timed
         if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
-            r[2] = _first_start(records, pos, t)
+            r[R_START] = _first_start(records, pos, t)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -875,9 +893,9 @@ class Recorder(_RecorderBase):
                 s._pos = pos
                 if not s._armed:  # (else a scope() waits for its enter: its count stays)
                     s._count = count
-                while records[-1][3] > t:  # a handler's scope inside it, after the clock
+                while records[-1][R_END] > t:  # a handler's scope inside it, after the clock
                     t = _last_end(records, pos, t)
-                r[3] = t  # R_END (no call from here to the pop)
+                r[R_END] = t  # R_END (no call from here to the pop)
                 if code:
                     r[R_ERROR] = code
                 del stack[-1]
@@ -911,16 +929,16 @@ class Recorder(_RecorderBase):
         records += (r,)
         pos = len(records) - 1
         exc_type = None
-        r[2] = t = _perf_ns()
+        r[R_START] = t = _perf_ns()
         if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
-            r[2] = _first_start(records, pos, t)
+            r[R_START] = _first_start(records, pos, t)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
             exc_type = type(e)
             raise
         finally:
-            r[3] = _perf_ns()
+            r[R_END] = _perf_ns()
             if exc_type is not None:
                 r[R_ERROR] = error_code(exc_type.__name__)
             if len(records) != pos + 1:  # scopes opened inside it: its children
@@ -931,14 +949,14 @@ class Recorder(_RecorderBase):
         ends after them (a signal handler's may have run after its end was read)."""
         records = self._records
         if pos < len(records) and records[pos] is r:
-            end = r[3]
+            end = r[R_END]
             for j in range(pos + 1, len(records)):  # (a handler's records after these
                 c = records[j]  # run after its end: they stay beside it)
                 if c[R_PARENT] == parent:
                     c[R_PARENT] = pos
                     if c[R_END] > end:
                         end = c[R_END]
-            r[3] = end
+            r[R_END] = end
         else:  # its trace was cut meanwhile (an overflow): its record went with it
             note_once("leaf-lost", "a call of %r outlived its trace; not recorded",
                       self.catalog[index].span)
@@ -967,20 +985,20 @@ class Recorder(_RecorderBase):
         opened = [[index, -1, 0, 0, count, 0] for index in indices]
         first, last_r = opened[0], opened[-1]
         if stack:
-            first[1] = stack[-1]
+            first[R_PARENT] = stack[-1]
             base = len(records)
             records += opened
             if records[base] is not first:  # a handler's records went in before them
                 base = _position(records, first)
             for k in range(1, n):  # (off the stack meanwhile: a handler does not see them)
-                opened[k][1] = base + k - 1
+                opened[k][R_PARENT] = base + k - 1
             stack += range(base, base + n)
         else:  # a trace opens: its recorder is the current one until it closes
             if records:  # the last trace's hand-over, interrupted by this (a handler)
                 rec._close_trace()
             base = 0
             for k in range(1, n):
-                opened[k][1] = k - 1
+                opened[k][R_PARENT] = k - 1
             positions = range(n)  # (no call from here to the pushes)
             rec._token = (_SLOT.value,)
             _SLOT.value = rec
@@ -990,11 +1008,11 @@ class Recorder(_RecorderBase):
         exc_type = None
         t = _perf_ns()  # R_START, last: bookkeeping is not timed
         for r in opened:
-            r[2] = t
+            r[R_START] = t
         if records[-1] is not last_r:  # a handler's scopes went in meanwhile: inside them
             t = _first_start(records, last, t)
             for r in opened:
-                r[2] = t
+                r[R_START] = t
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -1009,19 +1027,19 @@ class Recorder(_RecorderBase):
                 # each level exits as its scope would, innermost first
                 if len(records) > last and records[last] is last_r:
                     for pos in range(last, base - 1, -1):
-                        rec._scopes[records[pos][0]].__exit__(exc_type, None, None)
+                        rec._scopes[records[pos][R_PHASE]].__exit__(exc_type, None, None)
             else:
                 scopes = rec._scopes
                 pos = base
                 for r in opened:
                     if code:
                         r[R_ERROR] = code
-                    scopes[r[0]]._pos = pos  # each level remembers its run
+                    scopes[r[R_PHASE]]._pos = pos  # each level remembers its run
                     pos += 1
                 while True:  # their ends, then a last look for a handler's records that
                     for r in opened:  # ended after them (inside them: they end later)
-                        r[3] = t
-                    if records[-1][3] <= t:
+                        r[R_END] = t
+                    if records[-1][R_END] <= t:
                         break
                     t = _last_end(records, last, t)
                 del stack[-n:]  # (no call since the look)
@@ -1045,8 +1063,8 @@ class Recorder(_RecorderBase):
         t = _perf_ns()
         while stack:  # their ends, then a last look for a handler's records that ended
             for pos in stack:  # after them (inside them: they end later)
-                records[pos][3] = t
-            if not stack or records[-1][3] <= t:  # (a handler's scope cut it meanwhile)
+                records[pos][R_END] = t
+            if not stack or records[-1][R_END] <= t:  # (a handler's scope cut it meanwhile)
                 del laps[:]  # (no call since the look: a handler sees it closed, whole)
                 del stack[:]
                 break

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from resettrace.catalog import RESET_DONE
-from resettrace.tracing.recorder import R_END, R_PHASE, R_START, Record, Recorder
+from resettrace.tracing.layout import R_END, R_PHASE, R_START
+from resettrace.tracing.recorder import Record, Recorder
 
 __all__ = ["TraceSampler"]
 

@@ -28,7 +28,8 @@ import numpy as np
 
 from resettrace.catalog import ATTR_EXPORT_DROPPED, ATTR_WORKER_RANK
 from resettrace.tracing.export.protocol import FRAME, Kind, head_of
-from resettrace.tracing.recorder import RECORD_FIELDS, error_name
+from resettrace.tracing.layout import RECORD_FIELDS
+from resettrace.tracing.recorder import error_name
 
 __all__ = ["main"]
 

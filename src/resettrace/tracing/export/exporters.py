@@ -44,7 +44,7 @@ from resettrace.config import (
 )
 from resettrace.tracing.export.file_formats import _FileExporter, _span_attributes
 from resettrace.tracing.export.records import Slot, TextTemplates, Traces
-from resettrace.tracing.recorder import R_ERROR, R_PARENT, R_PHASE
+from resettrace.tracing.layout import R_ERROR, R_PARENT, R_PHASE
 
 log = logging.getLogger(__name__)
 

@@ -93,7 +93,7 @@ from opentelemetry.trace import StatusCode
 from resettrace import outputs
 from resettrace.catalog import ATTR_RESET_COUNT
 from resettrace.tracing.export.records import Slot, TextTemplates, Traces
-from resettrace.tracing.recorder import R_END, R_ERROR, R_PARENT, R_PHASE, R_START
+from resettrace.tracing.layout import R_END, R_ERROR, R_PARENT, R_PHASE, R_START
 
 log = logging.getLogger(__name__)
 

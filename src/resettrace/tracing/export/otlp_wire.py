@@ -27,7 +27,7 @@ import numpy as np
 
 from resettrace.catalog import ATTR_RESET_COUNT, INSTRUMENTATION_SCOPE
 from resettrace.tracing.export.records import Traces
-from resettrace.tracing.recorder import (
+from resettrace.tracing.layout import (
     R_COUNT,
     R_END,
     R_ERROR,

@@ -50,7 +50,8 @@ from resettrace.catalog import (
 )
 from resettrace.tracing import lifecycle
 from resettrace.tracing.export.protocol import FRAME, Kind, frame, trace_packer
-from resettrace.tracing.recorder import _ERROR_NAMES, RECORD_FIELDS, Record, Recorder, note_once
+from resettrace.tracing.layout import RECORD_FIELDS
+from resettrace.tracing.recorder import _ERROR_NAMES, Record, Recorder, note_once
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from resettrace.tracing.recorder import R_COUNT, R_END, R_ERROR, R_PARENT, R_PHASE, R_START
+from resettrace.tracing.layout import R_COUNT, R_END, R_ERROR, R_PARENT, R_PHASE, R_START
 
 __all__ = ["SpanSource", "Traces", "TraceQueue", "TextTemplates", "Slot"]
 
