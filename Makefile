@@ -9,7 +9,7 @@ RESETTRACE_EXPORTER ?= file:$(DEMO_OUT)/spans.jsonl
 
 .PHONY: demo test docs system-deps lint bench-overhead clean
 
-$(STAMP): pyproject.toml setup.py src/resettrace/tracing/_fast.c
+$(STAMP): pyproject.toml setup.py src/resettrace/tracing/_fast.c src/resettrace/tracing/_layout.h
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch for Stable-Baselines3 first, one release (where its CPU build lies on the machine's
@@ -33,8 +33,11 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq chromium chromium-driver prometheus; }
 
+# the suite twice: with the compiled recorder, then with the pure-Python one that an install
+# without a C compiler runs (they must record the same)
 test: $(STAMP) system-deps docs
 	$(BIN)/python -m pytest -q
+	RESETTRACE_PURE_PYTHON=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 	$(BIN)/python -m pytest -q examples/own_env
 	$(BIN)/python -m pytest -q -p no:cacheprovider --markdown-docs README.md docs
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import re
 import subprocess
 import sys
@@ -163,6 +164,8 @@ def _battery(pure: bool) -> dict[str, object]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.skipif(os.environ.get("RESETTRACE_PURE_PYTHON", "0") not in ("", "0"),
+                    reason="the suite's pure-Python pass (make test runs it after this one)")
 def test_the_default_install_records_in_c() -> None:
     """``make test`` builds the extension: a recorder's state is its C base, scopes are
     armed, entered and exited in C, ``traced`` wrappers are shells around its core."""
@@ -454,3 +457,28 @@ def test_the_c_part_reads_the_record_layout_from_its_one_definition() -> None:
     field = r"(set_int|set_item|int_at)\((r|lr|lap|tr|rq|opened\[k\]), [0-9]"
     assert re.search(field, source) is None
     assert re.search(r"PyList_SET_ITEM\(r, [0-9]", source) is None
+
+
+def test_an_install_without_the_compiled_recorder_records_and_says_so_once(
+        tmp_path: Path) -> None:
+    """A copy of the package without its built extension (what an install with no C
+    compiler leaves): tracing works, and one line says why it runs in pure Python."""
+    import shutil
+
+    pkg = tmp_path / "resettrace"
+    shutil.copytree(ROOT / "src/resettrace", pkg,
+                    ignore=shutil.ignore_patterns("_fast*.so", "__pycache__"))
+    code = ("import resettrace\nfrom resettrace import catalog as C\n"
+            "from resettrace.tracing import recorder as R\n"
+            "s = resettrace.configure(mode='timing')\n"
+            "rec = resettrace.recorder(backend='x')\n"
+            "for _ in range(3):\n    with rec.scope(C.RESET_DONE, 2):\n"
+            "        with rec.scope(C.DR_RESET, 2):\n            pass\n"
+            "resettrace.configure(mode='timing')\n"
+            "print(R.COMPILED, s.stats()['dr_reset_total_ms'].count)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env=clean_env(PYTHONPATH=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "3"]
+    said = [line for line in r.stderr.splitlines() if "compiled recorder" in line]
+    assert len(said) == 1 and "not in this install" in said[0], r.stderr

@@ -557,19 +557,34 @@ def _compiled() -> Any:
     ``RESETTRACE_PURE_PYTHON=1``; both record the same."""
     import os
 
+    global NOT_BUILT
     if os.environ.get("RESETTRACE_PURE_PYTHON", "").strip() not in ("", "0"):
         return None
     try:
         from resettrace.tracing import _fast  # type: ignore[attr-defined]
-    except ImportError:
+    except ImportError as e:
+        NOT_BUILT = str(e) or "not built"
         return None
     _fast.setup(error_code, MAX_TRACE_RECORDS)
     return _fast
 
 
+#: why the compiled recorder is missing when it was not turned off (None: it runs, or
+#: RESETTRACE_PURE_PYTHON=1 turned it off)
+NOT_BUILT: str | None = None
 _FAST = _compiled()
-#: whether scopes (and the MotrixLab bridge) enter and exit in C
+#: whether scopes enter and exit in C
 COMPILED = _FAST is not None
+
+
+def say_if_not_built() -> None:
+    """One line, once, when a session records with the pure-Python recorder because the
+    compiled one is not in this install (an install without a C compiler)."""
+    if NOT_BUILT is not None:
+        note_once("not-built", "the compiled recorder is not in this install (%s); the "
+                  "pure-Python one records the same records at more cost per scope "
+                  "(reinstall with a C compiler; RESETTRACE_PURE_PYTHON=1 silences this)",
+                  NOT_BUILT)
 
 
 if TYPE_CHECKING:

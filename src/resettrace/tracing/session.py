@@ -149,6 +149,9 @@ class Tracing:
         if not self.config.enabled:
             return
         from resettrace.tracing.aggregate import Aggregator
+        from resettrace.tracing.recorder import say_if_not_built
+
+        say_if_not_built()
 
         # the aggregation engine alone: a session aggregates records, no SDK span
         self.processor = Aggregator(max_samples=self.config.max_samples, catalog=self.catalog,
