@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -190,7 +191,7 @@ def test_the_compiled_part_holds_no_frameworks_code() -> None:
     for name in ("motrix", "gymnasium", "mjlab", "stable_baselines", "ray"):
         assert re.search(rf"\b{name}", source) is None, name
     assert sorted(n for n in dir(_fast) if n[0].isupper()) == [
-        "RecorderBase", "ScopeBase", "Traced"]
+        "RecorderBase", "ScopeBase", "Slot", "Traced"]
 
 
 def test_compiled_and_pure_python_record_the_same_traces() -> None:
@@ -482,3 +483,35 @@ def test_an_install_without_the_compiled_recorder_records_and_says_so_once(
     assert r.stdout.split() == ["False", "3"]
     said = [line for line in r.stderr.splitlines() if "compiled recorder" in line]
     assert len(said) == 1 and "not in this install" in said[0], r.stderr
+
+
+class _Raising:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+        self.seen = 0
+
+    def on_trace(self, records: Any, recorder: Any) -> None:
+        self.seen += 1
+        raise self.exc
+
+
+def test_a_sink_that_fails_is_logged_and_one_that_exits_ends_the_with_block(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A trace closed in C hands it to the sinks as the Python recorder does: a sink's
+    Exception is logged and the next sink still gets the trace; SystemExit (a SIGTERM
+    handler's, raised inside a sink) leaves the ``with`` block instead of being logged."""
+    failing, after = _Raising(ValueError("sink broke")), _Raising(ValueError("second"))
+    rec = recorder_module.Recorder([failing, after])
+    with caplog.at_level("ERROR", logger="resettrace"):
+        with rec.scope(C.RESET_DONE, 2):
+            with rec.scope(C.DR_RESET, 2):
+                pass
+    assert failing.seen == after.seen == 1
+    assert sum("a trace sink failed" in r.message for r in caplog.records) == 2
+    assert [r[0] for r in rec._last] == [C.RESET_DONE.index, C.DR_RESET.index]
+    assert recorder_module.CURRENT.get() is None and not rec._stack and not rec._records
+    exiting = recorder_module.Recorder([_Raising(SystemExit(143))])
+    with pytest.raises(SystemExit):
+        with exiting.scope(C.RESET_DONE, 2):
+            pass
+    assert recorder_module.CURRENT.get() is None and not exiting._stack

@@ -28,7 +28,7 @@
 #include "_layout.h"  /* R_PHASE ... R_ERROR, RECORD_FIELDS: layout.py's */
 
 static PyObject *str_value, *str_stack, *str_records, *str_owner, *str_scopes, *str_index,
-    *str_name;
+    *str_name, *str_on_trace;
 static PyObject *zero;            /* the int 0 */
 static PyObject *no_count;        /* the int -1: no count given */
 static PyObject *clock_fn;        /* a replacement clock (tests), or NULL */
@@ -80,6 +80,60 @@ now_after(long long *t)
     PyErr_Restore(type, value, tb);
 }
 
+/* ---------------------------------------------------------------- Slot */
+/* The thread's current recorder (recorder.CURRENT's slot): a C thread-local, read and set
+ * in place by the hot path (a threading.local costs a per-thread dict lookup each way).
+ * Python reads and sets it as the attribute `value` of the one Slot object. A thread that
+ * ends with a recorder bound keeps a reference to it (none is bound between traces). */
+static _Thread_local PyObject *tls_current = NULL;  /* NULL: None */
+
+static inline PyObject *
+current_borrowed(void)
+{
+    return tls_current ? tls_current : Py_None;
+}
+
+static inline void
+set_current(PyObject *v)
+{
+    PyObject *old = tls_current;
+    tls_current = v == Py_None || v == NULL ? NULL : Py_NewRef(v);
+    Py_XDECREF(old);
+}
+
+typedef struct {
+    PyObject_HEAD
+} Slot;
+
+static PyObject *
+slot_get_value(Slot *self, void *c)
+{
+    return Py_NewRef(current_borrowed());
+}
+
+static int
+slot_set_value(Slot *self, PyObject *v, void *c)
+{
+    set_current(v);
+    return 0;
+}
+
+static PyGetSetDef slot_getset[] = {
+    {"value", (getter)slot_get_value, (setter)slot_set_value,
+     "this thread's current recorder, or None", NULL},
+    {NULL},
+};
+
+static PyTypeObject SlotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "resettrace.tracing._fast.Slot",
+    .tp_basicsize = sizeof(Slot),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The thread's current recorder, as the attribute value (a C thread-local).",
+    .tp_getset = slot_getset,
+    .tp_new = PyType_GenericNew,
+};
+
 /* ---------------------------------------------------------------- RecorderBase */
 /* The state of a recorder that the hot path reads: the base of recorder.Recorder (its
  * Python subclass adds the routing and the rest). The C code reads these fields in place;
@@ -92,6 +146,9 @@ typedef struct {
     PyObject *laps;       /* positions of the running laps, each also on the stack */
     PyObject *scopes;     /* one Scope per phase index (a list) */
     PyObject *named;      /* span name -> Scope (a dict) */
+    PyObject *token;      /* (the thread's current recorder before the open trace,) or None */
+    PyObject *last;       /* the last trace handed over (a list of records) */
+    PyObject *sinks;      /* what each finished trace is handed to (a tuple) */
     unsigned long owner;  /* the thread that records here */
 } RecorderBase;
 
@@ -101,6 +158,7 @@ static PyObject *scope_general;   /* Recorder._scope_general(rec, phase, count, 
 static PyObject *enter_general;   /* the Python Scope.__enter__ */
 static PyObject *exit_general;    /* the Python Scope.__exit__ */
 static PyObject *lap_general;     /* the Python Scope.lap */
+static PyObject *sink_failed;     /* sink_failed(exc): logs a trace sink's exception */
 
 static int
 rb_traverse(RecorderBase *self, visitproc visit, void *arg)
@@ -110,6 +168,9 @@ rb_traverse(RecorderBase *self, visitproc visit, void *arg)
     Py_VISIT(self->laps);
     Py_VISIT(self->scopes);
     Py_VISIT(self->named);
+    Py_VISIT(self->token);
+    Py_VISIT(self->last);
+    Py_VISIT(self->sinks);
     return 0;
 }
 
@@ -121,6 +182,9 @@ rb_clear(RecorderBase *self)
     Py_CLEAR(self->laps);
     Py_CLEAR(self->scopes);
     Py_CLEAR(self->named);
+    Py_CLEAR(self->token);
+    Py_CLEAR(self->last);
+    Py_CLEAR(self->sinks);
     return 0;
 }
 
@@ -144,8 +208,12 @@ rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->laps = PyList_New(0);
     self->scopes = PyList_New(0);
     self->named = PyDict_New();
+    self->token = Py_NewRef(Py_None);
+    self->last = PyList_New(0);
+    self->sinks = PyTuple_New(0);
     self->owner = PyThread_get_thread_ident();
-    if (!self->stack || !self->records || !self->laps || !self->scopes || !self->named) {
+    if (!self->stack || !self->records || !self->laps || !self->scopes || !self->named
+            || !self->last || !self->sinks) {
         Py_DECREF(self);
         return NULL;
     }
@@ -203,6 +271,13 @@ static PyGetSetDef rb_getset[] = {
     {"_scopes", (getter)rb_get_scopes, (setter)rb_set_scopes, NULL, NULL},
     {"_named", (getter)rb_get_named, NULL, NULL, NULL},
     {"_owner", (getter)rb_get_owner, (setter)rb_set_owner, NULL, NULL},
+    {NULL},
+};
+
+static PyMemberDef rb_members[] = {
+    {"_token", T_OBJECT_EX, offsetof(RecorderBase, token), 0, NULL},
+    {"_last", T_OBJECT_EX, offsetof(RecorderBase, last), 0, NULL},
+    {"_sinks", T_OBJECT_EX, offsetof(RecorderBase, sinks), 0, NULL},
     {NULL},
 };
 
@@ -315,6 +390,17 @@ list_no_collection(Py_ssize_t n)
 {
     int was = PyGC_Disable();
     PyObject *o = PyList_New(n);
+    if (was) {
+        PyGC_Enable();
+    }
+    return o;
+}
+
+static inline PyObject *
+tuple_no_collection(PyObject *a)
+{
+    int was = PyGC_Disable();
+    PyObject *o = PyTuple_Pack(1, a);
     if (was) {
         PyGC_Enable();
     }
@@ -439,23 +525,116 @@ record_phase(PyObject *records, Py_ssize_t pos)
     return int_at(r, R_PHASE);
 }
 
+/* A trace opens on rec: the thread's current recorder is rec until it closes (the one
+ * before is kept in rec's token), as Recorder's Python code does. 0, or -1 with an error. */
+static int
+open_trace(RecorderBase *rec)
+{
+    PyObject *token = tuple_no_collection(current_borrowed());
+    if (token == NULL) {
+        return -1;
+    }
+    Py_SETREF(rec->token, token);
+    set_current((PyObject *)rec);
+    return 0;
+}
+
+/* The trace's outermost scope closed (Recorder._close_trace's common case, with no
+ * exception pending): the thread's current recorder is again the one before, and the
+ * trace goes to the sinks (a copy: the records list is reused). A sink's Exception is
+ * logged (sink_failed), never raised: it must not break training; any other exception
+ * (SystemExit from a SIGTERM handler, KeyboardInterrupt) leaves as Python's would: -1,
+ * with it pending. */
+static int
+close_trace(RecorderBase *rec)
+{
+    PyObject *token = rec->token;
+    rec->token = Py_NewRef(Py_None);
+    if (PyTuple_CheckExact(token) && PyTuple_GET_SIZE(token) == 1) {
+        set_current(PyTuple_GET_ITEM(token, 0));
+    }
+    Py_DECREF(token);
+    Py_ssize_t n = PyList_GET_SIZE(rec->records);
+    if (n == 0) {
+        return 0;  /* handed over already */
+    }
+    PyObject *trace = PyList_GetSlice(rec->records, 0, n);
+    if (trace == NULL || PyList_SetSlice(rec->records, 0, n, NULL) < 0) {
+        Py_XDECREF(trace);
+        return -1;
+    }
+    Py_SETREF(rec->last, Py_NewRef(trace));
+    PyObject *sinks = Py_NewRef(rec->sinks);
+    int out = 0;
+    for (Py_ssize_t i = 0; PyTuple_CheckExact(sinks) && i < PyTuple_GET_SIZE(sinks); i++) {
+        PyObject *r = PyObject_CallMethodObjArgs(PyTuple_GET_ITEM(sinks, i), str_on_trace,
+                                                 trace, (PyObject *)rec, NULL);
+        if (r != NULL) {
+            Py_DECREF(r);
+            continue;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            out = -1;  /* SystemExit, KeyboardInterrupt: they leave */
+            break;
+        }
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (value != NULL && tb != NULL) {
+            PyException_SetTraceback(value, tb);
+        }
+        PyObject *done = sink_failed && value ? PyObject_CallOneArg(sink_failed, value) : NULL;
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        if (done == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                out = -1;  /* the logging was cut by SystemExit: it leaves */
+                break;
+            }
+            PyErr_WriteUnraisable((PyObject *)rec);
+        }
+        Py_XDECREF(done);
+    }
+    Py_DECREF(sinks);
+    Py_DECREF(trace);
+    return out;
+}
+
 static PyObject *
 scope_enter(ScopeBase *self, PyObject *Py_UNUSED(ignored))
 {
     PyObject *stack = self->stack, *records = self->records, *laps = self->laps;
+    PyObject *rec = self->rec;
+    int root;
     if (stack == NULL || records == NULL || laps == NULL || !PyList_CheckExact(stack)
             || !PyList_CheckExact(records) || !PyList_CheckExact(laps)
-            || PyList_GET_SIZE(stack) == 0
             || PyList_GET_SIZE(records) >= max_records()
-            || (self->stash != NULL && self->stash != Py_None)) {
-        /* a trace opens, an overflow, an earlier scope() call waiting for its own enter
-         * (a signal handler's scope landed in between): the Python method */
+            || (self->stash != NULL && self->stash != Py_None)
+            || ((root = PyList_GET_SIZE(stack) == 0)
+                && (PyList_GET_SIZE(records) != 0 || rec == NULL
+                    || !PyObject_TypeCheck(rec, &RecorderBaseType)
+                    || ((RecorderBase *)rec)->stack != stack
+                    || ((RecorderBase *)rec)->records != records))) {
+        /* an overflow, an earlier scope() call waiting for its own enter (a signal
+         * handler's scope landed in between), the last trace's hand-over under way, a
+         * recorder whose lists were replaced: the Python method */
         PyObject *a[] = {(PyObject *)self};
         return call_general(enter_general, a, 1);
     }
     self->armed = 0;  /* its count is taken */
-    PyObject *r = push_record(stack, records, self->index, self->count);
-    if (r == NULL) {
+    PyObject *r;
+    if (root) {  /* a trace opens: its recorder is the current one until it closes */
+        if (open_trace((RecorderBase *)rec) < 0) {
+            return NULL;
+        }
+        r = new_record(self->index, no_count, self->count);  /* parent -1: the root */
+        if (r == NULL || PyList_Append(records, r) < 0 || PyList_Append(stack, zero) < 0) {
+            Py_XDECREF(r);
+            return NULL;
+        }
+    }
+    else if ((r = push_record(stack, records, self->index, self->count)) == NULL) {
         return NULL;
     }
     PyObject *lap = NULL;
@@ -470,7 +649,7 @@ scope_enter(ScopeBase *self, PyObject *Py_UNUSED(ignored))
         }
         Py_DECREF(at);
     }
-    long long t;
+    long long t;  /* R_START, last: bookkeeping is not timed */
     if (now_ns(&t) < 0 || set_int(r, R_START, t) < 0 || (lap && set_int(lap, R_START, t) < 0)) {
         Py_XDECREF(lap);
         Py_DECREF(r);
@@ -505,14 +684,14 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (stack == NULL || records == NULL || laps == NULL
             || !PyList_CheckExact(stack) || !PyList_CheckExact(records)
-            || !PyList_CheckExact(laps) || (n = PyList_GET_SIZE(stack)) < 2) {
-        goto slow;  /* not entered, or the trace closes */
+            || !PyList_CheckExact(laps) || (n = PyList_GET_SIZE(stack)) < 1) {
+        goto slow;  /* not entered */
     }
     pos = int_at(stack, n - 1);
     nl = PyList_GET_SIZE(laps);
     if (nl > 0 && int_at(laps, nl - 1) == pos) {  /* its running lap ends with it */
         lap = pos;
-        if (n < 3 || record_phase(records, lap) < 0) {
+        if (n < 2 || record_phase(records, lap) < 0) {
             goto slow;
         }
         lr = PyList_GET_ITEM(records, lap);
@@ -520,6 +699,11 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (record_phase(records, pos) != self->index) {
         goto slow;  /* not on top: inner scopes left open, or not open at all */
+    }
+    int closes = n == (lap >= 0 ? 2 : 1);  /* the trace closes with it */
+    if (closes && (self->rec == NULL || !PyObject_TypeCheck(self->rec, &RecorderBaseType)
+                   || ((RecorderBase *)self->rec)->records != records)) {
+        goto slow;
     }
     r = PyList_GET_ITEM(records, pos);
     long long t;  /* read once the case is known: the Python method reads its own */
@@ -561,6 +745,9 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
         list_drop(laps, 1);
     }
     self->pos = pos;
+    if (closes && close_trace((RecorderBase *)self->rec) < 0) {
+        return NULL;
+    }
     Py_RETURN_NONE;
 slow:;
     PyObject *a[] = {(PyObject *)self, args[0], args[1], args[2]};
@@ -736,9 +923,18 @@ rb_scope(RecorderBase *self, PyObject *const *args, size_t nargsf, PyObject *kwn
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), first = -1;
     PyObject *count = no_count, *s;
     if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames)) || nargs < 1 || nargs > 3
-            || PyList_GET_SIZE(self->stack) == 0
             || self->owner != PyThread_get_thread_ident()) {
         goto general;
+    }
+    if (PyList_GET_SIZE(self->stack) == 0) {
+        /* a scope opened here joins a trace this thread has open on another recorder */
+        PyObject *cur = current_borrowed();
+        int mine = cur == Py_None || cur == (PyObject *)self
+            || (PyObject_TypeCheck(cur, &RecorderBaseType)
+                && PyList_GET_SIZE(((RecorderBase *)cur)->stack) == 0);
+        if (!mine) {
+            goto general;
+        }
     }
     if (nargs >= 2) {
         count = args[1];
@@ -799,6 +995,7 @@ static PyTypeObject RecorderBaseType = {
     .tp_new = rb_new,
     .tp_methods = rb_methods,
     .tp_getset = rb_getset,
+    .tp_members = rb_members,
 };
 
 /* A recorder's lists and owner: the slots of recorder.Recorder (offsets read from its
@@ -852,7 +1049,6 @@ rec_take(PyObject *rec, PyObject **stack, PyObject **records, PyObject **scopes,
 enum { KIND_CALL = 0, KIND_LEAF = 1, KIND_CHAIN = 2 };
 
 static PyObject *api_globals;     /* api.py's globals: _default, the default session */
-static PyObject *slot_obj;        /* the thread-local slot of the current recorder */
 static PyObject *env_count_key;   /* catalog.ATTR_ENV_COUNT */
 static PyObject *str_default, *str_processor, *str_local, *str_recorder, *str_closed,
     *str_attributes, *str_token, *str_exit, *str_close_trace, *str_adopt, *one_none,
@@ -1088,7 +1284,7 @@ open_below(PyObject *stack, PyObject *records, Py_ssize_t within)
 static PyObject *
 run_call(Traced *self, PyObject *args, PyObject *kwargs)
 {
-    PyObject *rec = PyObject_GetAttr(slot_obj, str_value);
+    PyObject *rec = Py_NewRef(current_borrowed());
     if (rec == NULL) {
         return NULL;
     }
@@ -1194,7 +1390,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
     }
     if (root) {  /* a trace opens: its recorder is the current one until it closes */
         if (PyObject_SetAttr(rec, str_token, one_none) < 0
-                || PyObject_SetAttr(slot_obj, str_value, rec) < 0) {
+                || (set_current(rec), 0) < 0) {
             goto done;
         }
     }
@@ -1257,7 +1453,7 @@ done:
 static PyObject *
 run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
 {
-    PyObject *rec = PyObject_GetAttr(slot_obj, str_value);
+    PyObject *rec = Py_NewRef(current_borrowed());
     if (rec == NULL) {
         return NULL;
     }
@@ -1337,7 +1533,7 @@ done:
 static PyObject *
 run_chain(Traced *self, PyObject *args, PyObject *kwargs)
 {
-    PyObject *rec = PyObject_GetAttr(slot_obj, str_value);
+    PyObject *rec = Py_NewRef(current_borrowed());
     if (rec == NULL) {
         return NULL;
     }
@@ -1587,12 +1783,11 @@ static PyTypeObject TracedType = {
 static PyObject *
 fast_setup_api(PyObject *module, PyObject *args)
 {
-    PyObject *globals, *slot, *rtype, *key;
-    if (!PyArg_ParseTuple(args, "O!OOU", &PyDict_Type, &globals, &slot, &rtype, &key)) {
+    PyObject *globals, *rtype, *key;
+    if (!PyArg_ParseTuple(args, "O!OU", &PyDict_Type, &globals, &rtype, &key)) {
         return NULL;
     }
     Py_XSETREF(api_globals, Py_NewRef(globals));
-    Py_XSETREF(slot_obj, Py_NewRef(slot));
     Py_XSETREF(recorder_type, Py_NewRef(rtype));
     Py_XSETREF(env_count_key, Py_NewRef(key));
     Py_RETURN_NONE;
@@ -1658,11 +1853,12 @@ fast_count(PyObject *module, PyObject *value)
 static PyObject *
 fast_setup_recorder(PyObject *module, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"scope", "enter", "exit", "lap", NULL};
-    PyObject *sc, *en, *ex, *lp;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO", kwlist, &sc, &en, &ex, &lp)) {
+    static char *kwlist[] = {"scope", "enter", "exit", "lap", "sink_failed", NULL};
+    PyObject *sc, *en, *ex, *lp, *sf;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO", kwlist, &sc, &en, &ex, &lp, &sf)) {
         return NULL;
     }
+    Py_XSETREF(sink_failed, Py_NewRef(sf));
     Py_XSETREF(scope_general, Py_NewRef(sc));
     Py_XSETREF(enter_general, Py_NewRef(en));
     Py_XSETREF(exit_general, Py_NewRef(ex));
@@ -1673,8 +1869,9 @@ fast_setup_recorder(PyObject *module, PyObject *args, PyObject *kwds)
 static PyMethodDef fast_methods[] = {
     {"setup_recorder", (PyCFunction)(void (*)(void))fast_setup_recorder,
      METH_VARARGS | METH_KEYWORDS,
-     "setup_recorder(scope, enter, exit, lap): the Python implementations of every case "
-     "(Recorder.scope, Scope.__enter__, __exit__ and lap) the C methods hand over."},
+     "setup_recorder(scope, enter, exit, lap, sink_failed): the Python implementations "
+     "of every case the C methods hand over (Recorder.scope, Scope.__enter__, __exit__ "
+     "and lap) and what logs a trace sink's failure."},
     {"count", fast_count, METH_O,
      "The count a traced call reads from value in C (api.count_of's), or None: not known "
      "here (api.count_of takes it)."},
@@ -1687,7 +1884,7 @@ static PyMethodDef fast_methods[] = {
      "The records a trace may hold (recorder.set_max_trace_records)."},
     {"now", fast_now, METH_NOARGS, "The clock the records read, in ns."},
     {"setup_api", fast_setup_api, METH_VARARGS,
-     "setup_api(globals, slot, Recorder, env_count_key): what api.py defines."},
+     "setup_api(globals, Recorder, env_count_key): what api.py defines."},
     {NULL},
 };
 
@@ -1707,6 +1904,7 @@ PyInit__fast(void)
     INTERN(str_scopes, "_scopes");
     INTERN(str_index, "index");
     INTERN(str_name, "__name__");
+    INTERN(str_on_trace, "on_trace");
     INTERN(str_default, "_default");
     INTERN(str_processor, "processor");
     INTERN(str_local, "_local");
@@ -1726,7 +1924,7 @@ PyInit__fast(void)
     one_none = PyTuple_Pack(1, Py_None);
     if (zero == NULL || no_count == NULL || one_none == NULL
             || PyType_Ready(&TracedType) < 0 || PyType_Ready(&ScopeBaseType) < 0
-            || PyType_Ready(&RecorderBaseType) < 0) {
+            || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&SlotType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&fast_module);
@@ -1735,6 +1933,7 @@ PyInit__fast(void)
     }
     if (PyModule_AddObjectRef(m, "ScopeBase", (PyObject *)&ScopeBaseType) < 0
             || PyModule_AddObjectRef(m, "RecorderBase", (PyObject *)&RecorderBaseType) < 0
+            || PyModule_AddObjectRef(m, "Slot", (PyObject *)&SlotType) < 0
             || PyModule_AddObjectRef(m, "Traced", (PyObject *)&TracedType) < 0) {
         Py_DECREF(m);
         return NULL;

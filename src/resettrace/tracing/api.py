@@ -33,7 +33,6 @@ from resettrace.tracing import lifecycle
 from resettrace.tracing import recorder as _rec
 from resettrace.tracing.layout import NO_COUNT, R_PHASE
 from resettrace.tracing.recorder import (
-    _SLOT,
     CURRENT,
     MAX_COUNT,
     NoopRecorder,
@@ -61,7 +60,7 @@ _while_making: Tracing | None = None
 _CURRENT = CURRENT
 _get_current = _CURRENT.get
 if _rec.COMPILED:
-    _rec._FAST.setup_api(globals(), _SLOT, Recorder, ATTR_ENV_COUNT)
+    _rec._FAST.setup_api(globals(), Recorder, ATTR_ENV_COUNT)
 
 
 # -- sessions -----------------------------------------------------------------------------

@@ -223,6 +223,31 @@ def _position(records: list[Record], r: Record) -> int:
     return j
 
 
+def _compiled() -> Any:
+    """The compiled hot path (``resettrace.tracing._fast``), unless it is not built or
+    ``RESETTRACE_PURE_PYTHON=1``; both record the same."""
+    import os
+
+    global NOT_BUILT
+    if os.environ.get("RESETTRACE_PURE_PYTHON", "").strip() not in ("", "0"):
+        return None
+    try:
+        from resettrace.tracing import _fast  # type: ignore[attr-defined]
+    except ImportError as e:
+        NOT_BUILT = str(e) or "not built"
+        return None
+    _fast.setup(error_code, MAX_TRACE_RECORDS)
+    return _fast
+
+
+#: why the compiled recorder is missing when it was not turned off (None: it runs, or
+#: RESETTRACE_PURE_PYTHON=1 turned it off)
+NOT_BUILT: str | None = None
+_FAST = _compiled()
+#: whether scopes enter and exit in C
+COMPILED = _FAST is not None
+
+
 class ThreadCurrent:
     """The current recorder of this thread: the one whose trace is open, else the one
     bound by ``resettrace.bind`` (None: the default session's recorder of the thread).
@@ -239,7 +264,8 @@ class ThreadCurrent:
     __slots__ = ("_slot", "get")
 
     def __init__(self) -> None:
-        self._slot = _Slot()
+        # compiled: a C thread-local the hot path reads in place
+        self._slot: Any = _FAST.Slot() if _FAST is not None else _Slot()
         self.get: Callable[[], Any] = functools.partial(getattr, self._slot, "value")
 
     def set(self, value: Any) -> tuple[Any]:
@@ -552,31 +578,6 @@ class _ScopeCore:
                     records[j][R_PARENT] = at
 
 
-def _compiled() -> Any:
-    """The compiled hot path (``resettrace.tracing._fast``), unless it is not built or
-    ``RESETTRACE_PURE_PYTHON=1``; both record the same."""
-    import os
-
-    global NOT_BUILT
-    if os.environ.get("RESETTRACE_PURE_PYTHON", "").strip() not in ("", "0"):
-        return None
-    try:
-        from resettrace.tracing import _fast  # type: ignore[attr-defined]
-    except ImportError as e:
-        NOT_BUILT = str(e) or "not built"
-        return None
-    _fast.setup(error_code, MAX_TRACE_RECORDS)
-    return _fast
-
-
-#: why the compiled recorder is missing when it was not turned off (None: it runs, or
-#: RESETTRACE_PURE_PYTHON=1 turned it off)
-NOT_BUILT: str | None = None
-_FAST = _compiled()
-#: whether scopes enter and exit in C
-COMPILED = _FAST is not None
-
-
 def say_if_not_built() -> None:
     """One line, once, when a session records with the pure-Python recorder because the
     compiled one is not in this install (an install without a C compiler)."""
@@ -700,7 +701,8 @@ class _State:
     """The state of a recorder that the hot path reads, in Python: what the compiled
     ``RecorderBase`` holds in C when it runs (:data:`COMPILED`)."""
 
-    __slots__ = ("_stack", "_records", "_laps", "_scopes", "_named", "_owner")
+    __slots__ = ("_stack", "_records", "_laps", "_scopes", "_named", "_owner", "_token",
+                 "_last", "_sinks")
 
     _stack: list[int]
     _records: list[Record]
@@ -709,6 +711,11 @@ class _State:
     _scopes: list[Scope]
     _named: dict[str, Scope]
     _owner: int
+    #: ``(the thread's current recorder before the open trace opened,)``, or None
+    _token: tuple[Any] | None
+    #: the last trace handed to the sinks
+    _last: list[Record]
+    _sinks: tuple[TraceSink, ...]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         self = super().__new__(cls)
@@ -718,6 +725,9 @@ class _State:
         self._scopes = []
         self._named = {}
         self._owner = _get_ident()
+        self._token = None
+        self._last = []
+        self._sinks = ()
         return self
 
 
@@ -740,7 +750,6 @@ class Recorder(_RecorderBase):
     __slots__ = ("__dict__", "__weakref__")
 
     enabled = True
-    _token: tuple[Any] | None = None
 
     def __init__(self, sinks: Sequence[TraceSink] = (), *,
                  attributes: Mapping[str, Any] | None = None,
@@ -748,7 +757,6 @@ class Recorder(_RecorderBase):
         self._sinks = tuple(sinks)
         self.catalog = catalog
         self.attributes: dict[str, Any] = dict(attributes or {})
-        self._last: list[Record] = []
         self._grow()
         self._threads: dict[int, Recorder] = {}
         #: wall-clock ns minus perf_counter ns, to place records in real time
@@ -1124,9 +1132,15 @@ class Recorder(_RecorderBase):
         return rec
 
 
+def _sink_failed(exc: BaseException) -> None:
+    """A trace sink raised (the compiled hand-over's): logged, never raised into training."""
+    log.error("resettrace: a trace sink failed", exc_info=exc)
+
+
 if COMPILED:
     _FAST.setup_recorder(scope=Recorder._scope_general, enter=_ScopeCore.__enter__,
-                         exit=_ScopeCore.__exit__, lap=_ScopeCore.lap)
+                         exit=_ScopeCore.__exit__, lap=_ScopeCore.lap,
+                         sink_failed=_sink_failed)
 
 
 #: every recorder alive, for :func:`_discard_open_traces`
