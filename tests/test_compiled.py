@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import re
 import subprocess
@@ -191,7 +192,7 @@ def test_the_compiled_part_holds_no_frameworks_code() -> None:
     for name in ("motrix", "gymnasium", "mjlab", "stable_baselines", "ray"):
         assert re.search(rf"\b{name}", source) is None, name
     assert sorted(n for n in dir(_fast) if n[0].isupper()) == [
-        "RecorderBase", "ScopeBase", "Slot", "Traced"]
+        "RecorderBase", "ScopeBase", "Slot", "Trace", "Traced"]
 
 
 def test_compiled_and_pure_python_record_the_same_traces() -> None:
@@ -255,9 +256,12 @@ def test_counts_read_in_c_are_count_of(value: object) -> None:
         assert value.ndim != 1 or value.dtype != bool  # the 1-D masks are counted in C
 
 
-def test_records_stay_out_of_the_cyclic_gc() -> None:
-    """A record holds ints only: the compiled path leaves it untracked, so traces waiting
-    to be aggregated neither slow collections nor grow the old generations."""
+def test_a_finished_trace_is_one_object_out_of_the_cyclic_gc() -> None:
+    """A finished trace is handed over as one block of int64 fields (no Python object per
+    record), left out of the cyclic GC: traces waiting to be aggregated neither slow
+    collections nor grow the old generations, and dropping one frees one object."""
+    from resettrace.tracing import _fast
+
     session = Tracing(Config(mode="timing"))
     try:
         with resettrace.use_tracing(session):
@@ -265,9 +269,12 @@ def test_records_stay_out_of_the_cyclic_gc() -> None:
             with rec.scope(C.ENV_STEP):
                 with rec.scope(C.PHYSICS):
                     pass
-            inner = rec._last[1]
-            assert inner[0] == C.PHYSICS.index
-            assert not gc.is_tracked(inner)
+            trace = rec._last
+            assert isinstance(trace, _fast.Trace) and not gc.is_tracked(trace)
+            assert len(trace) == 2 and trace[1][0] == C.PHYSICS.index
+            flat = np.frombuffer(trace.data, dtype=np.int64).reshape(-1, 6)
+            assert flat[:, 0].tolist() == [C.ENV_STEP.index, C.PHYSICS.index]
+            assert flat[1, 1] == 0 and flat[0, 1] == -1
     finally:
         session.shutdown()
 
@@ -515,3 +522,37 @@ def test_a_sink_that_fails_is_logged_and_one_that_exits_ends_the_with_block(
         with exiting.scope(C.RESET_DONE, 2):
             pass
     assert recorder_module.CURRENT.get() is None and not exiting._stack
+
+
+def test_the_timing_dict_read_in_c_is_the_python_one(clock: Any) -> None:
+    """``Scope.timing`` in C (inside the open trace, and from the finished trace after it
+    closed) gives the dict the Python method gives: every child key, 0.0 for what did
+    not run, the gap; and a fresh one each call."""
+    rec = recorder_module.Recorder()
+    python_timing = recorder_module._ScopeCore.timing
+    with rec.scope(C.RESET_DONE, 3):
+        clock.now += 1
+        with rec.scope(C.SET_STATE, 3, C.SET_STATE_QPOS_CONVERT) as outer:
+            clock.now += 20_000  # ns
+            outer.lap(C.SET_STATE_DATA_RESET)
+            clock.now += 300_000
+            outer.lap(None)
+            clock.now += 4_000_000
+            with rec.scope(C.SET_STATE_SET_DOF_POS):
+                clock.now += 50_000_000
+            with rec.scope(C.DR_RESET):  # no key of set_state's: stays in the gap
+                clock.now += 600_000_000
+            clock.now += 7_000
+        inside = [outer.timing(), outer.timing()]  # the first sets the layout (Python)
+        assert inside[0] == inside[1] == python_timing(outer)
+        assert inside[0] is not inside[1]
+    after = outer.timing()
+    assert after == python_timing(outer) == inside[0]
+    assert set(after) == {p.key for p in C.CATALOG.children(C.SET_STATE)} | {
+        C.SET_STATE.gap_key}
+    assert math.isclose(after[C.SET_STATE_QPOS_CONVERT.key], 0.02)  # ms
+    assert math.isclose(after[C.SET_STATE_DATA_RESET.key], 0.3)
+    assert math.isclose(after[C.SET_STATE_SET_DOF_POS.key], 50.0)
+    assert after[C.SET_STATE_MASK.key] == 0.0
+    assert math.isclose(after[C.SET_STATE.gap_key], 4.0 + 600.0 + 0.007)
+    assert math.isclose(sum(after.values()), (rec._last[1][3] - rec._last[1][2]) * 1e-6)

@@ -28,7 +28,7 @@
 #include "_layout.h"  /* R_PHASE ... R_ERROR, RECORD_FIELDS: layout.py's */
 
 static PyObject *str_value, *str_stack, *str_records, *str_owner, *str_scopes, *str_index,
-    *str_name, *str_on_trace;
+    *str_name, *str_on_trace, *str_version, *str_catalog_;
 static PyObject *zero;            /* the int 0 */
 static PyObject *no_count;        /* the int -1: no count given */
 static PyObject *clock_fn;        /* a replacement clock (tests), or NULL */
@@ -79,6 +79,201 @@ now_after(long long *t)
     }
     PyErr_Restore(type, value, tb);
 }
+
+/* ---------------------------------------------------------------- Trace */
+/* A finished trace, as the sinks get it: its records' fields (layout.py's order) in one
+ * block of int64, no Python object per record. A sequence of records, each read as a
+ * tuple of RECORD_FIELDS ints; its buffer (and .data) the flat int64s, for numpy. */
+typedef struct {
+    PyObject_VAR_HEAD    /* ob_size: the int64s held (RECORD_FIELDS per record) */
+    int64_t v[1];
+} Trace;
+
+static PyTypeObject TraceType;
+
+static Py_ssize_t
+trace_len(Trace *self)
+{
+    return Py_SIZE(self) / RECORD_FIELDS;
+}
+
+static PyObject *
+trace_row(Trace *self, Py_ssize_t i)
+{
+    if (i < 0 || i >= trace_len(self)) {
+        PyErr_SetString(PyExc_IndexError, "trace index out of range");
+        return NULL;
+    }
+    PyObject *row = PyTuple_New(RECORD_FIELDS);
+    if (row == NULL) {
+        return NULL;
+    }
+    for (int f = 0; f < RECORD_FIELDS; f++) {
+        PyObject *x = PyLong_FromLongLong(self->v[i * RECORD_FIELDS + f]);
+        if (x == NULL) {
+            Py_DECREF(row);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(row, f, x);
+    }
+    return row;
+}
+
+static PyObject *
+trace_subscript(Trace *self, PyObject *key)
+{
+    Py_ssize_t n = trace_len(self);
+    if (PyIndex_Check(key)) {
+        Py_ssize_t i = PyNumber_AsSsize_t(key, PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        return trace_row(self, i < 0 ? i + n : i);
+    }
+    if (PySlice_Check(key)) {
+        Py_ssize_t start, stop, step;
+        if (PySlice_Unpack(key, &start, &stop, &step) < 0) {
+            return NULL;
+        }
+        Py_ssize_t m = PySlice_AdjustIndices(n, &start, &stop, step);
+        PyObject *out = PyList_New(m);
+        for (Py_ssize_t k = 0; out != NULL && k < m; k++) {
+            PyObject *row = trace_row(self, start + k * step);
+            if (row == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyList_SET_ITEM(out, k, row);
+        }
+        return out;
+    }
+    return PyErr_Format(PyExc_TypeError, "trace indices must be integers or slices, not %s",
+                        Py_TYPE(key)->tp_name);
+}
+
+static PyObject *
+trace_item(Trace *self, Py_ssize_t i)
+{
+    return trace_row(self, i);
+}
+
+static Py_ssize_t int64_stride = 8;
+
+static int
+trace_getbuffer(Trace *self, Py_buffer *view, int flags)
+{
+    /* read-only (a writable request fails here), then int64 items */
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->v, Py_SIZE(self) * 8, 1, flags) < 0) {
+        return -1;
+    }
+    view->itemsize = 8;
+    view->format = (flags & PyBUF_FORMAT) ? "q" : NULL;
+    view->shape = (flags & PyBUF_ND) ? &((PyVarObject *)self)->ob_size : NULL;
+    view->strides = (flags & PyBUF_STRIDES) ? &int64_stride : NULL;
+    return 0;
+}
+
+static PyObject *
+trace_data(Trace *self, void *c)
+{
+    return PyMemoryView_FromObject((PyObject *)self);
+}
+
+static PyObject *
+trace_repr(Trace *self)
+{
+    return PyUnicode_FromFormat("<resettrace trace of %zd records>", trace_len(self));
+}
+
+/* The records of a list (each a sequence of RECORD_FIELDS ints) as a Trace, or NULL
+ * with an error. */
+static PyObject *
+trace_of(PyObject *records)
+{
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    Trace *t = PyObject_NewVar(Trace, &TraceType, n * RECORD_FIELDS);
+    if (t == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(records, i);
+        if (!PyList_CheckExact(r) || PyList_GET_SIZE(r) != RECORD_FIELDS) {
+            PyObject *fast = PySequence_Fast(r, "a record is a sequence of ints");
+            if (fast == NULL || PySequence_Fast_GET_SIZE(fast) != RECORD_FIELDS) {
+                if (fast != NULL) {
+                    PyErr_Format(PyExc_ValueError, "a record holds %d fields", RECORD_FIELDS);
+                }
+                Py_XDECREF(fast);
+                Py_DECREF(t);
+                return NULL;
+            }
+            for (int f = 0; f < RECORD_FIELDS; f++) {
+                long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, f));
+                if (x == -1 && PyErr_Occurred()) {
+                    Py_DECREF(fast);
+                    Py_DECREF(t);
+                    return NULL;
+                }
+                t->v[i * RECORD_FIELDS + f] = x;
+            }
+            Py_DECREF(fast);
+            continue;
+        }
+        for (int f = 0; f < RECORD_FIELDS; f++) {
+            long long x = PyLong_AsLongLong(PyList_GET_ITEM(r, f));
+            if (x == -1 && PyErr_Occurred()) {
+                Py_DECREF(t);
+                return NULL;
+            }
+            t->v[i * RECORD_FIELDS + f] = x;
+        }
+    }
+    return (PyObject *)t;
+}
+
+static PyObject *
+trace_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *records;
+    if (!PyArg_ParseTuple(args, "O!:Trace", &PyList_Type, &records)) {
+        return NULL;
+    }
+    return trace_of(records);
+}
+
+static PySequenceMethods trace_as_sequence = {
+    .sq_length = (lenfunc)trace_len,
+    .sq_item = (ssizeargfunc)trace_item,
+};
+
+static PyMappingMethods trace_as_mapping = {
+    .mp_length = (lenfunc)trace_len,
+    .mp_subscript = (binaryfunc)trace_subscript,
+};
+
+static PyBufferProcs trace_as_buffer = {
+    .bf_getbuffer = (getbufferproc)trace_getbuffer,
+};
+
+static PyGetSetDef trace_getset[] = {
+    {"data", (getter)trace_data, NULL, "the records' fields, flat int64 (a memoryview)", NULL},
+    {NULL},
+};
+
+static PyTypeObject TraceType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "resettrace.tracing._fast.Trace",
+    .tp_basicsize = offsetof(Trace, v),
+    .tp_itemsize = sizeof(int64_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Trace(records): a finished trace, its records' fields in one int64 block.",
+    .tp_as_sequence = &trace_as_sequence,
+    .tp_as_mapping = &trace_as_mapping,
+    .tp_as_buffer = &trace_as_buffer,
+    .tp_getset = trace_getset,
+    .tp_repr = (reprfunc)trace_repr,
+    .tp_new = trace_new,
+};
 
 /* ---------------------------------------------------------------- Slot */
 /* The thread's current recorder (recorder.CURRENT's slot): a C thread-local, read and set
@@ -158,6 +353,7 @@ static PyObject *scope_general;   /* Recorder._scope_general(rec, phase, count, 
 static PyObject *enter_general;   /* the Python Scope.__enter__ */
 static PyObject *exit_general;    /* the Python Scope.__exit__ */
 static PyObject *lap_general;     /* the Python Scope.lap */
+static PyObject *timing_general;  /* the Python Scope.timing */
 static PyObject *sink_failed;     /* sink_failed(exc): logs a trace sink's exception */
 
 static int
@@ -558,10 +754,14 @@ close_trace(RecorderBase *rec)
     if (n == 0) {
         return 0;  /* handed over already */
     }
-    PyObject *trace = PyList_GetSlice(rec->records, 0, n);
-    if (trace == NULL || PyList_SetSlice(rec->records, 0, n, NULL) < 0) {
+    PyObject *trace = trace_of(rec->records);  /* read while its records are in cache */
+    if (PyList_SetSlice(rec->records, 0, n, NULL) < 0) {
         Py_XDECREF(trace);
         return -1;
+    }
+    if (trace == NULL) {  /* a field written by hand that is no int64: dropped, said */
+        PyErr_WriteUnraisable((PyObject *)rec);
+        return 0;
     }
     Py_SETREF(rec->last, Py_NewRef(trace));
     PyObject *sinks = Py_NewRef(rec->sinks);
@@ -599,6 +799,23 @@ close_trace(RecorderBase *rec)
     Py_DECREF(sinks);
     Py_DECREF(trace);
     return out;
+}
+
+/* close_trace after a traced call: the call's exception, if any, stays pending, unless a
+ * sink raised one that leaves (SystemExit), which replaces it as one raised in a finally
+ * block would. */
+static void
+close_trace_after_call(RecorderBase *rec)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (close_trace(rec) < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return;
+    }
+    PyErr_Restore(type, value, tb);
 }
 
 static PyObject *
@@ -876,11 +1093,135 @@ slow:;
     return call_general(lap_general, a, 3);
 }
 
+/* Field f of record j of a trace: the open one (a list of record lists) or a finished
+ * one (a Trace). 0 with *ok cleared when it is not an int (the caller hands over). */
+static inline long long
+field_of(PyObject *trace, int is_list, Py_ssize_t j, int f, int *ok)
+{
+    if (!is_list) {
+        return ((Trace *)trace)->v[j * RECORD_FIELDS + f];
+    }
+    PyObject *r = PyList_GET_ITEM(trace, j);
+    if (!PyList_CheckExact(r) || PyList_GET_SIZE(r) != RECORD_FIELDS) {
+        *ok = 0;
+        return 0;
+    }
+    PyObject *v = PyList_GET_ITEM(r, f);
+    long long x = PyLong_CheckExact(v) ? PyLong_AsLongLong(v) : -1;
+    if (!PyLong_CheckExact(v) || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        *ok = 0;
+    }
+    return x;
+}
+
+/* Scope.timing(): the closed timing dict of this scope's last run, from its layout (set
+ * by the Python method on first use, for the catalog's version): its children's keys and
+ * its gap. Anything else (no layout yet, a newer catalog, a scope() call waiting for its
+ * enter): the Python method. */
+static PyObject *
+scope_timing(ScopeBase *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *layout = self->layout, *rec = self->rec, *out = NULL;
+    if (self->armed || layout == NULL || !PyTuple_CheckExact(layout)
+            || PyTuple_GET_SIZE(layout) != 4 || rec == NULL
+            || !PyObject_TypeCheck(rec, &RecorderBaseType)) {
+        goto general;
+    }
+    /* the layout is for the recorder's catalog as it is now (rec.catalog.version) */
+    PyObject *catalog = PyObject_GetAttr(rec, str_catalog_);
+    PyObject *version = catalog ? PyObject_GetAttr(catalog, str_version) : NULL;
+    Py_XDECREF(catalog);
+    if (version == NULL) {
+        PyErr_Clear();
+        goto general;
+    }
+    int same = PyObject_RichCompareBool(version, PyTuple_GET_ITEM(layout, 0), Py_EQ);
+    Py_DECREF(version);
+    PyObject *key_of = PyTuple_GET_ITEM(layout, 1), *zeros = PyTuple_GET_ITEM(layout, 2);
+    PyObject *gap_key = PyTuple_GET_ITEM(layout, 3);
+    if (same != 1 || !PyDict_CheckExact(key_of) || !PyDict_CheckExact(zeros)) {
+        PyErr_Clear();
+        goto general;
+    }
+    RecorderBase *rb = (RecorderBase *)rec;
+    int is_list = PyList_GET_SIZE(rb->stack) > 0;
+    PyObject *trace = is_list ? rb->records : rb->last;
+    if (!is_list && !Py_IS_TYPE(trace, &TraceType)) {
+        goto general;
+    }
+    Py_INCREF(trace);
+    Py_ssize_t n = is_list ? PyList_GET_SIZE(trace) : trace_len((Trace *)trace);
+    Py_ssize_t pos = self->pos;
+    int ok = 1;
+    out = PyDict_Copy(zeros);
+    if (out == NULL) {
+        Py_DECREF(trace);
+        return NULL;
+    }
+    if (pos < 0 || pos >= n || field_of(trace, is_list, pos, R_PHASE, &ok) != self->index
+            || !ok) {
+        Py_DECREF(trace);
+        return ok ? out : (Py_DECREF(out), PyObject_CallOneArg(timing_general,
+                                                               (PyObject *)self));
+    }
+    long long total = 0;
+    for (Py_ssize_t j = pos + 1; j < n && ok; j++) {
+        if (field_of(trace, is_list, j, R_PARENT, &ok) != pos || !ok) {
+            continue;  /* not a direct child */
+        }
+        PyObject *phase = PyLong_FromLongLong(field_of(trace, is_list, j, R_PHASE, &ok));
+        PyObject *key = phase ? PyDict_GetItemWithError(key_of, phase) : NULL;
+        Py_XDECREF(phase);
+        if (key == NULL) {
+            if (PyErr_Occurred()) {
+                goto fail;
+            }
+            continue;  /* a child of no key of its own */
+        }
+        long long d = field_of(trace, is_list, j, R_END, &ok)
+            - field_of(trace, is_list, j, R_START, &ok);
+        total += d;
+        PyObject *was = PyDict_GetItemWithError(out, key);
+        double v = was && PyFloat_CheckExact(was) ? PyFloat_AS_DOUBLE(was) : 0.0;
+        PyObject *now = PyFloat_FromDouble(v + d * 1e-6);
+        if (now == NULL || PyDict_SetItem(out, key, now) < 0) {
+            Py_XDECREF(now);
+            goto fail;
+        }
+        Py_DECREF(now);
+    }
+    if (ok && gap_key != Py_None) {
+        long long own = field_of(trace, is_list, pos, R_END, &ok)
+            - field_of(trace, is_list, pos, R_START, &ok);
+        PyObject *gap = PyFloat_FromDouble((own - total) * 1e-6);
+        if (gap == NULL || PyDict_SetItem(out, gap_key, gap) < 0) {
+            Py_XDECREF(gap);
+            goto fail;
+        }
+        Py_DECREF(gap);
+    }
+    Py_DECREF(trace);
+    if (!ok) {  /* a record that is not ints (written by hand): Python says what it is */
+        Py_DECREF(out);
+        goto general;
+    }
+    return out;
+fail:
+    Py_DECREF(trace);
+    Py_DECREF(out);
+    return NULL;
+general:
+    return PyObject_CallOneArg(timing_general, (PyObject *)self);
+}
+
 static PyMethodDef scope_methods[] = {
     {"__enter__", (PyCFunction)scope_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))scope_exit, METH_FASTCALL, NULL},
     {"lap", (PyCFunction)(void (*)(void))scope_lap, METH_FASTCALL,
      "lap(phase, count=-1): see recorder.Scope.lap."},
+    {"timing", (PyCFunction)scope_timing, METH_NOARGS,
+     "timing(): see recorder.Scope.timing."},
     {NULL},
 };
 
@@ -1051,7 +1392,7 @@ enum { KIND_CALL = 0, KIND_LEAF = 1, KIND_CHAIN = 2 };
 static PyObject *api_globals;     /* api.py's globals: _default, the default session */
 static PyObject *env_count_key;   /* catalog.ATTR_ENV_COUNT */
 static PyObject *str_default, *str_processor, *str_local, *str_recorder, *str_closed,
-    *str_attributes, *str_token, *str_exit, *str_close_trace, *str_adopt, *one_none,
+    *str_attributes, *str_exit, *str_adopt, *one_none,
     *str_catalog, *str_call, *str_call_leaf;
 
 typedef struct {
@@ -1389,8 +1730,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         goto done;
     }
     if (root) {  /* a trace opens: its recorder is the current one until it closes */
-        if (PyObject_SetAttr(rec, str_token, one_none) < 0
-                || (set_current(rec), 0) < 0) {
+        if (open_trace((RecorderBase *)rec) < 0) {
             goto done;
         }
     }
@@ -1422,8 +1762,10 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
             Py_XSETREF(((ScopeBase *)s)->count, Py_NewRef(c));
         }
         if (m == 1) {
-            PyObject *a[] = {rec};
-            call_keeping_error(rec, str_close_trace, a, 1);
+            close_trace_after_call((RecorderBase *)rec);
+            if (result != NULL && PyErr_Occurred()) {
+                Py_CLEAR(result);  /* a sink's SystemExit leaves */
+            }
         }
     }
     else {  /* not on top: it exits as a ``with`` scope's would */
@@ -1662,8 +2004,10 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
         }
         list_drop(stack, m < 4 ? m : 4);
         if (m <= 4) {
-            PyObject *a[] = {rec};
-            call_keeping_error(rec, str_close_trace, a, 1);
+            close_trace_after_call((RecorderBase *)rec);
+            if (result != NULL && PyErr_Occurred()) {
+                Py_CLEAR(result);  /* a sink's SystemExit leaves */
+            }
         }
     }
     else if (PyList_GET_SIZE(records) > last && PyList_GET_ITEM(records, last) == opened[3]) {
@@ -1853,11 +2197,13 @@ fast_count(PyObject *module, PyObject *value)
 static PyObject *
 fast_setup_recorder(PyObject *module, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"scope", "enter", "exit", "lap", "sink_failed", NULL};
-    PyObject *sc, *en, *ex, *lp, *sf;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO", kwlist, &sc, &en, &ex, &lp, &sf)) {
+    static char *kwlist[] = {"scope", "enter", "exit", "lap", "timing", "sink_failed", NULL};
+    PyObject *sc, *en, *ex, *lp, *tm, *sf;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO", kwlist, &sc, &en, &ex, &lp, &tm,
+                                     &sf)) {
         return NULL;
     }
+    Py_XSETREF(timing_general, Py_NewRef(tm));
     Py_XSETREF(sink_failed, Py_NewRef(sf));
     Py_XSETREF(scope_general, Py_NewRef(sc));
     Py_XSETREF(enter_general, Py_NewRef(en));
@@ -1869,9 +2215,9 @@ fast_setup_recorder(PyObject *module, PyObject *args, PyObject *kwds)
 static PyMethodDef fast_methods[] = {
     {"setup_recorder", (PyCFunction)(void (*)(void))fast_setup_recorder,
      METH_VARARGS | METH_KEYWORDS,
-     "setup_recorder(scope, enter, exit, lap, sink_failed): the Python implementations "
-     "of every case the C methods hand over (Recorder.scope, Scope.__enter__, __exit__ "
-     "and lap) and what logs a trace sink's failure."},
+     "setup_recorder(scope, enter, exit, lap, timing, sink_failed): the Python "
+     "implementations of every case the C methods hand over (Recorder.scope, "
+     "Scope.__enter__, __exit__, lap and timing) and what logs a trace sink's failure."},
     {"count", fast_count, METH_O,
      "The count a traced call reads from value in C (api.count_of's), or None: not known "
      "here (api.count_of takes it)."},
@@ -1905,15 +2251,15 @@ PyInit__fast(void)
     INTERN(str_index, "index");
     INTERN(str_name, "__name__");
     INTERN(str_on_trace, "on_trace");
+    INTERN(str_version, "version");
+    INTERN(str_catalog_, "catalog");
     INTERN(str_default, "_default");
     INTERN(str_processor, "processor");
     INTERN(str_local, "_local");
     INTERN(str_recorder, "recorder");
     INTERN(str_closed, "_closed");
     INTERN(str_attributes, "attributes");
-    INTERN(str_token, "_token");
     INTERN(str_exit, "__exit__");
-    INTERN(str_close_trace, "_close_trace");
     INTERN(str_adopt, "_adopt");
     INTERN(str_catalog, "catalog");
     INTERN(str_call, "call");
@@ -1924,7 +2270,8 @@ PyInit__fast(void)
     one_none = PyTuple_Pack(1, Py_None);
     if (zero == NULL || no_count == NULL || one_none == NULL
             || PyType_Ready(&TracedType) < 0 || PyType_Ready(&ScopeBaseType) < 0
-            || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&SlotType) < 0) {
+            || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&SlotType) < 0
+            || PyType_Ready(&TraceType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&fast_module);
@@ -1934,6 +2281,7 @@ PyInit__fast(void)
     if (PyModule_AddObjectRef(m, "ScopeBase", (PyObject *)&ScopeBaseType) < 0
             || PyModule_AddObjectRef(m, "RecorderBase", (PyObject *)&RecorderBaseType) < 0
             || PyModule_AddObjectRef(m, "Slot", (PyObject *)&SlotType) < 0
+            || PyModule_AddObjectRef(m, "Trace", (PyObject *)&TraceType) < 0
             || PyModule_AddObjectRef(m, "Traced", (PyObject *)&TracedType) < 0) {
         Py_DECREF(m);
         return NULL;

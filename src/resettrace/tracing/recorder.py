@@ -33,13 +33,15 @@ is logged once (:func:`note_once`); the statistics treat them in
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import sys
 import threading
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from resettrace.catalog import CATALOG, Catalog, Phase
 from resettrace.tracing import lifecycle
@@ -51,6 +53,7 @@ from resettrace.tracing.layout import (
     R_PARENT,
     R_PHASE,
     R_START,
+    RECORD_FIELDS,
 )
 
 __all__ = [
@@ -578,6 +581,82 @@ class _ScopeCore:
                     records[j][R_PARENT] = at
 
 
+    def timing(self) -> dict[str, float]:
+        """Closed timing dict of this scope's last run: its children's keys and the gap.
+
+        One function on purpose: it runs on the reset path right after the engine, where
+        every extra Python call costs microseconds (see :func:`closed_timing`).
+        """
+        if self._armed:  # taken by scope() for this, not to be entered
+            self._settle()
+        rec = self._rec
+        layout = self._layout
+        if layout is None or layout[0] != rec.catalog.version:
+            phase = rec.catalog[self._index]
+            version, key_of, zeros = rec.catalog.layout(phase)
+            layout = self._layout = (version, key_of, zeros, phase.gap_key)
+        _, key_of, zeros, gap_key = layout
+        out = zeros.copy()
+        trace = rec._records if rec._stack else rec._last
+        pos = self._pos
+        if not 0 <= pos < len(trace) or trace[pos][R_PHASE] != self._index:
+            return out  # never run
+        total_ns = 0
+        for j in range(pos + 1, len(trace)):
+            r = trace[j]
+            if r[R_PARENT] == pos:  # R_PARENT: a direct child
+                key = key_of.get(r[R_PHASE])
+                if key is not None:
+                    d = r[R_END] - r[R_START]
+                    total_ns += d
+                    out[key] += d * 1e-6
+        if gap_key is not None:
+            record = trace[pos]
+            out[gap_key] = (record[R_END] - record[R_START] - total_ns) * 1e-6
+        return out
+
+
+class _PyTrace(Sequence[tuple[int, ...]]):
+    """A finished trace as the sinks get it: its records' fields (the layout's order) in
+    one ``array('q')``, :attr:`data`, no Python object per record; read as a sequence of
+    records, each a tuple of ints. The compiled recorder's ``_fast.Trace`` is the same in
+    C (its ``data`` a memoryview of the same int64s)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, records: Sequence[Sequence[int]]) -> None:
+        if any(len(r) != RECORD_FIELDS for r in records):
+            raise ValueError(f"a record holds {RECORD_FIELDS} fields")
+        self.data = array("q", itertools.chain.from_iterable(records))
+
+    def __len__(self) -> int:
+        return len(self.data) // RECORD_FIELDS
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, ...]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[int, ...]]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[int, ...] | list[tuple[int, ...]]:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(n))]
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("trace index out of range")
+        at = i * RECORD_FIELDS
+        return tuple(self.data[at:at + RECORD_FIELDS])
+
+    def __repr__(self) -> str:
+        return f"<resettrace trace of {len(self)} records>"
+
+
+#: what a finished trace is handed to the sinks as (see :class:`_PyTrace`)
+Trace: Any = _FAST.Trace if _FAST is not None else _PyTrace
+
+
 def say_if_not_built() -> None:
     """One line, once, when a session records with the pure-Python recorder because the
     compiled one is not in this install (an install without a C compiler)."""
@@ -662,39 +741,6 @@ class Scope(_ScopeBase):
         note_once("count-unopened", "count of scope %r set while it is not open; ignored",
                   self._rec.catalog[self._index].span)
 
-    def timing(self) -> dict[str, float]:
-        """Closed timing dict of this scope's last run: its children's keys and the gap.
-
-        One function on purpose: it runs on the reset path right after the engine, where
-        every extra Python call costs microseconds (see :func:`closed_timing`).
-        """
-        if self._armed:  # taken by scope() for this, not to be entered
-            self._settle()
-        rec = self._rec
-        layout = self._layout
-        if layout is None or layout[0] != rec.catalog.version:
-            phase = rec.catalog[self._index]
-            version, key_of, zeros = rec.catalog.layout(phase)
-            layout = self._layout = (version, key_of, zeros, phase.gap_key)
-        _, key_of, zeros, gap_key = layout
-        out = zeros.copy()
-        trace = rec._records if rec._stack else rec._last
-        pos = self._pos
-        if not 0 <= pos < len(trace) or trace[pos][R_PHASE] != self._index:
-            return out  # never run
-        total_ns = 0
-        for j in range(pos + 1, len(trace)):
-            r = trace[j]
-            if r[R_PARENT] == pos:  # R_PARENT: a direct child
-                key = key_of.get(r[R_PHASE])
-                if key is not None:
-                    d = r[R_END] - r[R_START]
-                    total_ns += d
-                    out[key] += d * 1e-6
-        if gap_key is not None:
-            record = trace[pos]
-            out[gap_key] = (record[R_END] - record[R_START] - total_ns) * 1e-6
-        return out
 
 
 class _State:
@@ -1111,10 +1157,16 @@ class Recorder(_RecorderBase):
         del self._records[:]
         if not records:
             return  # handed over already
-        self._last = records
+        try:
+            trace = Trace(records)  # one object: no Python object per record from here
+        except (TypeError, ValueError, OverflowError) as e:  # a field written by hand
+            note_once("trace-fields", "a trace whose records are not int64 fields was "
+                      "dropped (%s: %s)", type(e).__name__, e)
+            return
+        self._last = trace
         for sink in self._sinks:
             try:
-                sink.on_trace(records, self)
+                sink.on_trace(trace, self)
             except Exception:  # a sink must never break training
                 log.exception("resettrace: a trace sink failed")
 
@@ -1140,7 +1192,7 @@ def _sink_failed(exc: BaseException) -> None:
 if COMPILED:
     _FAST.setup_recorder(scope=Recorder._scope_general, enter=_ScopeCore.__enter__,
                          exit=_ScopeCore.__exit__, lap=_ScopeCore.lap,
-                         sink_failed=_sink_failed)
+                         timing=_ScopeCore.timing, sink_failed=_sink_failed)
 
 
 #: every recorder alive, for :func:`_discard_open_traces`
