@@ -192,7 +192,7 @@ def test_the_compiled_part_holds_no_frameworks_code() -> None:
     for name in ("motrix", "gymnasium", "mjlab", "stable_baselines", "ray"):
         assert re.search(rf"\b{name}", source) is None, name
     assert sorted(n for n in dir(_fast) if n[0].isupper()) == [
-        "RecorderBase", "ScopeBase", "Slot", "Trace", "Traced"]
+        "RecorderBase", "ScopeBase", "Slot", "Trace", "TraceQueue", "Traced"]
 
 
 def test_compiled_and_pure_python_record_the_same_traces() -> None:
@@ -556,3 +556,40 @@ def test_the_timing_dict_read_in_c_is_the_python_one(clock: Any) -> None:
     assert after[C.SET_STATE_MASK.key] == 0.0
     assert math.isclose(after[C.SET_STATE.gap_key], 4.0 + 600.0 + 0.007)
     assert math.isclose(sum(after.values()), (rec._last[1][3] - rec._last[1][2]) * 1e-6)
+
+
+def test_a_trace_closed_in_c_goes_straight_into_its_sinks_queue_below_its_limit() -> None:
+    """A sink with a ``trace_queue`` gets the traces the compiled recorder closes appended
+    to it, with no call of ``on_trace``, while it holds fewer than its ``limit``; then (and
+    with limit 0) through ``on_trace``. The aggregator counts every one either way."""
+    from resettrace.tracing import _fast
+    from resettrace.tracing.aggregate import Aggregator
+
+    class Sink:
+        def __init__(self) -> None:
+            self.trace_queue = _fast.TraceQueue()
+            self.trace_queue.limit = 2
+            self.calls = 0
+
+        def on_trace(self, records: Any, recorder: Any) -> None:
+            self.calls += 1
+
+    sink = Sink()
+    rec = recorder_module.Recorder([sink])
+    for _ in range(5):
+        with rec.scope(C.RESET_DONE, 1):
+            pass
+    assert len(sink.trace_queue) == 2 and sink.calls == 3
+    assert sink.trace_queue.popleft()[0][0] == C.RESET_DONE.index
+    agg = Aggregator(max_pending=10)
+    assert isinstance(agg.trace_queue, _fast.TraceQueue) and agg.trace_queue.limit == 9
+    rec = recorder_module.Recorder([agg])
+    for _ in range(25):  # past the limit: on_trace wakes the thread, drops past 10
+        with rec.scope(C.RESET_DONE, 1):
+            pass
+    assert agg.stats()["reset_done_ms"].count + agg.dropped_traces == 25
+    agg.shutdown()
+    assert agg.trace_queue.limit == 0
+    with rec.scope(C.RESET_DONE, 1):
+        pass
+    assert len(agg.trace_queue) == 0  # a shut-down aggregator keeps nothing

@@ -28,7 +28,7 @@
 #include "_layout.h"  /* R_PHASE ... R_ERROR, RECORD_FIELDS: layout.py's */
 
 static PyObject *str_value, *str_stack, *str_records, *str_owner, *str_scopes, *str_index,
-    *str_name, *str_on_trace, *str_version, *str_catalog_;
+    *str_name, *str_on_trace, *str_version, *str_catalog_, *str_trace_queue;
 static PyObject *zero;            /* the int 0 */
 static PyObject *no_count;        /* the int -1: no count given */
 static PyObject *clock_fn;        /* a replacement clock (tests), or NULL */
@@ -273,6 +273,158 @@ static PyTypeObject TraceType = {
     .tp_getset = trace_getset,
     .tp_repr = (reprfunc)trace_repr,
     .tp_new = trace_new,
+};
+
+/* ---------------------------------------------------------------- TraceQueue */
+/* A sink's queue of finished traces that a trace closed in C goes into directly, with no
+ * call of the sink's on_trace, while it holds fewer than `limit` (the sink sets limit: 0
+ * sends every trace to on_trace). A FIFO of objects: append, popleft, len, clear. */
+typedef struct {
+    PyObject_HEAD
+    PyObject **items;
+    Py_ssize_t cap, head, size, limit;
+} TraceQueue;
+
+static PyTypeObject TraceQueueType;
+
+static int
+tq_traverse(TraceQueue *self, visitproc visit, void *arg)
+{
+    for (Py_ssize_t k = 0; k < self->size; k++) {
+        Py_VISIT(self->items[(self->head + k) % self->cap]);
+    }
+    return 0;
+}
+
+static int
+tq_clear_items(TraceQueue *self)
+{
+    while (self->size > 0) {
+        PyObject *o = self->items[self->head];
+        self->items[self->head] = NULL;
+        self->head = (self->head + 1) % self->cap;
+        self->size--;
+        Py_DECREF(o);
+    }
+    self->head = 0;
+    return 0;
+}
+
+static void
+tq_dealloc(TraceQueue *self)
+{
+    PyObject_GC_UnTrack(self);
+    tq_clear_items(self);
+    PyMem_Free(self->items);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+tq_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    TraceQueue *self = (TraceQueue *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->cap = 64;
+    self->items = PyMem_Calloc(self->cap, sizeof(PyObject *));
+    if (self->items == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+/* Append o (a new reference taken); 0, or -1 with an error. */
+static int
+tq_push(TraceQueue *self, PyObject *o)
+{
+    if (self->size == self->cap) {
+        Py_ssize_t cap = self->cap * 2;
+        PyObject **items = PyMem_Calloc(cap, sizeof(PyObject *));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < self->size; k++) {
+            items[k] = self->items[(self->head + k) % self->cap];
+        }
+        PyMem_Free(self->items);
+        self->items = items;
+        self->cap = cap;
+        self->head = 0;
+    }
+    self->items[(self->head + self->size) % self->cap] = Py_NewRef(o);
+    self->size++;
+    return 0;
+}
+
+static PyObject *
+tq_append(TraceQueue *self, PyObject *o)
+{
+    if (tq_push(self, o) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tq_popleft(TraceQueue *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->size == 0) {
+        PyErr_SetString(PyExc_IndexError, "pop from an empty queue");
+        return NULL;
+    }
+    PyObject *o = self->items[self->head];
+    self->items[self->head] = NULL;
+    self->head = (self->head + 1) % self->cap;
+    self->size--;
+    return o;
+}
+
+static PyObject *
+tq_clear(TraceQueue *self, PyObject *Py_UNUSED(ignored))
+{
+    tq_clear_items(self);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+tq_len(TraceQueue *self)
+{
+    return self->size;
+}
+
+static PyMethodDef tq_methods[] = {
+    {"append", (PyCFunction)tq_append, METH_O, "append(trace): at the end."},
+    {"popleft", (PyCFunction)tq_popleft, METH_NOARGS, "The first trace (IndexError: none)."},
+    {"clear", (PyCFunction)tq_clear, METH_NOARGS, "Drop every trace."},
+    {NULL},
+};
+
+static PyMemberDef tq_members[] = {
+    {"limit", T_PYSSIZET, offsetof(TraceQueue, limit), 0,
+     "traces a closing trace is appended below (else it goes to the sink's on_trace)"},
+    {NULL},
+};
+
+static PySequenceMethods tq_as_sequence = {
+    .sq_length = (lenfunc)tq_len,
+};
+
+static PyTypeObject TraceQueueType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "resettrace.tracing._fast.TraceQueue",
+    .tp_basicsize = sizeof(TraceQueue),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A sink's FIFO of finished traces that the compiled recorder appends to.",
+    .tp_traverse = (traverseproc)tq_traverse,
+    .tp_clear = (inquiry)tq_clear_items,
+    .tp_dealloc = (destructor)tq_dealloc,
+    .tp_new = tq_new,
+    .tp_methods = tq_methods,
+    .tp_members = tq_members,
+    .tp_as_sequence = &tq_as_sequence,
 };
 
 /* ---------------------------------------------------------------- Slot */
@@ -767,8 +919,25 @@ close_trace(RecorderBase *rec)
     PyObject *sinks = Py_NewRef(rec->sinks);
     int out = 0;
     for (Py_ssize_t i = 0; PyTuple_CheckExact(sinks) && i < PyTuple_GET_SIZE(sinks); i++) {
-        PyObject *r = PyObject_CallMethodObjArgs(PyTuple_GET_ITEM(sinks, i), str_on_trace,
-                                                 trace, (PyObject *)rec, NULL);
+        PyObject *sink = PyTuple_GET_ITEM(sinks, i);
+        PyObject *q = PyObject_GetAttr(sink, str_trace_queue);
+        if (q == NULL) {
+            PyErr_Clear();
+        }
+        else if (Py_IS_TYPE(q, &TraceQueueType)
+                 && ((TraceQueue *)q)->size < ((TraceQueue *)q)->limit) {
+            int pushed = tq_push((TraceQueue *)q, trace);  /* published: no call */
+            Py_DECREF(q);
+            if (pushed == 0) {
+                continue;
+            }
+            PyErr_Clear();  /* no memory: the sink's own method tries */
+        }
+        else {
+            Py_DECREF(q);
+        }
+        PyObject *r = PyObject_CallMethodObjArgs(sink, str_on_trace, trace, (PyObject *)rec,
+                                                 NULL);
         if (r != NULL) {
             Py_DECREF(r);
             continue;
@@ -2251,6 +2420,7 @@ PyInit__fast(void)
     INTERN(str_index, "index");
     INTERN(str_name, "__name__");
     INTERN(str_on_trace, "on_trace");
+    INTERN(str_trace_queue, "trace_queue");
     INTERN(str_version, "version");
     INTERN(str_catalog_, "catalog");
     INTERN(str_default, "_default");
@@ -2271,7 +2441,7 @@ PyInit__fast(void)
     if (zero == NULL || no_count == NULL || one_none == NULL
             || PyType_Ready(&TracedType) < 0 || PyType_Ready(&ScopeBaseType) < 0
             || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&SlotType) < 0
-            || PyType_Ready(&TraceType) < 0) {
+            || PyType_Ready(&TraceType) < 0 || PyType_Ready(&TraceQueueType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&fast_module);
@@ -2282,6 +2452,7 @@ PyInit__fast(void)
             || PyModule_AddObjectRef(m, "RecorderBase", (PyObject *)&RecorderBaseType) < 0
             || PyModule_AddObjectRef(m, "Slot", (PyObject *)&SlotType) < 0
             || PyModule_AddObjectRef(m, "Trace", (PyObject *)&TraceType) < 0
+            || PyModule_AddObjectRef(m, "TraceQueue", (PyObject *)&TraceQueueType) < 0
             || PyModule_AddObjectRef(m, "Traced", (PyObject *)&TracedType) < 0) {
         Py_DECREF(m);
         return NULL;

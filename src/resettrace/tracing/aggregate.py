@@ -30,7 +30,6 @@ import random
 import threading
 import time
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,7 +49,7 @@ from resettrace.costmodel import FitSums
 from resettrace.distribution import Distribution, percentile
 from resettrace.tracing import lifecycle
 from resettrace.tracing.layout import NO_COUNT, R_COUNT, R_END, R_PARENT, R_PHASE, R_START
-from resettrace.tracing.recorder import Record, note_once
+from resettrace.tracing.recorder import Record, TraceQueue, note_once
 
 if TYPE_CHECKING:
     from resettrace.tracing.recorder import Recorder
@@ -305,7 +304,11 @@ class Aggregator:
         #: recorder traces and records aggregated so far
         self.traces_seen = 0
         self.records_seen = 0
-        self._pending: deque[Sequence[Record]] = deque()
+        #: finished traces waiting for the aggregation thread; a trace closed by the
+        #: compiled recorder goes straight in while it holds fewer than ``limit`` (no call
+        #: of :meth:`on_trace`: the wake-ups, drops and start-up below stay with it)
+        self.trace_queue = self._pending = TraceQueue()
+        self._pending.limit = self._wake_at - 1
         # traces of one shape share a plan; their durations wait in it until folded
         self._plans: dict[tuple[int, ...], _Plan] = {}
         self._plans_version = catalog.version
@@ -323,7 +326,7 @@ class Aggregator:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._worker = None
-        self._pending = deque()
+        self._pending.clear()  # (the same queue: recorders hold it)
         self._drop_lock = threading.RLock()
         self.dropped_traces = 0
         self._plans = {}
@@ -516,6 +519,7 @@ class Aggregator:
         return True
 
     def shutdown(self) -> None:
+        self._pending.limit = 0  # every trace to on_trace, which keeps none from now
         self._drain()
         with self._lock:
             self._fold()

@@ -40,6 +40,7 @@ import threading
 import time
 import weakref
 from array import array
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
@@ -655,6 +656,18 @@ class _PyTrace(Sequence[tuple[int, ...]]):
 
 #: what a finished trace is handed to the sinks as (see :class:`_PyTrace`)
 Trace: Any = _FAST.Trace if _FAST is not None else _PyTrace
+
+
+class _PyTraceQueue(deque[Any]):
+    """A sink's queue of finished traces (``sink.trace_queue``): a deque with a ``limit``.
+    The compiled recorder's ``_fast.TraceQueue`` is the same in C, and a trace it closes
+    goes straight into it while it holds fewer than ``limit`` (no ``on_trace`` call)."""
+
+    limit = 0
+
+
+#: a sink's queue of finished traces (see :class:`_PyTraceQueue`)
+TraceQueue: Any = _FAST.TraceQueue if _FAST is not None else _PyTraceQueue
 
 
 def say_if_not_built() -> None:
