@@ -29,6 +29,11 @@ from resettrace.tracing.api import count_of, traced
 from resettrace.tracing.session import Tracing
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the tests of the compiled part itself, left out of the suite's pure-Python pass (make
+#: test runs the suite a second time with RESETTRACE_PURE_PYTHON=1)
+compiled_only = pytest.mark.skipif(
+    os.environ.get("RESETTRACE_PURE_PYTHON", "0").strip() not in ("", "0"),
+    reason="about the compiled recorder; this is the pure-Python pass")
 
 # Every kind of recording, each trace printed as (span, parent, count, error) records.
 BATTERY = r'''
@@ -166,8 +171,7 @@ def _battery(pure: bool) -> dict[str, object]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(os.environ.get("RESETTRACE_PURE_PYTHON", "0") not in ("", "0"),
-                    reason="the suite's pure-Python pass (make test runs it after this one)")
+@compiled_only
 def test_the_default_install_records_in_c() -> None:
     """``make test`` builds the extension: a recorder's state is its C base, scopes are
     armed, entered and exited in C, ``traced`` wrappers are shells around its core."""
@@ -256,6 +260,7 @@ def test_counts_read_in_c_are_count_of(value: object) -> None:
         assert value.ndim != 1 or value.dtype != bool  # the 1-D masks are counted in C
 
 
+@compiled_only
 def test_a_finished_trace_is_one_object_out_of_the_cyclic_gc() -> None:
     """A finished trace is handed over as one block of int64 fields (no Python object per
     record), left out of the cyclic GC: traces waiting to be aggregated neither slow
@@ -558,6 +563,7 @@ def test_the_timing_dict_read_in_c_is_the_python_one(clock: Any) -> None:
     assert math.isclose(sum(after.values()), (rec._last[1][3] - rec._last[1][2]) * 1e-6)
 
 
+@compiled_only
 def test_a_trace_closed_in_c_goes_straight_into_its_sinks_queue_below_its_limit() -> None:
     """A sink with a ``trace_queue`` gets the traces the compiled recorder closes appended
     to it, with no call of ``on_trace``, while it holds fewer than its ``limit``; then (and

@@ -132,6 +132,63 @@ def traced_call_cost_ns(n: int = 100_000) -> dict[str, float]:
     return out
 
 
+def _reset_trace(rec: Any) -> None:
+    """One reset trace of the shipped path's shape (20 records): ``reset_done`` and its
+    stages, ``dr_reset`` and its stages, ``set_state`` with its phases as laps, its timing
+    dict read."""
+    with rec.scope(C.RESET_DONE, 3):
+        with rec.scope(C.RESET_DONE_TERMINAL_OBS):
+            pass
+        with rec.scope(C.RESET_DONE_RESET_CALL):
+            with rec.scope(C.DR_RESET, 3):
+                with rec.scope(C.DR_RESET_PLAN):
+                    pass
+                with rec.scope(C.DR_RESET_PAYLOAD_FILTER):
+                    pass
+                with rec.scope(C.SET_STATE, 3, C.SET_STATE_QPOS_CONVERT) as outer:
+                    outer.lap(C.SET_STATE_DATA_RESET)
+                    outer.lap(C.SET_STATE_SET_DOF_VEL)
+                    outer.lap(C.SET_STATE_SET_DOF_POS)
+                    outer.lap(C.SET_STATE_ACTUATOR_CTRL)
+                    outer.lap(C.SET_STATE_FORWARD_KINEMATIC)
+                    outer.lap(C.SET_STATE_REFRESH_POSE_CACHE)
+                outer.timing()
+                with rec.scope(C.DR_RESET_BUILD_OBSERVATION):
+                    pass
+        with rec.scope(C.RESET_DONE_OBS_SCATTER):
+            pass
+        with rec.scope(C.RESET_DONE_INFO_SCATTER):
+            pass
+
+
+def trace_cpu_us(n: int = 20_000) -> dict[str, float]:
+    """CPU (every thread's, ``time.process_time``) per reset trace of :func:`_reset_trace`,
+    warm, best of 3: ``recorded`` by a recorder with no sink, ``aggregated`` recorded by
+    one whose sink is an :class:`~resettrace.tracing.aggregate.Aggregator`, its queue
+    aggregated at the end; ``records`` per trace."""
+    from resettrace.tracing.aggregate import Aggregator
+    from resettrace.tracing.recorder import Recorder
+
+    def per_trace(sink: bool) -> float:
+        agg = Aggregator(max_pending=n + 1)
+        rec = Recorder([agg] if sink else [])
+        t0 = time.process_time()
+        for _ in range(n):
+            _reset_trace(rec)
+        agg.stats()  # what the aggregation thread has not done yet
+        spent = time.process_time() - t0
+        agg.shutdown()
+        return spent / n * 1e6
+
+    rec = Recorder([])
+    _reset_trace(rec)
+    out = {"records": float(len(rec._last))}
+    for name, sink in (("recorded", False), ("aggregated", True)):
+        per_trace(sink)  # warm-up
+        out[name] = min(per_trace(sink) for _ in range(3))
+    return out
+
+
 def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = None
                  ) -> dict[str, Any]:
     import resettrace
@@ -201,6 +258,7 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
             reps[m].append(statistics.median(times[m][lo:hi]) / base)
     noop_ns = noop_scope_cost_ns()
     traced = traced_call_cost_ns()
+    trace_cpu = trace_cpu_us()
     return {
         "config": asdict(cfg) | {"k": k},
         "modes": {m: {"reset_done_p50_ms": p50[m],
@@ -210,6 +268,7 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
         "repeats": {f"{m}_vs_off": reps[m] for m in RATIO_MODES},
         "aa_spread": max(abs(x - 1.0) for x in reps["off_aa"]),
         "traced_ns": traced,
+        "trace_cpu_us": trace_cpu,
         "noop_scope_ns": noop_ns,
         "scopes_per_reset": scopes,
         "noop_share": noop_ns * scopes / (p50["off"] * 1e6),
@@ -244,6 +303,10 @@ def render_overhead(result: dict[str, Any]) -> str:
              f"@traced adds {result['traced_ns']['on']:.0f} ns per call warm with tracing on, "
              f"{result['traced_ns']['off']:.0f} ns with tracing off (a recorded scope written "
              f"by hand: {result['traced_ns']['scope']:.0f} ns)",
+             f"a {result['trace_cpu_us']['records']:.0f}-record reset trace, warm: "
+             f"{result['trace_cpu_us']['recorded']:.2f} us CPU recorded, "
+             f"{result['trace_cpu_us']['aggregated']:.2f} us recorded and aggregated "
+             "(every thread)",
              f"noop scope {result['noop_scope_ns']:.0f} ns x {result['scopes_per_reset']} "
              f"scopes = {100 * result['noop_share']:.3f}% of reset_done (off)"]
     for mode, exp in result["export"].items():

@@ -48,8 +48,16 @@ from resettrace.catalog import (
 from resettrace.costmodel import FitSums
 from resettrace.distribution import Distribution, percentile
 from resettrace.tracing import lifecycle
-from resettrace.tracing.layout import NO_COUNT, R_COUNT, R_END, R_PARENT, R_PHASE, R_START
-from resettrace.tracing.recorder import Record, TraceQueue, note_once
+from resettrace.tracing.layout import (
+    NO_COUNT,
+    R_COUNT,
+    R_END,
+    R_PARENT,
+    R_PHASE,
+    R_START,
+    RECORD_FIELDS,
+)
+from resettrace.tracing.recorder import Record, Trace, TraceQueue, note_once
 
 if TYPE_CHECKING:
     from resettrace.tracing.recorder import Recorder
@@ -151,9 +159,40 @@ class _Series:
 _K_ZERO = -2  # _Plan.k_at of an env step that reset nothing
 #: a record's place in its trace's shape: its phase and its parent's position
 _PLACE = operator.itemgetter(R_PHASE, R_PARENT)
-#: ``map(map, _REPEAT_PLACE, traces)``: each trace's places, without a Python loop
-_REPEAT_PLACE = itertools.repeat(_PLACE)
 _flat = itertools.chain.from_iterable
+
+
+#: a batch's finished traces' fields, ``(n records, RECORD_FIELDS)`` int64, and per trace
+#: of the batch where its records start in them (-1: a trace of another kind)
+_Flat = tuple[np.ndarray, list[int]]
+
+
+def _shapes(traces: Sequence[Sequence[Record]]) -> tuple[list[bytes], _Flat]:
+    """Each trace's shape (its records' phases and parent positions, as bytes: one key
+    for a trace of either kind) and the batch's finished traces' fields. The recorders'
+    traces (:data:`~resettrace.tracing.recorder.Trace`) are read in one numpy pass over
+    their int64 fields; any other sequence of records record by record."""
+    at = [-1] * len(traces)
+    blobs = []
+    start = 0
+    for j, t in enumerate(traces):
+        if type(t) is Trace:  # a recorder's: its int64 fields
+            at[j] = start
+            start += len(t)
+            blobs.append(t.data)  # type: ignore[attr-defined]
+    fields = (np.frombuffer(b"".join(blobs), dtype=np.int64).reshape(-1, RECORD_FIELDS)
+              if blobs else np.zeros((0, RECORD_FIELDS), np.int64))
+    places = np.ascontiguousarray(fields[:, [R_PHASE, R_PARENT]]).tobytes()
+    shapes = []
+    for j, t in enumerate(traces):
+        if at[j] >= 0:
+            shapes.append(places[16 * at[j]:16 * (at[j] + len(t))])
+        else:
+            try:
+                shapes.append(array("q", _flat(map(_PLACE, t))).tobytes())
+            except (TypeError, ValueError, OverflowError):  # fields written by hand
+                shapes.append(repr([tuple(_PLACE(r)) for r in t]).encode())
+    return shapes, (fields, at)
 
 
 class _Plan:
@@ -310,7 +349,7 @@ class Aggregator:
         self.trace_queue = self._pending = TraceQueue()
         self._pending.limit = self._wake_at - 1
         # traces of one shape share a plan; their durations wait in it until folded
-        self._plans: dict[tuple[int, ...], _Plan] = {}
+        self._plans: dict[bytes, _Plan] = {}
         self._plans_version = catalog.version
         self._seq = 0
         self._buffered = 0
@@ -425,22 +464,22 @@ class Aggregator:
             self._plans_version = self.catalog.version
         plans = self._plans
         groups: dict[_Plan, list[int]] = {}  # per plan, its traces' places in the batch
-        for j, (shape, records) in enumerate(zip(
-                map(tuple, map(map, _REPEAT_PLACE, traces)), traces, strict=True)):
+        shapes, flat = _shapes(traces)
+        for j, shape in enumerate(shapes):
             plan = plans.get(shape)
             if plan is None:
                 if len(plans) >= _MAX_PLANS:  # too many shapes: start afresh
-                    self._buffer(traces, groups)  # (what came before is folded too)
+                    self._buffer(traces, groups, flat)  # (what came before is folded too)
                     groups = {}
                     self._fold()
                     plans.clear()
-                plan = plans[shape] = _Plan(records, self.catalog)
+                plan = plans[shape] = _Plan(traces[j], self.catalog)
             group = groups.get(plan)
             if group is None:
                 groups[plan] = [j]
             else:
                 group.append(j)
-        self._buffer(traces, groups)
+        self._buffer(traces, groups, flat)
         self._seq += len(traces)
         self.traces_seen += len(traces)
         n = sum(map(len, traces))
@@ -448,20 +487,39 @@ class Aggregator:
         if self._buffered >= _FOLD_RECORDS:
             self._fold()
 
-    def _buffer(self, traces: list[Sequence[Record]], groups: dict[_Plan, list[int]]
-                ) -> None:
-        """Append each plan's traces of this batch (``groups``: their places in it)."""
+    def _buffer(self, traces: list[Sequence[Record]], groups: dict[_Plan, list[int]],
+                flat: _Flat) -> None:
+        """Append each plan's traces of this batch (``groups``: their places in it): the
+        finished traces of the recorders (``flat``: their fields, one array for the batch)
+        in a few numpy passes per plan, any other sequence of records (handed to
+        :meth:`on_trace` by other code) record by record."""
         first = self._seq + 1  # the batch's first trace's arrival number
+        fields, at = flat
         for plan, places in groups.items():
-            mine = [traces[j] for j in places]
-            plan.seqs.extend([first + j for j in places])
-            plan.durations.extend([r[R_END] - r[R_START] for r in _flat(mine)])
-            if plan.k_at >= 0:
-                k = plan.k_at
-                plan.ks.extend(_counts([t[k][R_COUNT] for t in mine]))
-            if plan.count_at:
-                plan.counts.extend(_counts([t[i][R_COUNT] for t in mine
-                                            for i in plan.count_at]))
+            rows = [j for j in places if at[j] >= 0]
+            other = [j for j in places if at[j] < 0] if len(rows) < len(places) else []
+            if rows:
+                base = np.array([at[j] for j in rows], dtype=np.intp)
+                plan.seqs.frombytes(np.add(rows, first, dtype=np.int64).tobytes())
+                cols = base[:, None] + np.arange(plan.width)
+                d = fields[cols, R_END] - fields[cols, R_START]
+                plan.durations.frombytes(np.ascontiguousarray(d, np.int64).tobytes())
+                if plan.k_at >= 0:
+                    plan.ks.frombytes(fields[base + plan.k_at, R_COUNT].astype(
+                        np.float64).tobytes())
+                if plan.count_at:
+                    c = fields[base[:, None] + np.array(plan.count_at), R_COUNT]
+                    plan.counts.frombytes(c.astype(np.float64).tobytes())
+            if other:
+                mine = [traces[j] for j in other]
+                plan.seqs.extend([first + j for j in other])
+                plan.durations.extend([r[R_END] - r[R_START] for r in _flat(mine)])
+                if plan.k_at >= 0:
+                    k = plan.k_at
+                    plan.ks.extend(_counts([t[k][R_COUNT] for t in mine]))
+                if plan.count_at:
+                    plan.counts.extend(_counts([t[i][R_COUNT] for t in mine
+                                                for i in plan.count_at]))
             self._buffered += len(places) * plan.width
 
     def _fold(self) -> None:
