@@ -599,3 +599,27 @@ def test_a_trace_closed_in_c_goes_straight_into_its_sinks_queue_below_its_limit(
     with rec.scope(C.RESET_DONE, 1):
         pass
     assert len(agg.trace_queue) == 0  # a shut-down aggregator keeps nothing
+
+
+def test_scope_and_lap_take_their_arguments_by_keyword_too() -> None:
+    """The C methods take what the Python ones take: ``scope(phase, count=, lap=)`` and
+    ``lap(phase, count=)`` by keyword record what the positional calls record."""
+    shapes = []
+    for keywords in (False, True):
+        rec = recorder_module.Recorder()
+        with rec.scope(C.RESET_DONE, 3):
+            if keywords:
+                outer = rec.scope(phase=C.SET_STATE, count=2, lap=C.SET_STATE_MASK)
+            else:
+                outer = rec.scope(C.SET_STATE, 2, C.SET_STATE_MASK)
+            with outer:
+                if keywords:
+                    outer.lap(C.SET_STATE_DATA_RESET, count=4)
+                    outer.lap(phase=None)
+                else:
+                    outer.lap(C.SET_STATE_DATA_RESET, 4)
+                    outer.lap(None)
+        shapes.append([(C.CATALOG[r[0]].span, r[1], r[4]) for r in rec._last])
+    assert shapes[0] == shapes[1] == [
+        ("reset_done", -1, 3), ("set_state", 0, 2), ("set_state.mask", 1, -1),
+        ("set_state.data_reset", 1, 4)]

@@ -27,8 +27,8 @@
 
 #include "_layout.h"  /* R_PHASE ... R_ERROR, RECORD_FIELDS: layout.py's */
 
-static PyObject *str_value, *str_stack, *str_records, *str_owner, *str_scopes, *str_index,
-    *str_name, *str_on_trace, *str_version, *str_catalog_, *str_trace_queue;
+static PyObject *str_index,
+    *str_name, *str_on_trace, *str_version, *str_trace_queue, *str_catalog;
 static PyObject *zero;            /* the int 0 */
 static PyObject *no_count;        /* the int -1: no count given */
 static PyObject *clock_fn;        /* a replacement clock (tests), or NULL */
@@ -1188,8 +1188,34 @@ plain_count(PyObject *c)
     return overflow == 0 && x >= -1;
 }
 
+static PyObject *scope_lap_positional(ScopeBase *self, PyObject *const *args,
+                                      Py_ssize_t nargs);
+
+/* lap(phase, count=-1): a keyword goes to the Python method as given. */
 static PyObject *
-scope_lap(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
+scope_lap(ScopeBase *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) {
+        return scope_lap_positional(self, args, nargs);
+    }
+    Py_ssize_t total = nargs + PyTuple_GET_SIZE(kwnames);
+    if (total > 2) {
+        return PyErr_Format(PyExc_TypeError, "lap() takes a phase and an optional count");
+    }
+    PyObject *a[3] = {(PyObject *)self, NULL, NULL};
+    for (Py_ssize_t i = 0; i < total; i++) {
+        a[i + 1] = args[i];
+    }
+    if (lap_general == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "resettrace._fast: setup_recorder() not called");
+        return NULL;
+    }
+    return PyObject_Vectorcall(lap_general, a, nargs + 1, kwnames);
+}
+
+static PyObject *
+scope_lap_positional(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *stack = self->stack, *records = self->records, *laps = self->laps;
     PyObject *rec = self->rec;
@@ -1252,13 +1278,13 @@ scope_lap(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(at);
     }
     Py_RETURN_NONE;
-slow:;
-    PyObject *a[] = {(PyObject *)self, args[0], nargs == 2 ? args[1] : no_count};
+slow:
     if (nargs < 1 || nargs > 2) {
         PyErr_Format(PyExc_TypeError, "lap() takes a phase and an optional count, %zd "
                      "arguments given", nargs);
         return NULL;
     }
+    PyObject *a[] = {(PyObject *)self, args[0], nargs == 2 ? args[1] : no_count};
     return call_general(lap_general, a, 3);
 }
 
@@ -1298,7 +1324,7 @@ scope_timing(ScopeBase *self, PyObject *Py_UNUSED(ignored))
         goto general;
     }
     /* the layout is for the recorder's catalog as it is now (rec.catalog.version) */
-    PyObject *catalog = PyObject_GetAttr(rec, str_catalog_);
+    PyObject *catalog = PyObject_GetAttr(rec, str_catalog);
     PyObject *version = catalog ? PyObject_GetAttr(catalog, str_version) : NULL;
     Py_XDECREF(catalog);
     if (version == NULL) {
@@ -1387,7 +1413,7 @@ general:
 static PyMethodDef scope_methods[] = {
     {"__enter__", (PyCFunction)scope_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)(void (*)(void))scope_exit, METH_FASTCALL, NULL},
-    {"lap", (PyCFunction)(void (*)(void))scope_lap, METH_FASTCALL,
+    {"lap", (PyCFunction)(void (*)(void))scope_lap, METH_FASTCALL | METH_KEYWORDS,
      "lap(phase, count=-1): see recorder.Scope.lap."},
     {"timing", (PyCFunction)scope_timing, METH_NOARGS,
      "timing(): see recorder.Scope.timing."},
@@ -1561,8 +1587,7 @@ enum { KIND_CALL = 0, KIND_LEAF = 1, KIND_CHAIN = 2 };
 static PyObject *api_globals;     /* api.py's globals: _default, the default session */
 static PyObject *env_count_key;   /* catalog.ATTR_ENV_COUNT */
 static PyObject *str_default, *str_processor, *str_local, *str_recorder, *str_closed,
-    *str_attributes, *str_exit, *str_adopt, *one_none,
-    *str_catalog, *str_call, *str_call_leaf;
+    *str_attributes, *str_exit, *str_adopt, *str_call, *str_call_leaf;
 
 typedef struct {
     PyObject_HEAD
@@ -2412,17 +2437,11 @@ PyMODINIT_FUNC
 PyInit__fast(void)
 {
 #define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
-    INTERN(str_value, "value");
-    INTERN(str_stack, "_stack");
-    INTERN(str_records, "_records");
-    INTERN(str_owner, "_owner");
-    INTERN(str_scopes, "_scopes");
     INTERN(str_index, "index");
     INTERN(str_name, "__name__");
     INTERN(str_on_trace, "on_trace");
     INTERN(str_trace_queue, "trace_queue");
     INTERN(str_version, "version");
-    INTERN(str_catalog_, "catalog");
     INTERN(str_default, "_default");
     INTERN(str_processor, "processor");
     INTERN(str_local, "_local");
@@ -2437,8 +2456,7 @@ PyInit__fast(void)
 #undef INTERN
     zero = PyLong_FromLong(0);
     no_count = PyLong_FromLong(-1);
-    one_none = PyTuple_Pack(1, Py_None);
-    if (zero == NULL || no_count == NULL || one_none == NULL
+    if (zero == NULL || no_count == NULL
             || PyType_Ready(&TracedType) < 0 || PyType_Ready(&ScopeBaseType) < 0
             || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&SlotType) < 0
             || PyType_Ready(&TraceType) < 0 || PyType_Ready(&TraceQueueType) < 0) {

@@ -2,9 +2,13 @@
 
 ``with recorder.scope(PHASE):`` costs two ``perf_counter_ns`` reads and a list
 append; no OpenTelemetry call is made on the training thread. When the outermost
-scope closes, the finished tree of records (a *trace*) is handed to the sinks:
-the :class:`~resettrace.tracing.aggregate.Aggregator` aggregates it, and
-in ``trace`` mode the span sinks export it.
+scope closes, the finished tree of records (a *trace*) is packed into one block of int64
+fields (:data:`Trace`: no Python object per record) and handed to the sinks: the
+:class:`~resettrace.tracing.aggregate.Aggregator` aggregates it (a trace closed in C goes
+straight into its :data:`TraceQueue`), and in ``trace`` mode the span sinks export it.
+With the compiled part (:data:`COMPILED`) the common cases of all this run in C, on the
+state the recorder's C base holds; the Python code below is every case, and the whole
+recorder when the part is not built.
 
 With tracing off every component gets :data:`NOOP_RECORDER`, whose ``scope()``
 returns one shared do-nothing scope and whose ``timing()`` is ``None``.
@@ -290,7 +294,11 @@ _SLOT = CURRENT._slot
 
 
 class TraceSink(Protocol):
-    """Receives each finished trace. Called on the thread that closed the root scope."""
+    """Receives each finished trace (a :data:`Trace`: a sequence of records, each a tuple
+    of the layout's ints; its ``data`` the flat int64 fields). Called on the thread that
+    closed the root scope; it must not block or raise. A sink with a ``trace_queue`` (a
+    :data:`TraceQueue`) gets the traces the compiled recorder closes appended to it while
+    it holds fewer than its ``limit``, without this call."""
 
     def on_trace(self, records: Sequence[Record], recorder: Recorder) -> None: ...
 
