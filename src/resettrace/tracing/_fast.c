@@ -887,6 +887,18 @@ open_trace(RecorderBase *rec)
     return 0;
 }
 
+/* obj.name as a new reference in *out, or NULL there with no error when obj has no such
+ * attribute: 1, 0, or -1 with an error (CPython's lookup that makes no AttributeError). */
+static inline int
+lookup_attr(PyObject *obj, PyObject *name, PyObject **out)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyObject_GetOptionalAttr(obj, name, out);
+#else
+    return _PyObject_LookupAttr(obj, name, out);
+#endif
+}
+
 /* The trace's outermost scope closed (Recorder._close_trace's common case, with no
  * exception pending): the thread's current recorder is again the one before, and the
  * trace goes to the sinks (a copy: the records list is reused). A sink's Exception is
@@ -920,21 +932,24 @@ close_trace(RecorderBase *rec)
     int out = 0;
     for (Py_ssize_t i = 0; PyTuple_CheckExact(sinks) && i < PyTuple_GET_SIZE(sinks); i++) {
         PyObject *sink = PyTuple_GET_ITEM(sinks, i);
-        PyObject *q = PyObject_GetAttr(sink, str_trace_queue);
-        if (q == NULL) {
+        PyObject *q = NULL;
+        /* no AttributeError made and dropped per trace for a sink without a queue */
+        if (lookup_attr(sink, str_trace_queue, &q) < 0) {
             PyErr_Clear();
         }
-        else if (Py_IS_TYPE(q, &TraceQueueType)
-                 && ((TraceQueue *)q)->size < ((TraceQueue *)q)->limit) {
-            int pushed = tq_push((TraceQueue *)q, trace);  /* published: no call */
+        if (q != NULL) {
+            int pushed = -1;
+            if (Py_IS_TYPE(q, &TraceQueueType)
+                    && ((TraceQueue *)q)->size < ((TraceQueue *)q)->limit) {
+                pushed = tq_push((TraceQueue *)q, trace);  /* published: no call */
+                if (pushed < 0) {
+                    PyErr_Clear();  /* no memory: the sink's own method tries */
+                }
+            }
             Py_DECREF(q);
             if (pushed == 0) {
                 continue;
             }
-            PyErr_Clear();  /* no memory: the sink's own method tries */
-        }
-        else {
-            Py_DECREF(q);
         }
         PyObject *r = PyObject_CallMethodObjArgs(sink, str_on_trace, trace, (PyObject *)rec,
                                                  NULL);

@@ -238,7 +238,7 @@ def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
         if top is None:
             missing = lineage[:-1]  # every parent below the root
         else:
-            at = next((i for i, p in enumerate(lineage) if p is top[R_PHASE]), -1)
+            at = next((i for i, p in enumerate(lineage) if p is top[0]), -1)
             missing = lineage[:at] if at >= 0 else []  # else: recorded where it is
         chain = chains[key] = tuple(p.index for p in [*missing[::-1], phase])
     return rec.call_chain(chain, count, fn, args, kwargs)
