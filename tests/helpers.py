@@ -12,6 +12,12 @@ import pytest
 
 from resettrace import catalog as C
 
+#: the tests of the compiled recorder itself, left out of the suite's pure-Python pass
+#: (make test runs the suite a second time with RESETTRACE_PURE_PYTHON=1)
+compiled_only = pytest.mark.skipif(
+    os.environ.get("RESETTRACE_PURE_PYTHON", "0").strip() not in ("", "0"),
+    reason="about the compiled recorder; this is the pure-Python pass")
+
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without any resettrace or OpenTelemetry setting (nor

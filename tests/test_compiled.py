@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 
 import resettrace
-from helpers import clean_env
+from helpers import clean_env, compiled_only
 from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.tracing import recorder as recorder_module
@@ -29,11 +28,6 @@ from resettrace.tracing.api import count_of, traced
 from resettrace.tracing.session import Tracing
 
 ROOT = Path(__file__).resolve().parent.parent
-#: the tests of the compiled part itself, left out of the suite's pure-Python pass (make
-#: test runs the suite a second time with RESETTRACE_PURE_PYTHON=1)
-compiled_only = pytest.mark.skipif(
-    os.environ.get("RESETTRACE_PURE_PYTHON", "0").strip() not in ("", "0"),
-    reason="about the compiled recorder; this is the pure-Python pass")
 
 # Every kind of recording, each trace printed as (span, parent, count, error) records.
 BATTERY = r'''

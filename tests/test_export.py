@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 import resettrace
 from helpers import stand_rows
@@ -116,3 +119,70 @@ def test_error_inside_a_phase_marks_the_span(trace_session) -> None:
     assert spans[C.SET_STATE_MASK.span].status.status_code.name == "ERROR"
     assert spans[C.SET_STATE.span].status.description == "ValueError"
     np.testing.assert_equal(len(spans), 2)
+
+
+def _spans(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_traces_waiting_for_export_keep_the_attributes_they_closed_with(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However a recorder's attributes change while its traces wait to be written (set,
+    updated, deleted, replaced, merged), each span carries those of its trace's close."""
+    from resettrace.tracing.export import parent as X
+
+    monkeypatch.setattr(X, "_WRITE_DELAY_S", 1e9)
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode="trace", exporters=(f"file:{out}",)))
+    rec = session.recorder(backend="b")
+    changes: dict[int, Any] = {
+        5: lambda: rec.attributes.__setitem__("lab.k", 1),
+        9: lambda: rec.attributes.update({"lab.k": 2}),
+        12: lambda: rec.attributes.setdefault("lab.j", 0),
+        14: lambda: rec.attributes.__delitem__("lab.k"),
+        20: lambda: setattr(rec, "attributes", {**rec.attributes, "lab.k": 3}),
+        26: lambda: rec.attributes.__ior__({"lab.k": 4}),
+        33: lambda: rec.attributes.pop("lab.k"),
+    }
+    expected = []
+    for i in range(40):
+        if i in changes:
+            changes[i]()
+        expected.append(rec.attributes.get("lab.k"))
+        with rec.scope(C.ENV_STEP):
+            pass
+    session.shutdown()
+    got = [s["attributes"].get("lab.k") for s in _spans(out)]
+    assert got == expected
+    assert expected[4:6] == [None, 1] and expected[-1] is None
+
+
+def test_traces_of_recorders_on_two_threads_reach_the_export_whole(tmp_path: Path) -> None:
+    """Two threads record at once, each with its own recorder: the export's queue switches
+    between them trace by trace, and every span arrives once, with its own attributes."""
+    import threading
+
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode="trace", exporters=(f"file:{out}",)))
+    start = threading.Barrier(2)
+
+    def work(name: str) -> None:
+        rec = session.recorder(backend=name)
+        start.wait()
+        for _ in range(400):
+            with rec.scope(C.DR_RESET, 2), rec.scope(C.SET_STATE):
+                pass
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in ("t1", "t2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    session.shutdown()
+    spans = _spans(out)
+    assert len(spans) == 1600
+    assert len({s["span_id"] for s in spans}) == 1600
+    by = {n: [s for s in spans if s["attributes"][C.ATTR_BACKEND] == n] for n in ("t1", "t2")}
+    assert [len(v) for v in by.values()] == [800, 800]
+    report = session.export_report()
+    assert report["spans_sent"] == 1600 and report["spans_not_delivered"] == 0

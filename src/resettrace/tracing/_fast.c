@@ -278,11 +278,19 @@ static PyTypeObject TraceType = {
 /* ---------------------------------------------------------------- TraceQueue */
 /* A sink's queue of finished traces that a trace closed in C goes into directly, with no
  * call of the sink's on_trace, while it holds fewer than `limit` (the sink sets limit: 0
- * sends every trace to on_trace). A FIFO of objects: append, popleft, len, clear. */
+ * sends every trace to on_trace). A FIFO of objects: append, popleft, len, clear.
+ *
+ * A `keyed` queue holds only traces of one recorder (its `key`, set by the first trace
+ * queued), each ending before `deadline` (ns, the records' clock): any other trace goes to
+ * on_trace, which takes the queue's traces first (`take()`: their key with them, at once).
+ * (The sink takes them too before that recorder's attributes change.) */
 typedef struct {
     PyObject_HEAD
     PyObject **items;
     Py_ssize_t cap, head, size, limit;
+    PyObject *key;  /* keyed: the recorder of the traces queued (NULL: none) */
+    long long deadline;
+    int keyed;
 } TraceQueue;
 
 static PyTypeObject TraceQueueType;
@@ -293,6 +301,7 @@ tq_traverse(TraceQueue *self, visitproc visit, void *arg)
     for (Py_ssize_t k = 0; k < self->size; k++) {
         Py_VISIT(self->items[(self->head + k) % self->cap]);
     }
+    Py_VISIT(self->key);
     return 0;
 }
 
@@ -307,6 +316,7 @@ tq_clear_items(TraceQueue *self)
         Py_DECREF(o);
     }
     self->head = 0;
+    Py_CLEAR(self->key);
     return 0;
 }
 
@@ -389,6 +399,51 @@ tq_clear(TraceQueue *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* (key, [every trace queued, oldest first]), the queue left empty and without a key: in
+ * one step, so that no trace closed meanwhile (another thread, a signal handler) is taken
+ * with the key of others. */
+static PyObject *
+tq_take(TraceQueue *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *items = PyList_New(self->size);
+    if (items == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(items); k++) {
+        PyObject *o = self->items[self->head];
+        self->items[self->head] = NULL;
+        self->head = (self->head + 1) % self->cap;
+        self->size--;
+        PyList_SET_ITEM(items, k, o);  /* the queue's reference */
+    }
+    self->head = 0;
+    PyObject *key = self->key ? self->key : Py_NewRef(Py_None);
+    self->key = NULL;
+    PyObject *out = PyTuple_Pack(2, key, items);
+    Py_DECREF(key);
+    Py_DECREF(items);
+    return out;
+}
+
+/* A trace of rec closing in C goes into the queue (below its limit already): 1, or 0 (it
+ * goes to the sink's on_trace). */
+static int
+tq_admits(TraceQueue *self, PyObject *rec, PyObject *trace)
+{
+    if (!self->keyed) {
+        return 1;
+    }
+    if (Py_SIZE(trace) < RECORD_FIELDS
+            || ((Trace *)trace)->v[R_END] >= self->deadline) {
+        return 0;  /* the root's end: no clock read of its own */
+    }
+    if (self->size == 0) {
+        Py_XSETREF(self->key, Py_NewRef(rec));
+        return 1;
+    }
+    return self->key == rec;
+}
+
 static Py_ssize_t
 tq_len(TraceQueue *self)
 {
@@ -399,12 +454,19 @@ static PyMethodDef tq_methods[] = {
     {"append", (PyCFunction)tq_append, METH_O, "append(trace): at the end."},
     {"popleft", (PyCFunction)tq_popleft, METH_NOARGS, "The first trace (IndexError: none)."},
     {"clear", (PyCFunction)tq_clear, METH_NOARGS, "Drop every trace."},
+    {"take", (PyCFunction)tq_take, METH_NOARGS,
+     "(key, [the traces queued, oldest first]), the queue left empty and without a key."},
     {NULL},
 };
 
 static PyMemberDef tq_members[] = {
     {"limit", T_PYSSIZET, offsetof(TraceQueue, limit), 0,
      "traces a closing trace is appended below (else it goes to the sink's on_trace)"},
+    {"keyed", T_INT, offsetof(TraceQueue, keyed), 0,
+     "true: the traces queued are of one recorder (take() returns it), each ending before "
+     "deadline"},
+    {"deadline", T_LONGLONG, offsetof(TraceQueue, deadline), 0,
+     "keyed: a trace ending at or after this (ns, the records' clock) goes to on_trace"},
     {NULL},
 };
 
@@ -940,7 +1002,8 @@ close_trace(RecorderBase *rec)
         if (q != NULL) {
             int pushed = -1;
             if (Py_IS_TYPE(q, &TraceQueueType)
-                    && ((TraceQueue *)q)->size < ((TraceQueue *)q)->limit) {
+                    && ((TraceQueue *)q)->size < ((TraceQueue *)q)->limit
+                    && tq_admits((TraceQueue *)q, (PyObject *)rec, trace)) {
                 pushed = tq_push((TraceQueue *)q, trace);  /* published: no call */
                 if (pushed < 0) {
                     PyErr_Clear();  /* no memory: the sink's own method tries */

@@ -669,9 +669,23 @@ Trace: Any = _FAST.Trace if _FAST is not None else _PyTrace
 class _PyTraceQueue(deque[Any]):
     """A sink's queue of finished traces (``sink.trace_queue``): a deque with a ``limit``.
     The compiled recorder's ``_fast.TraceQueue`` is the same in C, and a trace it closes
-    goes straight into it while it holds fewer than ``limit`` (no ``on_trace`` call)."""
+    goes straight into it while it holds fewer than ``limit`` (no ``on_trace`` call).
+
+    A ``keyed`` queue holds the traces of one recorder only (``take()`` returns it with
+    them), each ending before ``deadline`` (ns, the records' clock); the pure-Python
+    recorder hands every trace to ``on_trace``."""
 
     limit = 0
+    keyed = False
+    deadline = 0
+    key: Any = None
+
+    def take(self) -> tuple[Any, list[Any]]:
+        """``(key, [the traces queued, oldest first])``, the queue left empty, no key."""
+        key, items = self.key, list(self)
+        self.clear()
+        self.key = None
+        return key, items
 
 
 #: a sink's queue of finished traces (see :class:`_PyTraceQueue`)
@@ -764,6 +778,61 @@ class Scope(_ScopeBase):
 
 
 
+#: called before any recorder's span attributes change (see :class:`SpanAttributes`)
+_ATTRIBUTE_WATCHERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def watch_attributes(sink: Any) -> None:
+    """Call ``sink.attributes_changing(recorder_attributes)`` before any recorder's span
+    attributes change, while the sink lives: a sink that holds traces to export later
+    (a keyed :data:`TraceQueue`) sends them with the attributes they closed with."""
+    _ATTRIBUTE_WATCHERS.add(sink)
+
+
+class SpanAttributes(dict[str, Any]):
+    """A recorder's span attributes: a dict that tells the sinks watching
+    (:func:`watch_attributes`) before it changes."""
+
+    __slots__ = ()
+
+    def _changing(self) -> None:
+        for sink in list(_ATTRIBUTE_WATCHERS):
+            sink.attributes_changing(self)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._changing()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._changing()
+        super().__delitem__(key)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._changing()
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._changing()
+        return super().setdefault(key, default)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self._changing()
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, Any]:
+        self._changing()
+        return super().popitem()
+
+    def clear(self) -> None:
+        self._changing()
+        super().clear()
+
+    def __ior__(self, other: Any) -> SpanAttributes:  # type: ignore[override,misc]
+        self._changing()
+        super().update(other)
+        return self
+
+
 class _State:
     """The state of a recorder that the hot path reads, in Python: what the compiled
     ``RecorderBase`` holds in C when it runs (:data:`COMPILED`)."""
@@ -823,12 +892,23 @@ class Recorder(_RecorderBase):
                  catalog: Catalog = CATALOG) -> None:
         self._sinks = tuple(sinks)
         self.catalog = catalog
-        self.attributes: dict[str, Any] = dict(attributes or {})
+        self._attributes = SpanAttributes(attributes or {})
         self._grow()
         self._threads: dict[int, Recorder] = {}
         #: wall-clock ns minus perf_counter ns, to place records in real time
         self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
         _RECORDERS.add(self)
+
+    @property
+    def attributes(self) -> SpanAttributes:
+        """The span attributes (a dict: set keys on it, or set another)."""
+        return self._attributes
+
+    @attributes.setter
+    def attributes(self, value: Mapping[str, Any]) -> None:
+        self._attributes._changing()
+        # a SpanAttributes is kept as it is: recorders may share one (see _other_thread)
+        self._attributes = value if type(value) is SpanAttributes else SpanAttributes(value)
 
     def _grow(self) -> None:
         scopes = self._scopes

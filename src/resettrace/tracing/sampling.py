@@ -40,6 +40,11 @@ class TraceSampler:
         self._best: tuple[int, Sequence[Record], Recorder] | None = None
         self._window_spans = 0
 
+    @property
+    def keeps_all(self) -> bool:
+        """Every trace goes on to the sinks (no sampling)."""
+        return self.window is None and self.every <= 1
+
     def on_trace(self, records: Sequence[Record], recorder: Recorder) -> None:
         if self.window is not None:
             self._slowest(records, recorder)

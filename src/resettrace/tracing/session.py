@@ -275,7 +275,9 @@ class Tracing:
             attrs[ATTR_ENV_COUNT] = int(env_count)
         sinks: list[Any] = [self.processor]
         if self.sampler is not None:
-            sinks.append(self.sampler)
+            # a sampler that keeps every trace is left out: its sinks get them directly
+            # (the export's compiled queue, no call per trace)
+            sinks.extend(self.sampler.sinks if self.sampler.keeps_all else [self.sampler])
         rec = Recorder(sinks, attributes=attrs, catalog=self.catalog)
         with self._recorders_lock:
             n = _env_count(attrs.get(ATTR_ENV_COUNT))

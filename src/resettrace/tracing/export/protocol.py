@@ -27,7 +27,7 @@ import struct
 from enum import IntEnum
 from typing import Any
 
-__all__ = ["Kind", "FRAME", "HEADS", "frame", "head_of"]
+__all__ = ["Kind", "FRAME", "HEADS", "TRACE_HEAD", "frame", "head_of", "trace_packer"]
 
 
 class Kind(IntEnum):
@@ -53,6 +53,10 @@ HEADS: dict[Kind, struct.Struct] = {
     Kind.FLUSH: struct.Struct("<I"),
     Kind.QUIT: struct.Struct("<d"),
 }
+
+#: a whole TRACE frame's header and head: its records' int64s follow (the training
+#: process's hot path writes a recorder's trace block after it as it is)
+TRACE_HEAD = struct.Struct(FRAME.format + HEADS[Kind.TRACE].format[1:])
 
 #: struct per record count: a TRACE frame's header, head and every record field in one
 #: ``pack`` call (the training process's hot path)
