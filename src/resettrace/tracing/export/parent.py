@@ -367,7 +367,7 @@ class ProcessExporter:
             if type(records) is Trace and _AS_IS:  # a recorder's: its int64s as they are
                 size = head.size + 8 * fields * n
                 buf += head.pack(size - FRAME.size, Kind.TRACE, rid, n, self.dropped_spans)
-                buf += records.data
+                buf += records.data  # type: ignore[attr-defined]
                 frames.append((size, n))
                 self.sent_spans += n
                 continue
