@@ -190,6 +190,29 @@ def test_registered_set_state_child_is_in_the_closed_timing_dict(
     assert all(st[k].count == 1 for k in timing)
 
 
+def test_a_child_registered_after_a_timing_dict_was_read_is_in_the_next(
+        session: Tracing, catalog: C.Catalog, clock: FakeClock) -> None:
+    """The scope's timing layout is made once and kept: a phase registered later (in the
+    recorder's catalog) makes it anew."""
+    rec = resettrace.recorder(tracing=session, backend="mylab")
+
+    def run(lap: str | None) -> dict[str, float]:
+        with rec.scope("set_state", 3, "set_state.mask") as outer:
+            clock.now += 2 * MS
+            if lap is not None:
+                outer.lap(lap)
+                clock.now += 3 * MS
+        return outer.timing()
+
+    first = run(None)
+    assert "set_state_tile_clear_ms" not in first and first["set_state_mask_ms"] == 2.0
+    catalog.register("set_state.tile_clear", parent="set_state")
+    second = run("set_state.tile_clear")
+    assert second["set_state_tile_clear_ms"] == 3.0 and second["set_state_mask_ms"] == 2.0
+    assert list(second)[-2:] == ["set_state_tile_clear_ms", "set_state_internal_gap_ms"]
+    assert sum(second.values()) == 5.0
+
+
 def test_unknown_scope_name_lists_the_closest(session: Tracing) -> None:
     rec = resettrace.recorder(tracing=session)
     with pytest.raises(ValueError, match=r"unknown phase 'dr_reset.plann'.*dr_reset.plan"):

@@ -24,7 +24,7 @@ import difflib
 import re
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,6 +160,11 @@ def span_attributes(attributes: Mapping[Any, Any]) -> dict[str, Any]:
 def default_key(span: str) -> str:
     """The timing key of a span name: dots become underscores, then ``_ms``."""
     return span.replace(".", "_") + "_ms"
+
+
+#: called after a phase is registered in any catalog (the compiled recorder's timing()
+#: then knows its layouts made before are out of date without reading the catalog)
+ON_REGISTER: list[Callable[[], None]] = []
 
 
 class Catalog:
@@ -347,6 +352,8 @@ class Catalog:
             if gap_key is not None:
                 self.gap_parent[gap_key] = phase
             self.version += 1
+            for hook in ON_REGISTER:
+                hook()
         return phase
 
     @staticmethod

@@ -374,7 +374,7 @@ class _ScopeCore:
     _stack: list[int]
     _records: list[Record]
     _laps: list[int]
-    _layout: tuple[int, dict[int, str], dict[str, float], str | None] | None
+    _layout: tuple[int, dict[int, str], dict[str, float], str | None, int] | None
     #: ``scope()`` gave it a count and a first lap that no ``__enter__`` took yet
     _armed: bool
     #: the counts and first laps of earlier ``scope()`` calls not entered yet, when a later
@@ -602,9 +602,11 @@ class _ScopeCore:
         layout = self._layout
         if layout is None or layout[0] != rec.catalog.version:
             phase = rec.catalog[self._index]
+            # (the compiled timing() checks the epoch: no phase registered since)
+            epoch = _FAST.catalog_epoch() if _FAST is not None else 0
             version, key_of, zeros = rec.catalog.layout(phase)
-            layout = self._layout = (version, key_of, zeros, phase.gap_key)
-        _, key_of, zeros, gap_key = layout
+            layout = self._layout = (version, key_of, zeros, phase.gap_key, epoch)
+        _, key_of, zeros, gap_key, _ = layout
         out = zeros.copy()
         trace = rec._records if rec._stack else rec._last
         pos = self._pos
@@ -1291,6 +1293,9 @@ def _sink_failed(exc: BaseException) -> None:
 
 
 if COMPILED:
+    from resettrace.catalog import ON_REGISTER
+
+    ON_REGISTER.append(_FAST.catalog_changed)
     _FAST.setup_recorder(scope=Recorder._scope_general, enter=_ScopeCore.__enter__,
                          exit=_ScopeCore.__exit__, lap=_ScopeCore.lap,
                          timing=_ScopeCore.timing, sink_failed=_sink_failed)
