@@ -34,10 +34,10 @@ system-deps:
 			apt-get install -y -qq chromium chromium-driver prometheus; }
 
 # the suite twice: with the compiled recorder, then with the pure-Python one that an install
-# without a C compiler runs (they must record the same)
+# without a C compiler runs (they must record the same); each in two pytest-xdist workers
 test: $(STAMP) system-deps docs
-	$(BIN)/python -m pytest -q
-	RESETTRACE_PURE_PYTHON=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -n 2
+	RESETTRACE_PURE_PYTHON=1 $(BIN)/python -m pytest -q -n 2 -p no:cacheprovider
 	$(BIN)/python -m pytest -q examples/own_env
 	$(BIN)/python -m pytest -q -p no:cacheprovider --markdown-docs README.md docs
 
