@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import resettrace
+from helpers import compiled_only
 from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.tracing.api import traced
@@ -317,3 +318,35 @@ def test_a_count_reader_that_runs_traced_code_leaves_the_scope_it_counts_whole(
                 assert s.max_ms <= st["env_step_total_ms"].max_ms, key
     finally:
         session.shutdown()
+
+
+@compiled_only
+def test_a_traced_call_that_reads_the_env_count_stays_compiled_once_it_is_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A traced method with ``env_count`` sets the recorder's env count on its first call,
+    then runs in C: the recorder's Python ``call`` is never reached again (its attributes
+    are a dict subclass, read as a dict)."""
+    calls: list[str] = []
+    general = Recorder.call
+    monkeypatch.setattr(Recorder, "call", lambda self, *a: (calls.append("call"),
+                                                             general(self, *a))[1])
+
+    class Env:
+        num_envs = 12
+
+        @traced("reset_done", count="mask", env_count="self.num_envs")
+        def reset_done(self, mask: np.ndarray) -> int:
+            return int(mask.sum())
+
+    session = Tracing(Config(mode="timing"))
+    env, mask = Env(), np.zeros(12, dtype=bool)
+    mask[[1, 5]] = True
+    with resettrace.use_tracing(session):
+        rec = session.thread_recorder()
+        for _ in range(5):
+            with rec.scope(C.ENV_STEP):
+                assert env.reset_done(mask) == 2
+        assert rec.attributes[C.ATTR_ENV_COUNT] == 12
+        assert len(calls) <= 1  # the first call sets the env count in Python
+        assert rec._last[1][R_PHASE] == C.RESET_DONE.index and rec._last[1][R_COUNT] == 2
+    session.shutdown()

@@ -1991,7 +1991,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
     }
     if (self->envs) {
         PyObject *attrs = PyObject_GetAttr(rec, str_attributes);
-        int has = attrs && PyDict_CheckExact(attrs) ? PyDict_Contains(attrs, env_count_key) : -1;
+        int has = attrs && PyDict_Check(attrs) ? PyDict_Contains(attrs, env_count_key) : -1;
         Py_XDECREF(attrs);
         if (has != 1) {
             PyErr_Clear();
