@@ -107,7 +107,9 @@ class _Series:
         self.count = 0
         self.total = 0.0
         self.max = -math.inf
-        self.samples: list[float] = []
+        #: float64s, not a list of floats: a long run keeps max_samples per key (a fold
+        #: appends them as a block, with no Python object each)
+        self.samples = array("d")
         self._cap = cap
         self._rng = rng
         self._gen: np.random.Generator | None = None  # add_many's, once the reservoir is full
@@ -135,8 +137,8 @@ class _Series:
         self.max = max(self.max, float(values.max()))
         free = self._cap - len(self.samples)
         if free > 0:
-            head = values[:free].tolist()
-            self.samples.extend(head)
+            head = np.ascontiguousarray(values[:free], dtype=np.float64)
+            self.samples.frombytes(head.tobytes())
             self.count += len(head)
             values = values[free:]
             m = len(values)
@@ -593,7 +595,7 @@ class Aggregator:
             # every call's value at hand: exact; a reservoir of some: from the buckets,
             # within their bound (the rule of :mod:`resettrace.distribution`)
             snapshot = {k: (s.count, s.total, s.max,
-                            sorted(s.samples) if len(s.samples) == s.count
+                            _sorted(s.samples) if len(s.samples) == s.count
                             or k not in self._dists else Distribution.merged([self._dists[k]]))
                         for k, s in self._series.items()}
         out: dict[str, KeyStats] = {}
@@ -659,6 +661,11 @@ class Aggregator:
 
     def _order(self) -> dict[str, int]:
         return {k: i for i, k in enumerate(self.catalog.all_keys())}
+
+
+def _sorted(samples: array[float]) -> list[float]:
+    """A series' samples in ascending order, as floats."""
+    return np.sort(np.frombuffer(samples, dtype=np.float64)).tolist()
 
 
 def _ordered(keys: Iterable[str] | Mapping[str, Any], order: Mapping[str, int]) -> list[str]:
