@@ -53,8 +53,11 @@ def _reset(rec: Recorder, clock: FakeClock, *, k: int, plan: int, ss: int, fk: i
 
 
 def test_recorder_traces_aggregate_to_exact_statistics(clock: FakeClock) -> None:
-    proc = TimingSpanProcessor()
-    rec = Recorder([proc])
+    # the built-in phases only, whatever other tests of this process registered (MotrixLab's
+    # bridge adds set_state children to the process's catalog)
+    cat = C.builtin_catalog()
+    proc = TimingSpanProcessor(catalog=cat)
+    rec = Recorder([proc], catalog=cat)
     # five resets: set_state 4, 6, 8, 10, 12 ms; fk 1..5 ms; mask 1 ms; plan 2 ms; tail 3 ms
     for i in range(5):
         _reset(rec, clock, k=10 + i, plan=2, ss=4 + 2 * i, fk=1 + i, mask=1, tail=3)
@@ -117,7 +120,7 @@ def test_reservoir_stays_a_uniform_sample_of_a_long_run() -> None:
 
 
 def test_processor_aggregates_sdk_spans_created_by_user_code() -> None:
-    proc = TimingSpanProcessor()
+    proc = TimingSpanProcessor(catalog=C.builtin_catalog())  # (see above)
     provider = TracerProvider()
     provider.add_span_processor(proc)
     tracer = provider.get_tracer("user.code")

@@ -283,10 +283,11 @@ class Catalog:
         return (tuple(p.key for p in phases) + tuple(p.gap_key for p in phases if p.gap_key)
                 + (RESET_DONE_COUNT,))
 
-    def copy(self) -> Catalog:
-        """A new catalog with the same phases (same objects and indices), to grow apart."""
+    def copy(self, *, upto: int | None = None) -> Catalog:
+        """A new catalog with the same phases (same objects and indices), to grow apart;
+        ``upto``: its first ``upto`` phases only."""
         other = Catalog()
-        for p in self._phases:
+        for p in self._phases[:upto]:
             other._phases.append(p)
             other.by_span[p.span] = p
             other.by_key[p.key] = p
@@ -484,6 +485,13 @@ DR_RESET_BODY_POSE = _phase("dr_reset.build_observation.body_pose", "dr_reset_bo
 
 #: The built-in phases (registered ones are in :data:`CATALOG` only).
 PHASES: tuple[Phase, ...] = CATALOG.phases
+
+
+def builtin_catalog() -> Catalog:
+    """A new catalog of the built-in phases only: none that an instrumentation (MotrixLab's
+    profiler scopes) or a user registered in this process, whenever they did."""
+    return CATALOG.copy(upto=len(PHASES))
+
 BY_SPAN: dict[str, Phase] = {p.span: p for p in PHASES}
 
 #: The 16 canonical keys of ``set_state(...)["timing"]``: 15 phases then the gap. A
