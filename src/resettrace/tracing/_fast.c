@@ -6,17 +6,21 @@
  * anything, to the Python implementation that setup_recorder() / setup_api() gave it:
  *
  * - RecorderBase: the base of recorder.Recorder, holding the state the hot path reads
- *   (stack, records, laps, scopes, named scopes, owner thread); its scope() arms a scope
- *   inside this thread's open trace.
- * - ScopeBase: the base of recorder.Scope. __enter__ / __exit__ / lap of a scope inside
- *   an open trace (a record [index, parent, start, end, count, error] appended to the
- *   recorder's records, its position pushed on its stack; closed in place). A trace that
- *   opens or closes, an exit that is not on top, a count that is not a plain int: Python.
+ *   (stack, records, laps, scopes, named scopes, owner thread, traces closed); its
+ *   scope() arms a scope inside this thread's open trace.
+ * - Records: a recorder's open trace, RECORD_FIELDS int64s per record (layout.py's
+ *   fields) in one block the recorder keeps across traces; Trace: a finished one.
+ * - ScopeBase: the base of recorder.Scope. __enter__ / __exit__ / lap of a scope (a
+ *   record [index, parent, start, end, count, error] written into the recorder's Records,
+ *   its position pushed on its stack; closed in place; a trace that closes copied into
+ *   one Trace). An exit that is not on top, a count that is not a plain int, an
+ *   overflow: Python.
  * - Traced: the core of a traced() wrapper (api.py): a call, an extension's call inside
  *   a phase (a leaf), or a call that is several levels of the catalog at once (a chain).
  *
- * Records, positions and clocks are Python ints in Python lists, as the Python code keeps
- * them: both implementations share the recorder's state and may interleave.
+ * Positions are Python ints in Python lists (the stack, the laps) and records are int64s
+ * in the Records, as the Python code keeps them: both implementations share the
+ * recorder's state and may interleave.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -273,6 +277,243 @@ static PyTypeObject TraceType = {
     .tp_getset = trace_getset,
     .tp_repr = (reprfunc)trace_repr,
     .tp_new = trace_new,
+};
+
+/* ---------------------------------------------------------------- Records */
+/* A recorder's open trace: RECORD_FIELDS int64s per record in one block the recorder
+ * keeps across its traces (it grows by doubling and never shrinks, so a recorder in a
+ * steady state writes each record's six fields into memory it wrote the trace before).
+ * No Python object per record. Python code reads and writes it as a flat sequence of
+ * ints (record j's field f at j * RECORD_FIELDS + f), appends records with
+ * ``records += fields`` (any buffer or sequence of ints: array('q') in recorder.py) and
+ * takes the finished trace with take(); recorder.py's _PyRecords (an array('q')) is the
+ * same in Python. */
+typedef struct {
+    PyObject_HEAD
+    int64_t *v;
+    Py_ssize_t n;    /* the int64s held */
+    Py_ssize_t cap;  /* the int64s allocated */
+} Records;
+
+static PyTypeObject RecordsType;
+
+/* Room for `extra` more int64s: 0, or -1 with MemoryError. */
+static int
+records_reserve(Records *self, Py_ssize_t extra)
+{
+    if (self->n + extra <= self->cap) {
+        return 0;
+    }
+    Py_ssize_t cap = self->cap ? self->cap : 64 * RECORD_FIELDS;
+    while (cap < self->n + extra) {
+        if (cap > PY_SSIZE_T_MAX / 16) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    int64_t *v = PyMem_Realloc(self->v, (size_t)cap * sizeof(int64_t));
+    if (v == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->v = v;
+    self->cap = cap;
+    return 0;
+}
+
+/* Append the record [index, parent, 0, 0, count, 0] (room reserved by the caller): its
+ * position. */
+static inline Py_ssize_t
+records_push(Records *self, Py_ssize_t index, Py_ssize_t parent, long long count)
+{
+    int64_t *r = self->v + self->n;
+    r[R_PHASE] = index;
+    r[R_PARENT] = parent;
+    r[R_START] = 0;
+    r[R_END] = 0;
+    r[R_COUNT] = count;
+    r[R_ERROR] = 0;
+    self->n += RECORD_FIELDS;
+    return self->n / RECORD_FIELDS - 1;
+}
+
+/* The records held. */
+static inline Py_ssize_t
+records_len(Records *self)
+{
+    return self->n / RECORD_FIELDS;
+}
+
+/* Field f of record j (j < records_len). */
+#define FIELD(rs, j, f) ((rs)->v[(j) * RECORD_FIELDS + (f)])
+
+static PyObject *
+records_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "Records() takes no arguments");
+        return NULL;
+    }
+    return type->tp_alloc(type, 0);
+}
+
+static void
+records_dealloc(Records *self)
+{
+    PyMem_Free(self->v);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t
+records_length(Records *self)
+{
+    return self->n;
+}
+
+static PyObject *
+records_item(Records *self, Py_ssize_t i)
+{
+    if (i < 0 || i >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "records index out of range");
+        return NULL;
+    }
+    return PyLong_FromLongLong(self->v[i]);
+}
+
+static int
+records_ass_item(Records *self, Py_ssize_t i, PyObject *value)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a record's field cannot be deleted");
+        return -1;
+    }
+    if (i < 0 || i >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "records assignment index out of range");
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(value);
+    if (x == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    self->v[i] = x;
+    return 0;
+}
+
+/* records += fields: whole records of int64s (an array('q') or any buffer of them, or a
+ * sequence of ints), all or nothing. */
+static PyObject *
+records_inplace_concat(Records *self, PyObject *other)
+{
+    Py_buffer b;
+    if (PyObject_CheckBuffer(other) && PyObject_GetBuffer(other, &b, PyBUF_FORMAT) == 0) {
+        int ok = b.itemsize == 8 && b.format != NULL
+            && (strcmp(b.format, "q") == 0 || strcmp(b.format, "l") == 0
+                || strcmp(b.format, "=q") == 0 || strcmp(b.format, "<q") == 0);
+        Py_ssize_t k = b.len / 8;
+        if (!ok || k % RECORD_FIELDS) {
+            PyBuffer_Release(&b);
+            PyErr_Format(PyExc_TypeError, "records take whole records of %d int64s",
+                         RECORD_FIELDS);
+            return NULL;
+        }
+        if (records_reserve(self, k) < 0) {
+            PyBuffer_Release(&b);
+            return NULL;
+        }
+        memcpy(self->v + self->n, b.buf, (size_t)k * 8);
+        self->n += k;
+        PyBuffer_Release(&b);
+        return Py_NewRef(self);
+    }
+    PyErr_Clear();
+    PyObject *fast = PySequence_Fast(other, "records take a sequence of ints");
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(fast);
+    if (k % RECORD_FIELDS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_TypeError, "records take whole records of %d int64s",
+                     RECORD_FIELDS);
+        return NULL;
+    }
+    if (records_reserve(self, k) < 0) {
+        Py_DECREF(fast);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (x == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return NULL;  /* nothing appended: n moves below */
+        }
+        self->v[self->n + i] = x;
+    }
+    self->n += k;
+    Py_DECREF(fast);
+    return Py_NewRef(self);
+}
+
+/* The records as a Trace, this left empty; NULL with an error (the records kept). */
+static PyObject *
+records_take_trace(Records *self)
+{
+    Trace *t = PyObject_NewVar(Trace, &TraceType, self->n);
+    if (t == NULL) {
+        return NULL;
+    }
+    if (self->n) {
+        memcpy(t->v, self->v, (size_t)self->n * sizeof(int64_t));
+    }
+    self->n = 0;
+    return (PyObject *)t;
+}
+
+static PyObject *
+records_take(Records *self, PyObject *Py_UNUSED(ignored))
+{
+    return records_take_trace(self);
+}
+
+static PyObject *
+records_clear(Records *self, PyObject *Py_UNUSED(ignored))
+{
+    self->n = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+records_repr(Records *self)
+{
+    return PyUnicode_FromFormat("<resettrace records: %zd open>", records_len(self));
+}
+
+static PySequenceMethods records_as_sequence = {
+    .sq_length = (lenfunc)records_length,
+    .sq_item = (ssizeargfunc)records_item,
+    .sq_ass_item = (ssizeobjargproc)records_ass_item,
+    .sq_inplace_concat = (binaryfunc)records_inplace_concat,
+};
+
+static PyMethodDef records_methods[] = {
+    {"take", (PyCFunction)records_take, METH_NOARGS,
+     "take(): the records as a Trace, this left empty (at once)."},
+    {"clear", (PyCFunction)records_clear, METH_NOARGS, "clear(): no records."},
+    {NULL},
+};
+
+static PyTypeObject RecordsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "resettrace.tracing._fast.Records",
+    .tp_basicsize = sizeof(Records),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Records(): a recorder's open trace, RECORD_FIELDS int64s per record.",
+    .tp_as_sequence = &records_as_sequence,
+    .tp_methods = records_methods,
+    .tp_repr = (reprfunc)records_repr,
+    .tp_new = records_new,
+    .tp_dealloc = (destructor)records_dealloc,
 };
 
 /* ---------------------------------------------------------------- TraceQueue */
@@ -546,19 +787,21 @@ static PyTypeObject SlotType = {
 /* ---------------------------------------------------------------- RecorderBase */
 /* The state of a recorder that the hot path reads: the base of recorder.Recorder (its
  * Python subclass adds the routing and the rest). The C code reads these fields in place;
- * Python code reads them as the members _stack, _records, _laps, _scopes, _named and
- * _owner. What the C code hands to Python it was given by setup_recorder(). */
+ * Python code reads them as the members _stack, _records, _laps, _scopes, _named, _owner
+ * and _serial. What the C code hands to Python it was given by setup_recorder(). */
 typedef struct {
     PyObject_HEAD
     PyObject *stack;      /* positions of the open records (a list of ints) */
-    PyObject *records;    /* the open trace's records (a list) */
+    PyObject *records;    /* the open trace's records (a Records, kept across traces) */
     PyObject *laps;       /* positions of the running laps, each also on the stack */
     PyObject *scopes;     /* one Scope per phase index (a list) */
     PyObject *named;      /* span name -> Scope (a dict) */
     PyObject *token;      /* (the thread's current recorder before the open trace,) or None */
-    PyObject *last;       /* the last trace handed over (a list of records) */
+    PyObject *last;       /* the last trace handed over (a Trace) */
     PyObject *sinks;      /* what each finished trace is handed to (a tuple) */
     unsigned long owner;  /* the thread that records here */
+    long long serial;     /* the traces closed: a call that finds it changed on return
+                           * knows its trace was cut meanwhile (an overflow) */
 } RecorderBase;
 
 static PyTypeObject RecorderBaseType;
@@ -614,12 +857,12 @@ rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     self->stack = PyList_New(0);
-    self->records = PyList_New(0);
+    self->records = PyObject_CallNoArgs((PyObject *)&RecordsType);
     self->laps = PyList_New(0);
     self->scopes = PyList_New(0);
     self->named = PyDict_New();
     self->token = Py_NewRef(Py_None);
-    self->last = PyList_New(0);
+    self->last = (PyObject *)PyObject_NewVar(Trace, &TraceType, 0);
     self->sinks = PyTuple_New(0);
     self->owner = PyThread_get_thread_ident();
     if (!self->stack || !self->records || !self->laps || !self->scopes || !self->named
@@ -646,10 +889,26 @@ rb_set_list(PyObject **field, PyObject *v, const char *name)
     static int rb_set_##field(RecorderBase *self, PyObject *v, void *c) \
     { return rb_set_list(&self->field, v, name); }
 RB_LIST(stack, "_stack")
-RB_LIST(records, "_records")
 RB_LIST(laps, "_laps")
 RB_LIST(scopes, "_scopes")
 #undef RB_LIST
+
+static PyObject *
+rb_get_records(RecorderBase *self, void *c)
+{
+    return Py_NewRef(self->records);
+}
+
+static int
+rb_set_records(RecorderBase *self, PyObject *v, void *c)
+{
+    if (v == NULL || !Py_IS_TYPE(v, &RecordsType)) {
+        PyErr_SetString(PyExc_TypeError, "_records must be a Records");
+        return -1;
+    }
+    Py_SETREF(self->records, Py_NewRef(v));
+    return 0;
+}
 
 static PyObject *
 rb_get_named(RecorderBase *self, void *c)
@@ -688,6 +947,7 @@ static PyMemberDef rb_members[] = {
     {"_token", T_OBJECT_EX, offsetof(RecorderBase, token), 0, NULL},
     {"_last", T_OBJECT_EX, offsetof(RecorderBase, last), 0, NULL},
     {"_sinks", T_OBJECT_EX, offsetof(RecorderBase, sinks), 0, NULL},
+    {"_serial", T_LONGLONG, offsetof(RecorderBase, serial), 0, NULL},
     {NULL},
 };
 
@@ -789,23 +1049,12 @@ list_drop(PyObject *list, Py_ssize_t k)
     }
 }
 
-/* New objects of the cyclic GC's (a list, a tuple) whose allocation runs no
- * collection. A collection runs Python code (gc callbacks, finalizers, weakref callbacks),
- * and with it any signal handler that is due: one that records would push its scopes
- * between this path's read of the recorder's lists and its writes to them (the record
- * then pushed at a stale position: its scope never closed, the handler's left open). The
- * collection is only put off to the next allocation. */
-static inline PyObject *
-list_no_collection(Py_ssize_t n)
-{
-    int was = PyGC_Disable();
-    PyObject *o = PyList_New(n);
-    if (was) {
-        PyGC_Enable();
-    }
-    return o;
-}
-
+/* A tuple of the cyclic GC's whose allocation runs no collection. A collection runs
+ * Python code (gc callbacks, finalizers, weakref callbacks), and with it any signal
+ * handler that is due: one that records would push its scopes between this path's read
+ * of the recorder's state and its writes to it (the record then pushed at a stale
+ * position: its scope never closed, the handler's left open). The collection is only put
+ * off to the next allocation. (Records, positions and clocks are no objects of the GC's.) */
 static inline PyObject *
 tuple_no_collection(PyObject *a)
 {
@@ -817,97 +1066,61 @@ tuple_no_collection(PyObject *a)
     return o;
 }
 
-static inline PyObject *
-pair_no_collection(PyObject *a, PyObject *b)
-{
-    int was = PyGC_Disable();
-    PyObject *o = PyTuple_Pack(2, a, b);
-    if (was) {
-        PyGC_Enable();
-    }
-    return o;
-}
-
-/* A new record [index, parent, 0, 0, count, 0]; parent and count are borrowed. */
-static PyObject *
-new_record(Py_ssize_t index, PyObject *parent, PyObject *count)
-{
-    PyObject *r = list_no_collection(RECORD_FIELDS);
-    if (r == NULL) {
-        return NULL;
-    }
-    PyObject *i = PyLong_FromSsize_t(index);
-    if (i == NULL) {
-        Py_DECREF(r);
-        return NULL;
-    }
-    PyObject *c = Py_NewRef(count ? count : no_count);
-    Py_INCREF(parent);
-    Py_INCREF(zero);
-    Py_INCREF(zero);
-    Py_INCREF(zero);
-    PyList_SET_ITEM(r, R_PHASE, i);
-    PyList_SET_ITEM(r, R_PARENT, parent);
-    PyList_SET_ITEM(r, R_START, zero);
-    PyList_SET_ITEM(r, R_END, zero);
-    PyList_SET_ITEM(r, R_COUNT, c);
-    PyList_SET_ITEM(r, R_ERROR, zero);
-    /* a record holds ints only, so it is never part of a cycle: left out of the cyclic
-     * GC, it is not traversed by collections nor promoted into older generations (whose
-     * growth triggers full collections) while its trace waits to be aggregated */
-    PyObject_GC_UnTrack(r);
-    return r;
-}
-
-/* Set item i of list r to v, a reference it takes (replacing what was there). */
-static inline void
-set_item(PyObject *r, Py_ssize_t i, PyObject *v)
-{
-    if (i >= PyList_GET_SIZE(r)) {  /* a record emptied by Python code: left as it is */
-        Py_DECREF(v);
-        return;
-    }
-    PyObject *old = PyList_GET_ITEM(r, i);
-    PyList_SET_ITEM(r, i, v);
-    Py_DECREF(old);
-}
-
-/* Set item i of list r to the int t. */
+/* Whether o is a recorder's Records (else the Python method takes the case). */
 static inline int
-set_int(PyObject *r, Py_ssize_t i, long long t)
+is_records(PyObject *o)
 {
-    PyObject *v = PyLong_FromLongLong(t);
-    if (v == NULL) {
+    return o != NULL && Py_IS_TYPE(o, &RecordsType);
+}
+
+/* The phase of record pos, or -2 when there is none. */
+static inline Py_ssize_t
+record_phase(Records *rs, Py_ssize_t pos)
+{
+    return pos >= 0 && pos < records_len(rs) ? (Py_ssize_t)FIELD(rs, pos, R_PHASE) : -2;
+}
+
+/* Push position pos on a list (the stack, the laps): 0, or -1 with an error. */
+static inline int
+push_pos(PyObject *list, Py_ssize_t pos)
+{
+    PyObject *p = PyLong_FromSsize_t(pos);  /* (a cached small int up to 256) */
+    if (p == NULL) {
         return -1;
     }
-    set_item(r, i, v);
-    return 0;
+    int out = PyList_Append(list, p);
+    Py_DECREF(p);
+    return out;
 }
 
-/* Push a new record under the top of stack at position len(records); the record
- * (a new reference) or NULL. */
-static PyObject *
-push_record(PyObject *stack, PyObject *records, Py_ssize_t index, PyObject *count)
+/* A count as a record holds it: 1 and *out, for an int in [-1, 2**63); else 0 (no
+ * error): count_of reads it. */
+static inline int
+count_value(PyObject *c, long long *out)
 {
-    Py_ssize_t pos = PyList_GET_SIZE(records);
-    PyObject *parent = Py_NewRef(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1));
-    PyObject *r = new_record(index, parent, count);
-    Py_DECREF(parent);
-    if (r == NULL) {
-        return NULL;
+    if (!PyLong_CheckExact(c)) {
+        return 0;
     }
-    PyObject *p = PyLong_FromSsize_t(pos);
-    if (p == NULL || PyList_Append(stack, p) < 0) {
-        Py_XDECREF(p);
-        Py_DECREF(r);
-        return NULL;
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(c, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
     }
-    Py_DECREF(p);
-    if (PyList_Append(records, r) < 0) {
-        Py_DECREF(r);
-        return NULL;
+    *out = x;
+    return overflow == 0 && x >= -1;
+}
+
+/* The int code of an error code object (error_code's), or 0 (no error) if it is none. */
+static inline long long
+code_value(PyObject *code)
+{
+    long long x = code != NULL && PyLong_CheckExact(code) ? PyLong_AsLongLong(code) : 0;
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
     }
-    return r;
+    return x;
 }
 
 /* The pending slow path: the Python implementation given by setup_recorder(). */
@@ -919,20 +1132,6 @@ call_general(PyObject *fn, PyObject *const *args, size_t n)
         return NULL;
     }
     return PyObject_Vectorcall(fn, args, n, NULL);
-}
-
-/* The int a list item holds as a record position, or -2. */
-static inline Py_ssize_t
-record_phase(PyObject *records, Py_ssize_t pos)
-{
-    if (pos < 0 || pos >= PyList_GET_SIZE(records)) {
-        return -2;
-    }
-    PyObject *r = PyList_GET_ITEM(records, pos);
-    if (!PyList_CheckExact(r) || PyList_GET_SIZE(r) != RECORD_FIELDS) {
-        return -2;
-    }
-    return int_at(r, R_PHASE);
 }
 
 /* A trace opens on rec: the thread's current recorder is rec until it closes (the one
@@ -963,7 +1162,7 @@ lookup_attr(PyObject *obj, PyObject *name, PyObject **out)
 
 /* The trace's outermost scope closed (Recorder._close_trace's common case, with no
  * exception pending): the thread's current recorder is again the one before, and the
- * trace goes to the sinks (a copy: the records list is reused). A sink's Exception is
+ * trace goes to the sinks (a copy: the Records block is reused). A sink's Exception is
  * logged (sink_failed), never raised: it must not break training; any other exception
  * (SystemExit from a SIGTERM handler, KeyboardInterrupt) leaves as Python's would: -1,
  * with it pending. */
@@ -976,16 +1175,13 @@ close_trace(RecorderBase *rec)
         set_current(PyTuple_GET_ITEM(token, 0));
     }
     Py_DECREF(token);
-    Py_ssize_t n = PyList_GET_SIZE(rec->records);
-    if (n == 0) {
+    if (!is_records(rec->records) || ((Records *)rec->records)->n == 0) {
         return 0;  /* handed over already */
     }
-    PyObject *trace = trace_of(rec->records);  /* read while its records are in cache */
-    if (PyList_SetSlice(rec->records, 0, n, NULL) < 0) {
-        Py_XDECREF(trace);
-        return -1;
-    }
-    if (trace == NULL) {  /* a field written by hand that is no int64: dropped, said */
+    PyObject *trace = records_take_trace((Records *)rec->records);  /* one copy */
+    rec->serial++;
+    if (trace == NULL) {  /* no memory for the copy: the trace is dropped, said */
+        ((Records *)rec->records)->n = 0;
         PyErr_WriteUnraisable((PyObject *)rec);
         return 0;
     }
@@ -1068,59 +1264,55 @@ close_trace_after_call(RecorderBase *rec)
 static PyObject *
 scope_enter(ScopeBase *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *stack = self->stack, *records = self->records, *laps = self->laps;
-    PyObject *rec = self->rec;
+    PyObject *stack = self->stack, *laps = self->laps, *rec = self->rec;
+    Records *rs = (Records *)self->records;
+    Py_ssize_t parent = -1, n;
+    long long count;
     int root;
-    if (stack == NULL || records == NULL || laps == NULL || !PyList_CheckExact(stack)
-            || !PyList_CheckExact(records) || !PyList_CheckExact(laps)
-            || PyList_GET_SIZE(records) >= max_records()
+    if (stack == NULL || laps == NULL || !PyList_CheckExact(stack) || !is_records((PyObject *)rs)
+            || !PyList_CheckExact(laps) || records_len(rs) >= max_records()
             || (self->stash != NULL && self->stash != Py_None)
-            || ((root = PyList_GET_SIZE(stack) == 0)
-                && (PyList_GET_SIZE(records) != 0 || rec == NULL
-                    || !PyObject_TypeCheck(rec, &RecorderBaseType)
+            || !count_value(self->count, &count)
+            || ((root = (n = PyList_GET_SIZE(stack)) == 0)
+                && (rs->n != 0 || rec == NULL || !PyObject_TypeCheck(rec, &RecorderBaseType)
                     || ((RecorderBase *)rec)->stack != stack
-                    || ((RecorderBase *)rec)->records != records))) {
+                    || ((RecorderBase *)rec)->records != (PyObject *)rs))
+            || (!root && (parent = int_at(stack, n - 1)) < 0)) {
         /* an overflow, an earlier scope() call waiting for its own enter (a signal
          * handler's scope landed in between), the last trace's hand-over under way, a
-         * recorder whose lists were replaced: the Python method */
+         * recorder whose state was replaced, a count count_of reads: the Python method */
         PyObject *a[] = {(PyObject *)self};
         return call_general(enter_general, a, 1);
     }
-    self->armed = 0;  /* its count is taken */
-    PyObject *r;
-    if (root) {  /* a trace opens: its recorder is the current one until it closes */
-        if (open_trace((RecorderBase *)rec) < 0) {
-            return NULL;
-        }
-        r = new_record(self->index, no_count, self->count);  /* parent -1: the root */
-        if (r == NULL || PyList_Append(records, r) < 0 || PyList_Append(stack, zero) < 0) {
-            Py_XDECREF(r);
-            return NULL;
-        }
-    }
-    else if ((r = push_record(stack, records, self->index, self->count)) == NULL) {
+    /* room first: nothing below fails once the state changed but a list's append */
+    if (records_reserve(rs, 2 * RECORD_FIELDS) < 0) {
         return NULL;
     }
-    PyObject *lap = NULL;
+    self->armed = 0;  /* its count is taken */
+    if (root && open_trace((RecorderBase *)rec) < 0) {  /* its recorder is the current
+                                                         * one until it closes */
+        return NULL;
+    }
+    Py_ssize_t pos = records_push(rs, self->index, parent, count), lap = -1;
+    if (push_pos(stack, pos) < 0) {
+        return NULL;
+    }
     if (self->first >= 0) {  /* it opens with its first lap, on the same clock read */
-        lap = push_record(stack, records, self->first, no_count);
-        PyObject *at = lap ? PyLong_FromSsize_t(PyList_GET_SIZE(records) - 1) : NULL;
-        if (at == NULL || PyList_Append(laps, at) < 0) {
-            Py_XDECREF(at);
-            Py_XDECREF(lap);
-            Py_DECREF(r);
+        lap = records_push(rs, self->first, pos, NO_COUNT);
+        if (push_pos(stack, lap) < 0 || push_pos(laps, lap) < 0) {
             return NULL;
         }
-        Py_DECREF(at);
     }
     long long t;  /* R_START, last: bookkeeping is not timed */
-    if (now_ns(&t) < 0 || set_int(r, R_START, t) < 0 || (lap && set_int(lap, R_START, t) < 0)) {
-        Py_XDECREF(lap);
-        Py_DECREF(r);
+    if (now_ns(&t) < 0) {
         return NULL;
     }
-    Py_XDECREF(lap);
-    Py_DECREF(r);
+    if (pos < records_len(rs)) {  /* (a clock of Python code, in tests, may record) */
+        FIELD(rs, pos, R_START) = t;
+    }
+    if (lap >= 0 && lap < records_len(rs)) {
+        FIELD(rs, lap, R_START) = t;
+    }
     Py_INCREF(self);
     return (PyObject *)self;
 }
@@ -1138,38 +1330,38 @@ code_of(PyObject *type)
 static PyObject *
 scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *stack = self->stack, *records = self->records, *laps = self->laps;
-    Py_ssize_t n, pos, lap = -1, nl;
-    PyObject *r, *lr = NULL;
+    PyObject *stack = self->stack, *laps = self->laps;
+    Records *rs = (Records *)self->records;
+    RecorderBase *rec = (RecorderBase *)self->rec;
+    Py_ssize_t n, pos, lap = -1, nl, held;
     if (nargs != 3) {
         PyErr_Format(PyExc_TypeError,
                      "__exit__() takes 3 arguments (exc_type, exc, tb), %zd given", nargs);
         return NULL;
     }
-    if (stack == NULL || records == NULL || laps == NULL
-            || !PyList_CheckExact(stack) || !PyList_CheckExact(records)
-            || !PyList_CheckExact(laps) || (n = PyList_GET_SIZE(stack)) < 1) {
+    if (stack == NULL || laps == NULL || !PyList_CheckExact(stack) || !is_records((PyObject *)rs)
+            || !PyList_CheckExact(laps) || (n = PyList_GET_SIZE(stack)) < 1
+            || rec == NULL || !PyObject_TypeCheck((PyObject *)rec, &RecorderBaseType)) {
         goto slow;  /* not entered */
     }
     pos = int_at(stack, n - 1);
     nl = PyList_GET_SIZE(laps);
     if (nl > 0 && int_at(laps, nl - 1) == pos) {  /* its running lap ends with it */
         lap = pos;
-        if (n < 2 || record_phase(records, lap) < 0) {
+        if (n < 2 || record_phase(rs, lap) < 0) {
             goto slow;
         }
-        lr = PyList_GET_ITEM(records, lap);
         pos = int_at(stack, n - 2);
     }
-    if (record_phase(records, pos) != self->index) {
+    if (record_phase(rs, pos) != self->index) {
         goto slow;  /* not on top: inner scopes left open, or not open at all */
     }
     int closes = n == (lap >= 0 ? 2 : 1);  /* the trace closes with it */
-    if (closes && (self->rec == NULL || !PyObject_TypeCheck(self->rec, &RecorderBaseType)
-                   || ((RecorderBase *)self->rec)->records != records)) {
+    if (closes && rec->records != (PyObject *)rs) {
         goto slow;
     }
-    r = PyList_GET_ITEM(records, pos);
+    held = rs->n;
+    long long serial = rec->serial;
     long long t;  /* read once the case is known: the Python method reads its own */
     if (now_ns(&t) < 0) {
         return NULL;
@@ -1179,37 +1371,31 @@ scope_exit(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     /* the clock and the error code may run Python code (a signal handler that records):
-     * it is still on top, or the Python method takes the case as it is now */
+     * all is as it was, or the Python method takes the case as it is now */
     if (PyList_GET_SIZE(stack) != n || int_at(stack, n - 1) != (lap >= 0 ? lap : pos)
-            || pos >= PyList_GET_SIZE(records) || PyList_GET_ITEM(records, pos) != r
-            || (lap >= 0 && (lap >= PyList_GET_SIZE(records)
-                             || PyList_GET_ITEM(records, lap) != lr
-                             || PyList_GET_SIZE(laps) != nl))) {
+            || rs->n != held || rec->serial != serial
+            || (lap >= 0 && PyList_GET_SIZE(laps) != nl)) {
         Py_XDECREF(code);
         goto slow;
     }
-    Py_INCREF(r);
-    Py_XINCREF(lr);
-    if (set_int(r, R_END, t) < 0 || (lr && set_int(lr, R_END, t) < 0)) {  /* R_END */
-        Py_XDECREF(code);
-        Py_DECREF(r);
-        Py_XDECREF(lr);
-        return NULL;
+    long long c = code_value(code);
+    Py_XDECREF(code);
+    FIELD(rs, pos, R_END) = t;
+    if (c) {
+        FIELD(rs, pos, R_ERROR) = c;
     }
-    if (code != NULL) {  /* R_ERROR */
-        if (lr) {
-            set_item(lr, R_ERROR, Py_NewRef(code));
+    if (lap >= 0) {
+        FIELD(rs, lap, R_END) = t;
+        if (c) {
+            FIELD(rs, lap, R_ERROR) = c;
         }
-        set_item(r, R_ERROR, code);
     }
-    Py_DECREF(r);
-    Py_XDECREF(lr);
     list_drop(stack, lap >= 0 ? 2 : 1);
     if (lap >= 0) {
         list_drop(laps, 1);
     }
     self->pos = pos;
-    if (closes && close_trace((RecorderBase *)self->rec) < 0) {
+    if (closes && close_trace(rec) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1254,16 +1440,8 @@ scope_for(RecorderBase *rec, PyObject *phase)
 static inline int
 plain_count(PyObject *c)
 {
-    if (!PyLong_CheckExact(c)) {
-        return 0;
-    }
-    int overflow;
-    long long x = PyLong_AsLongLongAndOverflow(c, &overflow);
-    if (x == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    return overflow == 0 && x >= -1;
+    long long x;
+    return count_value(c, &x);
 }
 
 static PyObject *scope_lap_positional(ScopeBase *self, PyObject *const *args,
@@ -1295,15 +1473,16 @@ scope_lap(ScopeBase *self, PyObject *const *args, size_t nargsf, PyObject *kwnam
 static PyObject *
 scope_lap_positional(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *stack = self->stack, *records = self->records, *laps = self->laps;
+    PyObject *stack = self->stack, *laps = self->laps;
+    Records *rs = (Records *)self->records;
     PyObject *rec = self->rec;
     Py_ssize_t index = -1, n, nl, pos, owner;
+    long long count = NO_COUNT;
     int running;
-    if (nargs < 1 || nargs > 2 || (nargs == 2 && !plain_count(args[1]))
+    if (nargs < 1 || nargs > 2 || (nargs == 2 && !count_value(args[1], &count))
             || rec == NULL || !PyObject_TypeCheck(rec, &RecorderBaseType)
-            || stack == NULL || records == NULL || laps == NULL
-            || !PyList_CheckExact(stack) || !PyList_CheckExact(records)
-            || !PyList_CheckExact(laps)) {
+            || stack == NULL || laps == NULL || !PyList_CheckExact(stack)
+            || !is_records((PyObject *)rs) || !PyList_CheckExact(laps)) {
         goto slow;
     }
     if (args[0] != Py_None) {
@@ -1319,41 +1498,36 @@ scope_lap_positional(ScopeBase *self, PyObject *const *args, Py_ssize_t nargs)
     pos = int_at(stack, n - 1);
     nl = PyList_GET_SIZE(laps);
     running = nl > 0 && int_at(laps, nl - 1) == pos;
-    if (pos < 0 || pos >= PyList_GET_SIZE(records)) {
+    if (pos < 0 || pos >= records_len(rs)) {
         goto slow;
     }
-    owner = running ? int_at(PyList_GET_ITEM(records, pos), R_PARENT) : pos;
-    if (record_phase(records, owner) != self->index
-            || (index >= 0 && PyList_GET_SIZE(records) >= max_records())) {
+    owner = running ? (Py_ssize_t)FIELD(rs, pos, R_PARENT) : pos;
+    if (record_phase(rs, owner) != self->index
+            || (index >= 0 && records_len(rs) >= max_records())) {
         goto slow;  /* not the innermost (said once), or an overflow */
     }
+    if (index >= 0 && records_reserve(rs, RECORD_FIELDS) < 0) {
+        return NULL;
+    }
+    Py_ssize_t held = rs->n;
     long long t;
     if (now_ns(&t) < 0) {
         return NULL;
     }
-    if (PyList_GET_SIZE(stack) != n || PyList_GET_SIZE(laps) != nl) {
+    if (PyList_GET_SIZE(stack) != n || PyList_GET_SIZE(laps) != nl || rs->n != held) {
         goto slow;  /* a replaced clock ran Python code that recorded */
     }
     if (running) {
-        if (set_int(PyList_GET_ITEM(records, pos), R_END, t) < 0) {
-            return NULL;
-        }
+        FIELD(rs, pos, R_END) = t;
         list_drop(stack, 1);
         list_drop(laps, 1);
     }
     if (index >= 0) {
-        PyObject *o = PyLong_FromSsize_t(owner);
-        PyObject *r = o ? new_record(index, o, nargs == 2 ? args[1] : no_count) : NULL;
-        Py_XDECREF(o);
-        PyObject *at = r ? PyLong_FromSsize_t(PyList_GET_SIZE(records)) : NULL;
-        if (at == NULL || set_int(r, R_START, t) < 0 || PyList_Append(records, r) < 0
-                || PyList_Append(stack, at) < 0 || PyList_Append(laps, at) < 0) {
-            Py_XDECREF(r);
-            Py_XDECREF(at);
+        Py_ssize_t at = records_push(rs, index, owner, count);
+        FIELD(rs, at, R_START) = t;
+        if (push_pos(stack, at) < 0 || push_pos(laps, at) < 0) {
             return NULL;
         }
-        Py_DECREF(r);
-        Py_DECREF(at);
     }
     Py_RETURN_NONE;
 slow:
@@ -1366,26 +1540,18 @@ slow:
     return call_general(lap_general, a, 3);
 }
 
-/* Field f of record j of a trace: the open one (a list of record lists) or a finished
- * one (a Trace). 0 with *ok cleared when it is not an int (the caller hands over). */
-static inline long long
-field_of(PyObject *trace, int is_list, Py_ssize_t j, int f, int *ok)
+/* The int64 fields of a trace's records: the open one (a Records) or a finished one (a
+ * Trace), read afresh at each use (Python code run meanwhile may have grown the
+ * buffer); *n the records. */
+static inline const int64_t *
+fields_of(PyObject *trace, Py_ssize_t *n)
 {
-    if (!is_list) {
-        return ((Trace *)trace)->v[j * RECORD_FIELDS + f];
+    if (is_records(trace)) {
+        *n = records_len((Records *)trace);
+        return ((Records *)trace)->v;
     }
-    PyObject *r = PyList_GET_ITEM(trace, j);
-    if (!PyList_CheckExact(r) || PyList_GET_SIZE(r) != RECORD_FIELDS) {
-        *ok = 0;
-        return 0;
-    }
-    PyObject *v = PyList_GET_ITEM(r, f);
-    long long x = PyLong_CheckExact(v) ? PyLong_AsLongLong(v) : -1;
-    if (!PyLong_CheckExact(v) || (x == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        *ok = 0;
-    }
-    return x;
+    *n = trace_len((Trace *)trace);
+    return ((Trace *)trace)->v;
 }
 
 /* Grows whenever a phase is registered in any catalog (catalog_changed(), called by
@@ -1429,32 +1595,34 @@ scope_timing(ScopeBase *self, PyObject *Py_UNUSED(ignored))
         goto general;
     }
     RecorderBase *rb = (RecorderBase *)rec;
-    int is_list = PyList_GET_SIZE(rb->stack) > 0;
-    PyObject *trace = is_list ? rb->records : rb->last;
-    if (!is_list && !Py_IS_TYPE(trace, &TraceType)) {
+    PyObject *trace = PyList_GET_SIZE(rb->stack) > 0 ? rb->records : rb->last;
+    if (!is_records(trace) && !Py_IS_TYPE(trace, &TraceType)) {
         goto general;
     }
     Py_INCREF(trace);
-    Py_ssize_t n = is_list ? PyList_GET_SIZE(trace) : trace_len((Trace *)trace);
-    Py_ssize_t pos = self->pos;
-    int ok = 1;
-    out = PyDict_Copy(zeros);
+    out = PyDict_Copy(zeros);  /* (may run a collection: the fields are read after it) */
     if (out == NULL) {
         Py_DECREF(trace);
         return NULL;
     }
-    if (pos < 0 || pos >= n || field_of(trace, is_list, pos, R_PHASE, &ok) != self->index
-            || !ok) {
+    Py_ssize_t pos = self->pos, n;
+    const int64_t *v = fields_of(trace, &n);
+    if (pos < 0 || pos >= n || v[pos * RECORD_FIELDS + R_PHASE] != self->index) {
         Py_DECREF(trace);
-        return ok ? out : (Py_DECREF(out), PyObject_CallOneArg(timing_general,
-                                                               (PyObject *)self));
+        return out;  /* never run */
     }
     long long total = 0;
-    for (Py_ssize_t j = pos + 1; j < n && ok; j++) {
-        if (field_of(trace, is_list, j, R_PARENT, &ok) != pos || !ok) {
+    for (Py_ssize_t j = pos + 1; j < n; j++) {
+        v = fields_of(trace, &n);  /* afresh: a value made below may run a collection */
+        if (j >= n) {
+            break;
+        }
+        const int64_t *r = v + j * RECORD_FIELDS;
+        if (r[R_PARENT] != pos) {
             continue;  /* not a direct child */
         }
-        PyObject *phase = PyLong_FromLongLong(field_of(trace, is_list, j, R_PHASE, &ok));
+        long long d = r[R_END] - r[R_START];
+        PyObject *phase = PyLong_FromLongLong(r[R_PHASE]);
         PyObject *key = phase ? PyDict_GetItemWithError(key_of, phase) : NULL;
         Py_XDECREF(phase);
         if (key == NULL) {
@@ -1463,21 +1631,19 @@ scope_timing(ScopeBase *self, PyObject *Py_UNUSED(ignored))
             }
             continue;  /* a child of no key of its own */
         }
-        long long d = field_of(trace, is_list, j, R_END, &ok)
-            - field_of(trace, is_list, j, R_START, &ok);
         total += d;
         PyObject *was = PyDict_GetItemWithError(out, key);
-        double v = was && PyFloat_CheckExact(was) ? PyFloat_AS_DOUBLE(was) : 0.0;
-        PyObject *now = PyFloat_FromDouble(v + d * 1e-6);
+        double x = was && PyFloat_CheckExact(was) ? PyFloat_AS_DOUBLE(was) : 0.0;
+        PyObject *now = PyFloat_FromDouble(x + d * 1e-6);
         if (now == NULL || PyDict_SetItem(out, key, now) < 0) {
             Py_XDECREF(now);
             goto fail;
         }
         Py_DECREF(now);
     }
-    if (ok && gap_key != Py_None) {
-        long long own = field_of(trace, is_list, pos, R_END, &ok)
-            - field_of(trace, is_list, pos, R_START, &ok);
+    v = fields_of(trace, &n);
+    if (gap_key != Py_None && pos < n) {
+        long long own = v[pos * RECORD_FIELDS + R_END] - v[pos * RECORD_FIELDS + R_START];
         PyObject *gap = PyFloat_FromDouble((own - total) * 1e-6);
         if (gap == NULL || PyDict_SetItem(out, gap_key, gap) < 0) {
             Py_XDECREF(gap);
@@ -1486,10 +1652,6 @@ scope_timing(ScopeBase *self, PyObject *Py_UNUSED(ignored))
         Py_DECREF(gap);
     }
     Py_DECREF(trace);
-    if (!ok) {  /* a record that is not ints (written by hand): Python says what it is */
-        Py_DECREF(out);
-        goto general;
-    }
     return out;
 fail:
     Py_DECREF(trace);
@@ -1643,6 +1805,9 @@ rec_parts(PyObject *rec, Parts *parts)
         return -1;
     }
     RecorderBase *rb = (RecorderBase *)rec;
+    if (!is_records(rb->records)) {
+        return -1;
+    }
     parts->stack = Py_NewRef(rb->stack);
     parts->records = Py_NewRef(rb->records);
     parts->scopes = Py_NewRef(rb->scopes);
@@ -1874,11 +2039,13 @@ call_counted(PyObject *rec, PyObject *method, Py_ssize_t index, PyObject *c, PyO
 }
 
 /* Whether the stack and records are as they were (n entries, top the object `top`, which
- * the caller holds, or NULL when empty; pos records) before Python code ran. */
+ * the caller holds, or NULL when empty; `held` int64s; no trace closed since `serial`)
+ * before Python code ran. */
 static inline int
-unchanged(PyObject *stack, PyObject *records, Py_ssize_t n, PyObject *top, Py_ssize_t pos)
+unchanged(PyObject *stack, Records *rs, RecorderBase *rb, Py_ssize_t n, PyObject *top,
+          Py_ssize_t held, long long serial)
 {
-    return PyList_GET_SIZE(stack) == n && PyList_GET_SIZE(records) == pos
+    return PyList_GET_SIZE(stack) == n && rs->n == held && rb->serial == serial
         && (n == 0 || PyList_GET_ITEM(stack, n - 1) == top);
 }
 
@@ -1890,16 +2057,12 @@ call_fn(Traced *self, PyObject *args, PyObject *kwargs)
 
 /* Whether phase `within` is open below the top of the stack. */
 static int
-open_below(PyObject *stack, PyObject *records, Py_ssize_t within)
+open_below(PyObject *stack, Records *rs, Py_ssize_t within)
 {
     Py_ssize_t n = PyList_GET_SIZE(stack);
     for (Py_ssize_t k = 0; k < n; k++) {
-        Py_ssize_t p = int_at(stack, k);
-        if (p >= 0 && p < PyList_GET_SIZE(records)) {
-            PyObject *r = PyList_GET_ITEM(records, p);
-            if (PyList_CheckExact(r) && PyList_GET_SIZE(r) == RECORD_FIELDS && int_at(r, R_PHASE) == within) {
-                return 1;
-            }
+        if (record_phase(rs, int_at(stack, k)) == within) {
+            return 1;
         }
     }
     return 0;
@@ -1912,7 +2075,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
     if (rec == NULL) {
         return NULL;
     }
-    PyObject *stack = NULL, *records = NULL, *scopes = NULL, *r = NULL, *c = NULL;
+    PyObject *stack = NULL, *records = NULL, *scopes = NULL, *c = NULL;
     PyObject *result = NULL, *top = NULL, *s = NULL;
     int root = 0, mine = 0;
     if (rec == Py_None) {  /* none open, none bound */
@@ -1952,7 +2115,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         Py_XDECREF(closed);
         if (is_closed != 0 || rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
                 || rec_take(rec, &stack, &records, &scopes, &mine) < 0 || PyList_GET_SIZE(stack) != 0
-                || PyList_GET_SIZE(records) != 0) {  /* (a hand-over under way: Python) */
+                || ((Records *)records)->n != 0) {  /* (a hand-over under way: Python) */
             PyErr_Clear();
             goto to_general;
         }
@@ -1965,24 +2128,21 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         }
     }
     Py_ssize_t n = PyList_GET_SIZE(stack);
-    if (self->within >= 0) {
-        Py_ssize_t top = int_at(stack, n - 1);
-        PyObject *tr = top >= 0 && top < PyList_GET_SIZE(records)
-            ? PyList_GET_ITEM(records, top) : NULL;
-        if (tr == NULL || !PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != RECORD_FIELDS
-                || int_at(tr, R_PHASE) != self->within) {
-            if (open_below(stack, records, self->within)) {
-                goto to_general;
-            }
-            Py_DECREF(rec);
-            Py_DECREF(stack);
-            Py_DECREF(records);
-            Py_DECREF(scopes);
-            return call_fn(self, args, kwargs);  /* not on the path it is recorded on */
+    Records *rs = (Records *)records;
+    RecorderBase *rb = (RecorderBase *)rec;
+    if (self->within >= 0 && record_phase(rs, int_at(stack, n - 1)) != self->within) {
+        if (open_below(stack, rs, self->within)) {
+            goto to_general;
         }
+        Py_DECREF(rec);
+        Py_DECREF(stack);
+        Py_DECREF(records);
+        Py_DECREF(scopes);
+        return call_fn(self, args, kwargs);  /* not on the path it is recorded on */
     }
-    Py_ssize_t pos = PyList_GET_SIZE(records);
-    if (pos >= max_records() || self->index >= PyList_GET_SIZE(scopes)) {
+    Py_ssize_t parent = root ? -1 : int_at(stack, n - 1);
+    if (records_len(rs) >= max_records() || self->index >= PyList_GET_SIZE(scopes)
+            || parent < -1) {
         goto to_general;
     }
     s = Py_NewRef(PyList_GET_ITEM(scopes, self->index));
@@ -1999,45 +2159,46 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         }
     }
     top = n > 0 ? Py_NewRef(PyList_GET_ITEM(stack, n - 1)) : NULL;
+    Py_ssize_t held = rs->n;
+    long long serial = rb->serial, count;
     c = count_of_call(self, args, kwargs);
     if (c == NULL) {
         goto done;
     }
-    if (!unchanged(stack, records, n, top, pos)) {  /* the count's reader recorded */
+    if (!unchanged(stack, rs, rb, n, top, held, serial) || !count_value(c, &count)) {
+        /* the count's reader recorded: nothing read before is used, the count not read
+         * again */
         result = call_counted(rec, str_call, self->index, c, self->fn, args, kwargs);
         goto done;
     }
-    PyObject *parent = root ? no_count : top;  /* -1: the root */
-    r = new_record(self->index, parent, c);
-    if (r == NULL) {
+    if (records_reserve(rs, RECORD_FIELDS) < 0) {
         goto done;
     }
-    if (root) {  /* a trace opens: its recorder is the current one until it closes */
-        if (open_trace((RecorderBase *)rec) < 0) {
-            goto done;
-        }
+    if (root && open_trace(rb) < 0) {  /* its recorder is the current one until it closes */
+        goto done;
     }
-    PyObject *p = PyLong_FromSsize_t(pos);
-    if (p == NULL || PyList_Append(stack, p) < 0 || PyList_Append(records, r) < 0) {
-        Py_XDECREF(p);
+    Py_ssize_t pos = records_push(rs, self->index, parent, count);
+    if (push_pos(stack, pos) < 0) {
         goto done;
     }
     long long t;
-    if (now_ns(&t) < 0 || set_int(r, R_START, t) < 0) {  /* R_START, last */
-        Py_DECREF(p);
+    if (now_ns(&t) < 0) {
         goto done;
+    }
+    if (pos < records_len(rs)) {
+        FIELD(rs, pos, R_START) = t;  /* R_START, last */
     }
     result = call_fn(self, args, kwargs);
     now_after(&t);
     PyObject *exc_type;
     PyObject *code = pending_code(&exc_type);
     Py_ssize_t m = PyList_GET_SIZE(stack);
-    if (m > 0 && int_at(stack, m - 1) == pos && pos < PyList_GET_SIZE(records)
-            && PyList_GET_ITEM(records, pos) == r) {
-        set_int(r, R_END, t);  /* R_END */
-        if (code != NULL) {
-            set_item(r, R_ERROR, code);  /* R_ERROR */
-            code = NULL;
+    if (m > 0 && int_at(stack, m - 1) == pos && rb->serial == serial
+            && pos < records_len(rs)) {
+        FIELD(rs, pos, R_END) = t;
+        long long e = code_value(code);
+        if (e) {
+            FIELD(rs, pos, R_ERROR) = e;
         }
         list_drop(stack, 1);
         ((ScopeBase *)s)->pos = pos;  /* it remembers the run: its timing(), its count */
@@ -2045,7 +2206,7 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
             Py_XSETREF(((ScopeBase *)s)->count, Py_NewRef(c));
         }
         if (m == 1) {
-            close_trace_after_call((RecorderBase *)rec);
+            close_trace_after_call(rb);
             if (result != NULL && PyErr_Occurred()) {
                 Py_CLEAR(result);  /* a sink's SystemExit leaves */
             }
@@ -2056,7 +2217,6 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         call_keeping_error(s, str_exit, a, 4);
     }
     Py_XDECREF(code);
-    Py_DECREF(p);
     if (result == NULL && !PyErr_Occurred()) {
         PyErr_SetString(PyExc_SystemError, "resettrace: a traced call failed without an error");
     }
@@ -2068,7 +2228,6 @@ done:
     Py_XDECREF(stack);
     Py_XDECREF(records);
     Py_XDECREF(scopes);
-    Py_XDECREF(r);
     Py_XDECREF(c);
     Py_XDECREF(top);
     Py_XDECREF(s);
@@ -2086,62 +2245,71 @@ run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
         Py_DECREF(rec);
         return call_fn(self, args, kwargs);  /* no trace open: not on its path */
     }
-    PyObject *stack = NULL, *records = NULL, *scopes = NULL, *r = NULL, *c = NULL,
-        *result = NULL;
+    PyObject *stack = NULL, *records = NULL, *scopes = NULL, *c = NULL, *result = NULL;
+    PyObject *top = NULL;
     int mine = 0;
-    if ((PyObject *)Py_TYPE(rec) != recorder_type || rec_take(rec, &stack, &records, &scopes, &mine) < 0
+    if ((PyObject *)Py_TYPE(rec) != recorder_type
+            || rec_take(rec, &stack, &records, &scopes, &mine) < 0
             || PyList_GET_SIZE(stack) == 0 || !mine) {
         goto to_general;
     }
+    Records *rs = (Records *)records;
+    RecorderBase *rb = (RecorderBase *)rec;
     Py_ssize_t n = PyList_GET_SIZE(stack);
-    Py_ssize_t pos = PyList_GET_SIZE(records);
-    PyObject *parent = PyList_GET_ITEM(stack, n - 1);
     Py_ssize_t at = int_at(stack, n - 1);
-    PyObject *tr = at >= 0 && at < pos ? PyList_GET_ITEM(records, at) : NULL;
-    if (tr == NULL || !PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != RECORD_FIELDS
-            || int_at(tr, R_PHASE) != self->within || pos >= max_records()) {
+    if (record_phase(rs, at) != self->within || records_len(rs) >= max_records()) {
         goto to_general;
     }
-    Py_INCREF(parent);  /* held: the count's reader may run Python code */
+    top = Py_NewRef(PyList_GET_ITEM(stack, n - 1));  /* the count's reader may run code */
+    Py_ssize_t held = rs->n;
+    long long serial = rb->serial, count;
     c = count_of_call(self, args, kwargs);
     if (c == NULL) {
-        Py_DECREF(parent);
         goto done;
     }
-    if (!unchanged(stack, records, n, parent, pos)) {  /* the count's reader recorded */
-        Py_DECREF(parent);
+    if (!unchanged(stack, rs, rb, n, top, held, serial) || !count_value(c, &count)) {
         result = call_counted(rec, str_call_leaf, self->index, c, self->fn, args, kwargs);
         goto done;
     }
-    r = new_record(self->index, parent, c);
-    if (r == NULL || PyList_Append(records, r) < 0) {
-        Py_DECREF(parent);
+    if (records_reserve(rs, RECORD_FIELDS) < 0) {
         goto done;
     }
+    Py_ssize_t pos = records_push(rs, self->index, at, count);
     long long t;
-    if (now_ns(&t) < 0 || set_int(r, R_START, t) < 0) {
-        Py_DECREF(parent);
+    if (now_ns(&t) < 0) {
         goto done;
+    }
+    if (pos < records_len(rs)) {
+        FIELD(rs, pos, R_START) = t;
     }
     result = call_fn(self, args, kwargs);
     now_after(&t);
-    set_int(r, R_END, t);
     PyObject *exc_type;
     PyObject *code = pending_code(&exc_type);
-    if (code != NULL) {
-        set_item(r, R_ERROR, code);  /* R_ERROR */
+    int same = rb->serial == serial && pos < records_len(rs);
+    if (same) {
+        FIELD(rs, pos, R_END) = t;
+        long long e = code_value(code);
+        if (e) {
+            FIELD(rs, pos, R_ERROR) = e;
+        }
     }
-    if (PyList_GET_SIZE(records) != pos + 1) {  /* scopes opened inside it: its children */
+    Py_XDECREF(code);
+    if (!same || records_len(rs) != pos + 1) {
+        /* scopes opened inside it (its children), or its trace was cut meanwhile */
         PyObject *ppos = PyLong_FromSsize_t(pos);
+        PyObject *pat = PyLong_FromSsize_t(at);
         PyObject *idx = PyLong_FromSsize_t(self->index);
-        if (ppos && idx) {
-            PyObject *a[] = {rec, r, ppos, parent, idx};
+        PyObject *ser = PyLong_FromLongLong(serial);
+        if (ppos && pat && idx && ser) {
+            PyObject *a[] = {rec, ppos, pat, idx, ser};
             call_keeping_error(rec, str_adopt, a, 5);
         }
         Py_XDECREF(ppos);
+        Py_XDECREF(pat);
         Py_XDECREF(idx);
+        Py_XDECREF(ser);
     }
-    Py_DECREF(parent);
     goto done;
 to_general:
     result = to_python(self, args, kwargs);
@@ -2150,8 +2318,8 @@ done:
     Py_XDECREF(stack);
     Py_XDECREF(records);
     Py_XDECREF(scopes);
-    Py_XDECREF(r);
     Py_XDECREF(c);
+    Py_XDECREF(top);
     return result;
 }
 
@@ -2163,25 +2331,26 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     PyObject *stack = NULL, *records = NULL, *scopes = NULL, *c = NULL, *result = NULL;
-    PyObject *held = NULL, *chain_held = NULL;
-    PyObject *opened[4] = {NULL, NULL, NULL, NULL};
+    PyObject *held = NULL, *chain_held = NULL, *key = NULL;
     int mine = 0;
     if (rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
-            || rec_take(rec, &stack, &records, &scopes, &mine) < 0 || PyList_GET_SIZE(stack) == 0
-            || !mine) {
+            || rec_take(rec, &stack, &records, &scopes, &mine) < 0
+            || PyList_GET_SIZE(stack) == 0 || !mine) {
         goto to_general;
     }
+    Records *rs = (Records *)records;
+    RecorderBase *rb = (RecorderBase *)rec;
     Py_ssize_t n0 = PyList_GET_SIZE(stack);
     PyObject *parent = PyList_GET_ITEM(stack, n0 - 1);
     Py_ssize_t at = int_at(stack, n0 - 1);
-    if (at < 0 || at >= PyList_GET_SIZE(records)) {
+    Py_ssize_t phase = record_phase(rs, at);
+    if (phase < 0) {
         goto to_general;
     }
-    PyObject *tr = PyList_GET_ITEM(records, at);
-    if (!PyList_CheckExact(tr) || PyList_GET_SIZE(tr) != RECORD_FIELDS) {
-        goto to_general;
+    key = PyLong_FromSsize_t(phase);
+    if (key == NULL) {
+        goto done;
     }
-    PyObject *key = PyList_GET_ITEM(tr, R_PHASE);
     PyObject *known = PyDict_GetItemWithError(self->known, key);  /* borrowed */
     if (known == NULL) {
         if (PyErr_Occurred()) {
@@ -2212,7 +2381,7 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
     PyObject *chain = PyTuple_GET_ITEM(known, 0);
     Py_ssize_t top = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, 1));
     Py_ssize_t n = PyTuple_GET_SIZE(chain);
-    Py_ssize_t base = PyList_GET_SIZE(records);
+    Py_ssize_t base = records_len(rs);
     if (base + n > max_records() || top >= PyList_GET_SIZE(scopes)) {
         goto to_general;
     }
@@ -2227,44 +2396,38 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
     parent = held = Py_NewRef(parent);  /* the count's reader may run Python code */
     Py_INCREF(chain);
     chain_held = chain;
+    Py_ssize_t fields = rs->n;
+    long long serial = rb->serial, count;
     c = count_of_call(self, args, kwargs);
     if (c == NULL) {
         goto done;
     }
-    if (n != 4 || !unchanged(stack, records, n0, parent, base)) {
+    if (n != 4 || !unchanged(stack, rs, rb, n0, parent, fields, serial)
+            || !count_value(c, &count)) {
         /* other lengths, or a count's reader that recorded: as the Python path takes it */
         result = PyObject_CallMethod(rec, "call_chain", "OOOOO", chain, c, self->fn, args,
                                      kwargs);
         goto done;
     }
-    /* a reset under an env step (reset_done down to set_state) */
-    PyObject *par = parent;
-    for (int k = 0; k < 4; k++) {
-        PyObject *pp = k == 0 ? Py_NewRef(par) : PyLong_FromSsize_t(base + k - 1);
-        if (pp == NULL) {
-            goto done;
-        }
-        opened[k] = new_record(idx[k], pp, c);
-        Py_DECREF(pp);
-        if (opened[k] == NULL) {
-            goto done;
-        }
+    /* a reset under an env step (reset_done down to set_state), each under the one
+     * before */
+    if (records_reserve(rs, 4 * RECORD_FIELDS) < 0) {
+        goto done;
     }
     for (int k = 0; k < 4; k++) {
-        PyObject *pp = PyLong_FromSsize_t(base + k);
-        if (pp == NULL || PyList_Append(records, opened[k]) < 0
-                || PyList_Append(stack, pp) < 0) {
-            Py_XDECREF(pp);
+        records_push(rs, idx[k], k == 0 ? at : base + k - 1, count);
+    }
+    for (int k = 0; k < 4; k++) {
+        if (push_pos(stack, base + k) < 0) {
             goto done;
         }
-        Py_DECREF(pp);
     }
     long long t;
     if (now_ns(&t) < 0) {
         goto done;
     }
-    for (int k = 0; k < 4; k++) {
-        set_int(opened[k], R_START, t);
+    for (int k = 0; k < 4 && base + k < records_len(rs); k++) {
+        FIELD(rs, base + k, R_START) = t;
     }
     result = call_fn(self, args, kwargs);
     now_after(&t);
@@ -2272,12 +2435,13 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
     PyObject *code = pending_code(&exc_type);
     Py_ssize_t last = base + 3;
     Py_ssize_t m = PyList_GET_SIZE(stack);
-    if (m > 0 && int_at(stack, m - 1) == last && last < PyList_GET_SIZE(records)
-            && PyList_GET_ITEM(records, last) == opened[3]) {
+    if (m > 0 && int_at(stack, m - 1) == last && rb->serial == serial
+            && last < records_len(rs)) {
+        long long e = code_value(code);
         for (int k = 0; k < 4; k++) {
-            set_int(opened[k], R_END, t);
-            if (code != NULL) {
-                set_item(opened[k], R_ERROR, Py_NewRef(code));
+            FIELD(rs, base + k, R_END) = t;
+            if (e) {
+                FIELD(rs, base + k, R_ERROR) = e;
             }
             PyObject *sk = idx[k] < PyList_GET_SIZE(scopes)
                 ? PyList_GET_ITEM(scopes, idx[k]) : NULL;
@@ -2287,17 +2451,17 @@ run_chain(Traced *self, PyObject *args, PyObject *kwargs)
         }
         list_drop(stack, m < 4 ? m : 4);
         if (m <= 4) {
-            close_trace_after_call((RecorderBase *)rec);
+            close_trace_after_call(rb);
             if (result != NULL && PyErr_Occurred()) {
                 Py_CLEAR(result);  /* a sink's SystemExit leaves */
             }
         }
     }
-    else if (PyList_GET_SIZE(records) > last && PyList_GET_ITEM(records, last) == opened[3]) {
+    else if (rb->serial == serial && records_len(rs) > last) {
+        /* not on top as opened (scopes left open inside): each level exits as its scope
+         * would, innermost first */
         for (Py_ssize_t q = last; q >= base; q--) {
-            PyObject *rq = PyList_GET_ITEM(records, q);
-            Py_ssize_t iq = PyList_CheckExact(rq) && PyList_GET_SIZE(rq) == RECORD_FIELDS
-                ? int_at(rq, R_PHASE) : -2;
+            Py_ssize_t iq = record_phase(rs, q);
             if (iq < 0 || iq >= PyList_GET_SIZE(scopes)) {
                 continue;
             }
@@ -2319,9 +2483,7 @@ done:
     Py_XDECREF(c);
     Py_XDECREF(held);
     Py_XDECREF(chain_held);
-    for (int k = 0; k < 4; k++) {
-        Py_XDECREF(opened[k]);
-    }
+    Py_XDECREF(key);
     return result;
 }
 
@@ -2551,7 +2713,8 @@ PyInit__fast(void)
     if (zero == NULL || no_count == NULL
             || PyType_Ready(&TracedType) < 0 || PyType_Ready(&ScopeBaseType) < 0
             || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&SlotType) < 0
-            || PyType_Ready(&TraceType) < 0 || PyType_Ready(&TraceQueueType) < 0) {
+            || PyType_Ready(&TraceType) < 0 || PyType_Ready(&TraceQueueType) < 0
+            || PyType_Ready(&RecordsType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&fast_module);
@@ -2562,6 +2725,7 @@ PyInit__fast(void)
             || PyModule_AddObjectRef(m, "RecorderBase", (PyObject *)&RecorderBaseType) < 0
             || PyModule_AddObjectRef(m, "Slot", (PyObject *)&SlotType) < 0
             || PyModule_AddObjectRef(m, "Trace", (PyObject *)&TraceType) < 0
+            || PyModule_AddObjectRef(m, "Records", (PyObject *)&RecordsType) < 0
             || PyModule_AddObjectRef(m, "TraceQueue", (PyObject *)&TraceQueueType) < 0
             || PyModule_AddObjectRef(m, "Traced", (PyObject *)&TracedType) < 0) {
         Py_DECREF(m);

@@ -31,7 +31,7 @@ from resettrace.catalog import ATTR_ENV_COUNT, CATALOG, Phase, text_problem
 from resettrace.config import Config
 from resettrace.tracing import lifecycle
 from resettrace.tracing import recorder as _rec
-from resettrace.tracing.layout import NO_COUNT, R_PHASE
+from resettrace.tracing.layout import NO_COUNT, R_PHASE, RECORD_FIELDS
 from resettrace.tracing.recorder import (
     CURRENT,
     MAX_COUNT,
@@ -231,7 +231,7 @@ def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
     opened and closed together (:meth:`Recorder.call_chain`). ``chains``: the levels to
     open under each innermost open phase (-1: none), worked out once per wrapper."""
     stack = rec._stack  # this thread's open trace is rec's (rec is the current one)
-    key = rec._records[stack[-1]][R_PHASE] if stack else -1
+    key = rec._records[stack[-1] * RECORD_FIELDS + R_PHASE] if stack else -1
     chain = chains.get(key)
     if chain is None:
         top = rec.innermost()
@@ -400,7 +400,8 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 return fn(*args, **kwargs)
             if inside is not None:
                 stack = rec._stack  # the innermost open scope first: the usual place
-                if not (stack and rec._records[stack[-1]][R_PHASE] == inside.index) \
+                if not (stack and inside.index
+                        == rec._records[stack[-1] * RECORD_FIELDS + R_PHASE]) \
                         and not rec.is_open(inside):
                     return fn(*args, **kwargs)  # not on the path it is recorded on
             if c is None:

@@ -1,7 +1,8 @@
 """The hot-path recorder: nested phase scopes that only read the clock.
 
-``with recorder.scope(PHASE):`` costs two ``perf_counter_ns`` reads and a list
-append; no OpenTelemetry call is made on the training thread. When the outermost
+``with recorder.scope(PHASE):`` costs two ``perf_counter_ns`` reads and six int64s
+written into the recorder's record buffer; no OpenTelemetry call is made on the training
+thread. When the outermost
 scope closes, the finished tree of records (a *trace*) is packed into one block of int64
 fields (:data:`Trace`: no Python object per record) and handed to the sinks: the
 :class:`~resettrace.tracing.aggregate.Aggregator` aggregates it (a trace closed in C goes
@@ -13,12 +14,14 @@ recorder when the part is not built.
 With tracing off every component gets :data:`NOOP_RECORDER`, whose ``scope()``
 returns one shared do-nothing scope and whose ``timing()`` is ``None``.
 
-A record is a list of six ints, the fields of :mod:`resettrace.tracing.layout` in its
-order (the C part reads the same names from the header written from it): its phase's
-index in the recorder's :class:`~resettrace.catalog.Catalog`, its parent's position in
-the trace or -1, start and end ns, the envs reset (-1: not given), and 0 or the code of
-the exception type that left the scope (:func:`error_name`). All ints, so a trace packs
-into one ``array('q')`` without a Python loop.
+A record is six int64s, the fields of :mod:`resettrace.tracing.layout` in its order (the
+C part reads the same names from the header written from it): its phase's index in the
+recorder's :class:`~resettrace.catalog.Catalog`, its parent's position in the trace or -1,
+start and end ns, the envs reset (-1: not given), and 0 or the code of the exception type
+that left the scope (:func:`error_name`). The open trace's records live in one flat int64
+buffer per recorder (:data:`Records`; a recorder records on one thread), record ``j``'s
+field ``f`` at ``j * RECORD_FIELDS + f``: no Python object per record, and a closing trace
+is one copy of a block (:data:`Trace`).
 
 A trace that opens makes its recorder the thread's current one (:data:`CURRENT`, read
 by ``resettrace.current_recorder``) until it closes,
@@ -68,7 +71,11 @@ __all__ = [
 
 log = logging.getLogger("resettrace")
 
-Record = list  # the fields of resettrace.tracing.layout, in its order
+Record = Sequence[int]  # the fields of resettrace.tracing.layout, in its order
+F = RECORD_FIELDS
+#: ``records[_LAST_END]``: the end of the last record of a trace's buffer (an index, not
+#: a ``len()`` call: a signal handler runs after a call returns, see _ScopeCore)
+_LAST_END = R_END - F
 
 #: exception type names by error code (code 0: no error); append-only
 _ERROR_NAMES: list[str] = [""]
@@ -78,14 +85,17 @@ _NOTED: set[str] = set()
 #: records one trace may hold: a scope entered and never exited must not grow it forever
 #: (set it with :func:`set_max_trace_records`, which the C part is told by)
 MAX_TRACE_RECORDS = 100_000
+#: the int64s of MAX_TRACE_RECORDS records
+_MAX_FIELDS = MAX_TRACE_RECORDS * F
 
 
 def set_max_trace_records(n: int) -> int:
     """Set :data:`MAX_TRACE_RECORDS` (in Python and in the C part); the previous value."""
-    global MAX_TRACE_RECORDS
+    global MAX_TRACE_RECORDS, _MAX_FIELDS
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"the records of a trace must be an int >= 1, got {n!r}")
     old, MAX_TRACE_RECORDS = MAX_TRACE_RECORDS, n
+    _MAX_FIELDS = n * F
     if _FAST is not None:
         _FAST.set_max_records(n)
     return old
@@ -210,25 +220,16 @@ class _Slot(threading.local):
     value: Any = None
 
 
-def _first_start(records: list[Record], pos: int, t: int) -> int:
+def _first_start(records: Any, pos: int, t: int) -> int:
     """The start of the record at ``pos``, begun at ``t``, that a signal handler's records
     entered while it opened: theirs, when earlier (they are inside it)."""
-    return min([t, *(records[j][R_START] for j in range(pos + 1, len(records)))])
+    return min([t, *(records[j * F + R_START] for j in range(pos + 1, len(records) // F))])
 
 
-def _last_end(records: list[Record], pos: int, t: int) -> int:
+def _last_end(records: Any, pos: int, t: int) -> int:
     """The end of the record at ``pos``, ended at ``t``, that a signal handler's records
     outlast (they ran after its clock read, inside it): the last of theirs."""
-    return max([t, *(records[j][R_END] for j in range(pos + 1, len(records)))])
-
-
-def _position(records: list[Record], r: Record) -> int:
-    """Where ``r`` went in ``records``: a signal handler's records went in after the
-    length was read, before it."""
-    j = len(records) - 1
-    while records[j] is not r:
-        j -= 1
-    return j
+    return max([t, *(records[j * F + R_END] for j in range(pos + 1, len(records) // F))])
 
 
 def _compiled() -> Any:
@@ -372,7 +373,7 @@ class _ScopeCore:
     _first: int
     _pos: int
     _stack: list[int]
-    _records: list[Record]
+    _records: Any  # the recorder's Records
     _laps: list[int]
     _layout: tuple[int, dict[int, str], dict[str, float], str | None, int] | None
     #: ``scope()`` gave it a count and a first lap that no ``__enter__`` took yet
@@ -383,13 +384,15 @@ class _ScopeCore:
 
     # A signal handler that records runs between two calls of the code it interrupts (the
     # interpreter runs it after a call returns, or as a function starts, or at a loop's
-    # back edge), so at every such point below the recorder's lists hold a state that a
-    # whole scope (or trace) of the handler's can run through and leave as it found it: a
-    # record goes in before its position goes on the stack, a trace's first record and
-    # position go in with no call in between, a record's end is set and its position taken
-    # off the stack with no call in between, after a last look for a handler's records that
-    # ended after the clock read (they are inside it), and a trace is handed over whole
-    # (:meth:`Recorder._close_trace`). The C recorder runs no Python code in its steps.
+    # back edge), so at every such point below the recorder's state is one that a whole
+    # scope (or trace) of the handler's can run through and leave as it found it: a record
+    # goes in (``records += r``: no call) and its position is read (``len``: a handler
+    # runs after it returns, its records after this one) before the position goes on the
+    # stack, a trace's first record and position go in with no call in between, a record's
+    # end is set and its position taken off the stack with no call in between, after a
+    # last look for a handler's records that ended after the clock read (they are inside
+    # it), and a trace is handed over whole (:meth:`Recorder._close_trace`). The C
+    # recorder runs no Python code in its steps.
     def __enter__(self) -> Any:
         count, first = self._count, self._first  # first: a handler's scope() may follow
         if self._stash is None:
@@ -398,36 +401,37 @@ class _ScopeCore:
             self._restore()
         stack = self._stack
         records = self._records
-        if len(records) >= MAX_TRACE_RECORDS:
+        if len(records) >= _MAX_FIELDS:
             self._rec._overflow()
         if stack:
-            r = [self._index, stack[-1], 0, 0, count, 0]
-            records += (r,)
-            pos = len(records) - 1  # where it went (a handler's records may follow it)
+            r = array("q", (self._index, stack[-1], 0, 0, count, 0))
+            records += r
+            pos = len(records) // F - 1  # where it went (a handler's records may follow it)
             stack.append(pos)
         else:  # a trace opens: its recorder is the current one until it closes
             rec = self._rec
             if records:  # the last trace's hand-over, interrupted by this (a handler)
                 rec._close_trace()
-            r = [self._index, -1, 0, 0, count, 0]
+            r = array("q", (self._index, -1, 0, 0, count, 0))
             pos = 0  # (no call from here to the pushes)
             rec._token = (_SLOT.value,)
             _SLOT.value = rec
-            records += (r,)
+            records += r
             stack += (pos,)
+        at = pos * F + R_START
         if first >= 0:  # it opens with its first lap
-            lap = [first, pos, 0, 0, NO_COUNT, 0]
-            records += (lap,)
-            at = len(records) - 1
-            stack.append(at)
-            self._laps.append(at)
-            r[R_START] = lap[R_START] = t = _perf_ns()
-            if records[-1] is not lap:  # a handler's scopes went in meanwhile
-                r[R_START] = lap[R_START] = _first_start(records, at, t)
+            records += array("q", (first, pos, 0, 0, NO_COUNT, 0))
+            lap = len(records) // F - 1
+            stack.append(lap)
+            self._laps.append(lap)
+            records[at] = records[lap * F + R_START] = t = _perf_ns()
+            if len(records) != (pos + 2) * F:  # a handler's scopes went in meanwhile, before
+                t = _first_start(records, pos, t)  # the lap or in it: inside this scope
+                records[at] = records[lap * F + R_START] = t
             return self
-        r[R_START] = t = _perf_ns()  # R_START, last: bookkeeping is not timed
-        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
-            r[R_START] = _first_start(records, pos, t)
+        records[at] = t = _perf_ns()  # R_START, last: bookkeeping is not timed
+        if len(records) != (pos + 1) * F:  # a handler's scopes went in meanwhile: inside it
+            records[at] = _first_start(records, pos, t)
         return self
 
     def _hold(self) -> None:
@@ -473,27 +477,24 @@ class _ScopeCore:
         pos = stack[-1]
         laps = self._laps
         if laps and laps[-1] == pos:  # its running lap ends with it
-            r = records[pos]
-            while records[-1][R_END] > t:  # a handler's scope inside it ran after the clock read
+            while records[_LAST_END] > t:  # a handler's scope inside it ran after the clock
                 t = _last_end(records, pos, t)
-            r[R_END] = t
+            records[pos * F + R_END] = t
             if code:
-                r[R_ERROR] = code
+                records[pos * F + R_ERROR] = code
             del stack[-1]  # (no call in between: statements, not methods)
             del laps[-1]
             pos = stack[-1]
-        r = records[pos]
-        if r[R_PHASE] != self._index:
+        if records[pos * F + R_PHASE] != self._index:
             t = self._unwind(t)
             if t < 0:
                 return  # not open: ignored (a second exit, or never entered)
             pos = stack[-1]
-            r = records[pos]
-        while records[-1][R_END] > t:  # a handler's scope inside it ran after the clock read
+        while records[_LAST_END] > t:  # a handler's scope inside it ran after the clock read
             t = _last_end(records, pos, t)
-        r[R_END] = t  # R_END (no call from here to the pop: a handler never sees it half closed)
+        records[pos * F + R_END] = t  # (no call from here to the pop: never seen half closed)
         if code:
-            r[R_ERROR] = code
+            records[pos * F + R_ERROR] = code
         self._pos = pos
         del stack[-1]
         if not stack:
@@ -505,7 +506,7 @@ class _ScopeCore:
         time they end at. -1 (nothing closed) when no record of this phase is open."""
         stack, records = self._stack, self._records
         at = next((k for k in range(len(stack) - 1, -1, -1)
-                   if records[stack[k]][R_PHASE] == self._index), -1)
+                   if records[stack[k] * F + R_PHASE] == self._index), -1)
         cat = self._rec.catalog
         if at < 0:
             note_once("exit-unopened", "scope %r exited while not open (a second exit?); "
@@ -513,18 +514,18 @@ class _ScopeCore:
             return -1
         note_once("exit-mismatch", "scope %r exited while %r inside it was still open; the "
                   "inner scopes were closed with it", cat[self._index].span,
-                  cat[records[stack[-1]][R_PHASE]].span)
+                  cat[records[stack[-1] * F + R_PHASE]].span)
         laps, cut = self._laps, stack[at + 1]
         k = len(laps)
         while k and laps[k - 1] >= cut:  # laps among them end too
             k -= 1
-        while records[-1][R_END] > t:  # a handler's scope inside them ran after the clock read
+        while records[_LAST_END] > t:  # a handler's scope inside them ran after the clock read
             t = _last_end(records, cut, t)
         inner = stack[at + 1:]
         del laps[k:]  # (no call since the look for a handler's records: statements)
         del stack[at + 1:]
         for p in inner:  # off the stack: a handler's scope now goes in under this one
-            records[p][R_END] = t
+            records[p * F + R_END] = t
         return t
 
 
@@ -550,14 +551,14 @@ class _ScopeCore:
         laps = self._laps
         pos = stack[-1]
         running = laps and laps[-1] == pos
-        owner = records[pos][R_PARENT] if running else pos
+        owner = records[pos * F + R_PARENT] if running else pos
         rec = self._rec
-        mine = records[owner][R_PHASE] == self._index
+        mine = records[owner * F + R_PHASE] == self._index
         index = -1
         if not mine:
             note_once("lap-not-innermost", "lap of scope %r while %r inside it is open; "
                       "ignored", rec.catalog[self._index].span,
-                      rec.catalog[records[owner][R_PHASE]].span)
+                      rec.catalog[records[owner * F + R_PHASE]].span)
         elif phase is not None:
             if phase.__class__ is str:
                 s = rec._named.get(phase)
@@ -566,28 +567,29 @@ class _ScopeCore:
                 index = phase.index  # type: ignore[assignment]
                 if index >= len(rec._scopes):  # a phase registered after this recorder
                     index = rec._scope_of(phase)._index
-            if len(records) >= MAX_TRACE_RECORDS:
+            if len(records) >= _MAX_FIELDS:
                 rec._overflow()  # closes this scope too: the lap is not recorded
                 return
+        r = array("q", (index, owner, 0, 0, count, 0)) if index >= 0 else None
         # in the order a signal handler's scopes may interrupt (see _ScopeCore): they ran
         # in the running lap (or this scope) after the clock read, which ends after them
-        while records[-1][R_END] > t:
+        while records[_LAST_END] > t:
             t = _last_end(records, pos, t)
         if running:
-            records[pos][R_END] = t  # R_END of the running lap (no call from here to the pops)
+            records[pos * F + R_END] = t  # of the running lap (no call from here to the pops)
             del stack[-1]
             del laps[-1]
-        if index < 0:
+        if r is None:
             return
-        r = [index, owner, t, 0, count, 0]
-        records += (r,)
-        at = len(records) - 1
+        r[R_START] = t
+        records += r
+        at = len(records) // F - 1
         stack += (at,)  # (statements: no call from here to the lap's push)
         laps += (at,)
-        if records[-1] is not r:  # a handler's scopes went in before it was on the stack:
-            for j in range(at + 1, len(records)):  # they ran during it, as its children
-                if records[j][R_PARENT] == owner:
-                    records[j][R_PARENT] = at
+        if len(records) != (at + 1) * F:  # a handler's scopes went in before it was on the
+            for j in range(at + 1, len(records) // F):  # stack: they ran during it, inside
+                if records[j * F + R_PARENT] == owner:
+                    records[j * F + R_PARENT] = at
 
 
     def timing(self) -> dict[str, float]:
@@ -608,22 +610,21 @@ class _ScopeCore:
             layout = self._layout = (version, key_of, zeros, phase.gap_key, epoch)
         _, key_of, zeros, gap_key, _ = layout
         out = zeros.copy()
-        trace = rec._records if rec._stack else rec._last
+        data = rec._records if rec._stack else rec._last.data  # flat int64 fields
         pos = self._pos
-        if not 0 <= pos < len(trace) or trace[pos][R_PHASE] != self._index:
+        at = pos * F
+        if not 0 <= at < len(data) or data[at + R_PHASE] != self._index:
             return out  # never run
         total_ns = 0
-        for j in range(pos + 1, len(trace)):
-            r = trace[j]
-            if r[R_PARENT] == pos:  # R_PARENT: a direct child
-                key = key_of.get(r[R_PHASE])
+        for b in range(at + F, len(data), F):
+            if data[b + R_PARENT] == pos:  # a direct child
+                key = key_of.get(data[b + R_PHASE])
                 if key is not None:
-                    d = r[R_END] - r[R_START]
+                    d = data[b + R_END] - data[b + R_START]
                     total_ns += d
                     out[key] += d * 1e-6
         if gap_key is not None:
-            record = trace[pos]
-            out[gap_key] = (record[R_END] - record[R_START] - total_ns) * 1e-6
+            out[gap_key] = (data[at + R_END] - data[at + R_START] - total_ns) * 1e-6
         return out
 
 
@@ -666,6 +667,36 @@ class _PyTrace(Sequence[tuple[int, ...]]):
 
 #: what a finished trace is handed to the sinks as (see :class:`_PyTrace`)
 Trace: Any = _FAST.Trace if _FAST is not None else _PyTrace
+
+
+class _PyRecords(array):
+    """The open trace's records of a recorder: RECORD_FIELDS int64s per record in one flat
+    ``array('q')``, record ``j``'s field ``f`` at ``j * RECORD_FIELDS + f``; a record goes
+    in with ``records += array('q', fields)``. The compiled recorder's ``_fast.Records``
+    is the same in C (a block it keeps across traces, written in place)."""
+
+    def __new__(cls) -> _PyRecords:
+        return super().__new__(cls, "q")  # type: ignore[return-value]
+
+    def take(self) -> _PyTrace:
+        """The records as a :data:`Trace`, this left empty, at once: from the copy to the
+        emptying, no call (after which a signal handler runs) and no new object of the
+        cyclic GC's (whose allocation may run a collection, and gc callbacks with it), where
+        Python code that records would hand the same trace over (a slice allocates its
+        array before it copies: the records it copied were the handler's, or freed)."""
+        trace = _PyTrace.__new__(_PyTrace)
+        data = array("q")
+        data += self  # (array's own extend: a memory block, no object)
+        del self[:]
+        trace.data = data
+        return trace
+
+    def clear(self) -> None:
+        del self[:]
+
+
+#: a recorder's buffer of the open trace's records (see :class:`_PyRecords`)
+Records: Any = _FAST.Records if _FAST is not None else _PyRecords
 
 
 class _PyTraceQueue(deque[Any]):
@@ -753,8 +784,8 @@ class Scope(_ScopeBase):
             self._settle()
         stack, records = self._stack, self._records
         for k in range(len(stack) - 1, -1, -1):
-            if records[stack[k]][R_PHASE] == self._index:
-                c = records[stack[k]][R_COUNT]
+            if records[stack[k] * F + R_PHASE] == self._index:
+                c = records[stack[k] * F + R_COUNT]
                 return None if c == NO_COUNT else c
         return None if self._count == NO_COUNT else self._count
 
@@ -772,8 +803,8 @@ class Scope(_ScopeBase):
             self._settle()
         stack, records = self._stack, self._records
         for k in range(len(stack) - 1, -1, -1):
-            if records[stack[k]][R_PHASE] == self._index:
-                records[stack[k]][R_COUNT] = count
+            if records[stack[k] * F + R_PHASE] == self._index:
+                records[stack[k] * F + R_COUNT] = count
                 return
         note_once("count-unopened", "count of scope %r set while it is not open; ignored",
                   self._rec.catalog[self._index].span)
@@ -840,10 +871,11 @@ class _State:
     ``RecorderBase`` holds in C when it runs (:data:`COMPILED`)."""
 
     __slots__ = ("_stack", "_records", "_laps", "_scopes", "_named", "_owner", "_token",
-                 "_last", "_sinks")
+                 "_last", "_sinks", "_serial")
 
     _stack: list[int]
-    _records: list[Record]
+    #: the open trace's records (a :data:`Records`, kept across traces)
+    _records: Any
     #: positions of the running laps (:meth:`Scope.lap`), each also on the stack
     _laps: list[int]
     _scopes: list[Scope]
@@ -851,21 +883,25 @@ class _State:
     _owner: int
     #: ``(the thread's current recorder before the open trace opened,)``, or None
     _token: tuple[Any] | None
-    #: the last trace handed to the sinks
-    _last: list[Record]
+    #: the last trace handed to the sinks (a :data:`Trace`)
+    _last: Any
     _sinks: tuple[TraceSink, ...]
+    #: the traces closed so far: a call that finds it changed when it returns knows its
+    #: trace was cut meanwhile (an overflow), whatever the buffer holds now
+    _serial: int
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         self = super().__new__(cls)
         self._stack = []
-        self._records = []
+        self._records = _PyRecords()
         self._laps = []
         self._scopes = []
         self._named = {}
         self._owner = _get_ident()
         self._token = None
-        self._last = []
+        self._last = _PyTrace(())
         self._sinks = ()
+        self._serial = 0
         return self
 
 
@@ -976,7 +1012,7 @@ class Recorder(_RecorderBase):
             rec = cur
         records, index = rec._records, phase.index
         for p in rec._stack:  # a plain loop: a generator costs more than the few entries
-            if records[p][R_PHASE] == index:
+            if records[p * F + R_PHASE] == index:
                 return True
         return False
 
@@ -991,8 +1027,9 @@ class Recorder(_RecorderBase):
             if cur is None or not cur._stack or cur._owner != _get_ident():
                 return None
             rec = cur
-        r = rec._records[rec._stack[-1]]
-        return rec.catalog[r[R_PHASE]], r[R_COUNT]
+        at = rec._stack[-1] * F
+        records = rec._records
+        return rec.catalog[records[at + R_PHASE]], records[at + R_COUNT]
 
     def _target(self) -> Recorder:
         """The recorder a scope opened here now goes to (the one rule :meth:`scope`,
@@ -1031,27 +1068,31 @@ class Recorder(_RecorderBase):
         if index >= len(self._scopes):  # a phase registered after this recorder
             index = self._scope_of(phase)._index
         records = self._records
-        if len(records) >= MAX_TRACE_RECORDS:
+        if len(records) >= _MAX_FIELDS:
             self._overflow()
-        # in the order a signal handler's scopes may interrupt (see _ScopeCore.__enter__)
+        # in the order a signal handler's scopes may interrupt (see _ScopeCore.__enter__);
+        # serial: read with no call from there to the record's push
         if stack:
-            r = [index, stack[-1], 0, 0, count, 0]
-            records += (r,)
-            pos = len(records) - 1
+            r = array("q", (index, stack[-1], 0, 0, count, 0))
+            serial = self._serial
+            records += r
+            pos = len(records) // F - 1
             stack.append(pos)
         else:  # a trace opens: its recorder is the current one until it closes
             if records:  # the last trace's hand-over, interrupted by this (a handler)
                 self._close_trace()
-            r = [index, -1, 0, 0, count, 0]
+            r = array("q", (index, -1, 0, 0, count, 0))
             pos = 0  # (no call from here to the pushes)
+            serial = self._serial
             self._token = (_SLOT.value,)
             _SLOT.value = self
-            records += (r,)
+            records += r
             stack += (pos,)
         exc_type = None
-        r[R_START] = t = _perf_ns()  # R_START, last: bookkeeping is not timed
-        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
-            r[R_START] = _first_start(records, pos, t)
+        at = pos * F
+        records[at + R_START] = t = _perf_ns()  # R_START, last: bookkeeping is not timed
+        if len(records) != at + F:  # a handler's scopes went in meanwhile: it holds them
+            records[at + R_START] = _first_start(records, pos, t)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -1060,16 +1101,16 @@ class Recorder(_RecorderBase):
         finally:
             t = _perf_ns()
             code = 0 if exc_type is None else error_code(exc_type.__name__)
-            if stack and stack[-1] == pos and records[pos] is r:
+            if stack and stack[-1] == pos and self._serial == serial:
                 s = self._scopes[index]  # it remembers the run: its timing(), its count
                 s._pos = pos
                 if not s._armed:  # (else a scope() waits for its enter: its count stays)
                     s._count = count
-                while records[-1][R_END] > t:  # a handler's scope inside it, after the clock
+                while records[_LAST_END] > t:  # a handler's scope inside it, after the clock
                     t = _last_end(records, pos, t)
-                r[R_END] = t  # R_END (no call from here to the pop)
+                records[at + R_END] = t  # (no call from here to the pop)
                 if code:
-                    r[R_ERROR] = code
+                    records[at + R_ERROR] = code
                 del stack[-1]
                 if not stack:
                     self._close_trace()
@@ -1092,43 +1133,49 @@ class Recorder(_RecorderBase):
         if index >= len(self._scopes):  # a phase registered after this recorder
             index = self._scope_of(phase)._index
         records = self._records
-        if not stack or len(records) >= MAX_TRACE_RECORDS:  # (the count's reader closed it)
+        if not stack or len(records) >= _MAX_FIELDS:  # (the count's reader closed it)
             return self.call(phase, count, fn, args, kwargs)
         # in the order a signal handler's scopes may interrupt (see _ScopeCore.__enter__):
         # theirs that go in beside it before its end is read are its children (adopted)
         parent = stack[-1]
-        r = [index, parent, 0, 0, count, 0]
-        records += (r,)
-        pos = len(records) - 1
+        r = array("q", (index, parent, 0, 0, count, 0))
+        serial = self._serial  # (no call from here to the push)
+        records += r
+        pos = len(records) // F - 1
+        at = pos * F
         exc_type = None
-        r[R_START] = t = _perf_ns()
-        if records[-1] is not r:  # a handler's scopes went in meanwhile: it holds them
-            r[R_START] = _first_start(records, pos, t)
+        records[at + R_START] = t = _perf_ns()
+        if len(records) != at + F:  # a handler's scopes went in meanwhile: it holds them
+            records[at + R_START] = _first_start(records, pos, t)
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
             exc_type = type(e)
             raise
         finally:
-            r[R_END] = _perf_ns()
-            if exc_type is not None:
-                r[R_ERROR] = error_code(exc_type.__name__)
-            if len(records) != pos + 1:  # scopes opened inside it: its children
-                self._adopt(r, pos, parent, index)
+            t = _perf_ns()
+            code = 0 if exc_type is None else error_code(exc_type.__name__)
+            if self._serial == serial and len(records) >= at + F:
+                records[at + R_END] = t
+                if code:
+                    records[at + R_ERROR] = code
+            if len(records) != at + F or self._serial != serial:  # scopes opened inside it
+                self._adopt(pos, parent, index, serial)
 
-    def _adopt(self, r: Record, pos: int, parent: int, index: int) -> None:
+    def _adopt(self, pos: int, parent: int, index: int, serial: int) -> None:
         """A leaf's call (:meth:`call_leaf`) opened scopes: they are its children, and it
-        ends after them (a signal handler's may have run after its end was read)."""
+        ends after them (a signal handler's may have run after its end was read).
+        ``serial``: :attr:`_serial` when it went in (another: its trace was cut)."""
         records = self._records
-        if pos < len(records) and records[pos] is r:
-            end = r[R_END]
-            for j in range(pos + 1, len(records)):  # (a handler's records after these
-                c = records[j]  # run after its end: they stay beside it)
-                if c[R_PARENT] == parent:
-                    c[R_PARENT] = pos
-                    if c[R_END] > end:
-                        end = c[R_END]
-            r[R_END] = end
+        at = pos * F
+        if self._serial == serial and at + F <= len(records):
+            end = records[at + R_END]
+            for b in range(at + F, len(records), F):  # (a handler's records after these
+                if records[b + R_PARENT] == parent:  # run after its end: they stay beside)
+                    records[b + R_PARENT] = pos
+                    if records[b + R_END] > end:
+                        end = records[b + R_END]
+            records[at + R_END] = end
         else:  # its trace was cut meanwhile (an overflow): its record went with it
             note_once("leaf-lost", "a call of %r outlived its trace; not recorded",
                       self.catalog[index].span)
@@ -1150,28 +1197,30 @@ class Recorder(_RecorderBase):
         if max(indices) >= len(rec._scopes):  # a phase registered after this recorder
             rec._grow()
         stack, records = rec._stack, rec._records
-        if len(records) + n > MAX_TRACE_RECORDS:
+        if len(records) + n * F > _MAX_FIELDS:
             rec._overflow()
         # in the order a signal handler's scopes may interrupt (see _ScopeCore.__enter__):
-        # the records go in together before their positions go on the stack
-        opened = [[index, -1, 0, 0, count, 0] for index in indices]
-        first, last_r = opened[0], opened[-1]
-        if stack:
-            first[R_PARENT] = stack[-1]
-            base = len(records)
+        # the records go in together (one ``+=``: no call), each under the one before,
+        # before their positions go on the stack; serial: read with no call from there to
+        # the push
+        opened = array("q", [0, stack[-1] if stack else -1, 0, 0, count, 0] * n)
+        opened[R_PHASE::F] = array("q", indices)
+        if stack:  # (each under the one before, once where they went is known)
+            serial = rec._serial
             records += opened
-            if records[base] is not first:  # a handler's records went in before them
-                base = _position(records, first)
+            base = len(records) // F - n  # (a handler's records may follow them)
             for k in range(1, n):  # (off the stack meanwhile: a handler does not see them)
-                opened[k][R_PARENT] = base + k - 1
+                records[(base + k) * F + R_PARENT] = base + k - 1
             stack += range(base, base + n)
         else:  # a trace opens: its recorder is the current one until it closes
             if records:  # the last trace's hand-over, interrupted by this (a handler)
                 rec._close_trace()
             base = 0
+            opened[R_PARENT] = -1
             for k in range(1, n):
-                opened[k][R_PARENT] = k - 1
+                opened[k * F + R_PARENT] = k - 1
             positions = range(n)  # (no call from here to the pushes)
+            serial = rec._serial
             rec._token = (_SLOT.value,)
             _SLOT.value = rec
             records += opened
@@ -1179,12 +1228,12 @@ class Recorder(_RecorderBase):
         last = base + n - 1
         exc_type = None
         t = _perf_ns()  # R_START, last: bookkeeping is not timed
-        for r in opened:
-            r[R_START] = t
-        if records[-1] is not last_r:  # a handler's scopes went in meanwhile: inside them
+        for b in range(base * F + R_START, (last + 1) * F, F):
+            records[b] = t
+        if len(records) != (last + 1) * F:  # a handler's scopes went in meanwhile: inside
             t = _first_start(records, last, t)
-            for r in opened:
-                r[R_START] = t
+            for b in range(base * F + R_START, (last + 1) * F, F):
+                records[b] = t
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -1194,24 +1243,23 @@ class Recorder(_RecorderBase):
             t = _perf_ns()
             code = 0 if exc_type is None else error_code(exc_type.__name__)
             if (len(stack) < n or stack[-1] != last or stack[-n] != base
-                    or len(records) <= last or records[last] is not last_r):
+                    or rec._serial != serial):
                 # not on top as opened (scopes left open inside, or the trace overflowed):
                 # each level exits as its scope would, innermost first
-                if len(records) > last and records[last] is last_r:
+                if rec._serial == serial and len(records) > last * F:
                     for pos in range(last, base - 1, -1):
-                        rec._scopes[records[pos][R_PHASE]].__exit__(exc_type, None, None)
+                        rec._scopes[records[pos * F + R_PHASE]].__exit__(exc_type, None, None)
             else:
                 scopes = rec._scopes
-                pos = base
-                for r in opened:
+                for pos in range(base, last + 1):
                     if code:
-                        r[R_ERROR] = code
-                    scopes[r[R_PHASE]]._pos = pos  # each level remembers its run
-                    pos += 1
+                        records[pos * F + R_ERROR] = code
+                    scopes[records[pos * F + R_PHASE]]._pos = pos  # each remembers its run
+                ends = range(base * F + R_END, (last + 1) * F, F)
                 while True:  # their ends, then a last look for a handler's records that
-                    for r in opened:  # ended after them (inside them: they end later)
-                        r[R_END] = t
-                    if records[-1][R_END] <= t:
+                    for b in ends:  # ended after them (inside them: they end later)
+                        records[b] = t
+                    if records[_LAST_END] <= t:
                         break
                     t = _last_end(records, last, t)
                 del stack[-n:]  # (no call since the look)
@@ -1235,8 +1283,8 @@ class Recorder(_RecorderBase):
         t = _perf_ns()
         while stack:  # their ends, then a last look for a handler's records that ended
             for pos in stack:  # after them (inside them: they end later)
-                records[pos][R_END] = t
-            if not stack or records[-1][R_END] <= t:  # (a handler's scope cut it meanwhile)
+                records[pos * F + R_END] = t
+            if not stack or records[_LAST_END] <= t:  # (a handler's scope cut it meanwhile)
                 del laps[:]  # (no call since the look: a handler sees it closed, whole)
                 del stack[:]
                 break
@@ -1248,24 +1296,20 @@ class Recorder(_RecorderBase):
     def _close_trace(self) -> None:
         """The trace's outermost scope closed: the thread's current recorder is again the
         one before it opened, and a copy of the trace goes to the sinks (the scopes hold
-        ``self._records``: the list is reused).
+        ``self._records``: the buffer is reused).
 
         A signal handler's scope that opens a trace before this runs (its stack is empty,
         its records not) calls it first: the trace is handed over once, whole, by whichever
-        call comes first (no call between taking it and emptying the list)."""
+        call comes first (``take()`` copies the records and empties the buffer at once)."""
         token, self._token = self._token, None
         if token is not None:
             _SLOT.value = token[0]
-        records = self._records[:]
-        del self._records[:]
-        if not records:
+        if not self._records:
             return  # handed over already
-        try:
-            trace = Trace(records)  # one object: no Python object per record from here
-        except (TypeError, ValueError, OverflowError) as e:  # a field written by hand
-            note_once("trace-fields", "a trace whose records are not int64 fields was "
-                      "dropped (%s: %s)", type(e).__name__, e)
-            return
+        trace = self._records.take()  # one object: no Python object per record from here
+        self._serial += 1
+        if not trace:
+            return  # handed over meanwhile (a handler's trace, between the look and take)
         self._last = trace
         for sink in self._sinks:
             try:
@@ -1318,9 +1362,10 @@ def _discard_open_traces() -> None:
     for rec in list(_RECORDERS):
         if rec._stack or rec._records:
             del rec._stack[:]
-            del rec._records[:]
+            rec._records.clear()
             del rec._laps[:]
             rec._token = None
+            rec._serial += 1
     _SLOT.value = current
 
 
