@@ -191,6 +191,13 @@ def test_the_compiled_part_holds_no_frameworks_code() -> None:
         assert re.search(rf"\b{name}", source) is None, name
     assert sorted(n for n in dir(_fast) if n[0].isupper()) == [
         "RecorderBase", "Records", "ScopeBase", "Slot", "Trace", "TraceQueue", "Traced"]
+    # what it looks up on Python objects: public names only (it read the default
+    # session's _default, _local, _closed; the Python state it needs it is given)
+    text = (ROOT / "src/resettrace/tracing/_fast.c").read_text()
+    looked_up = re.findall(r'INTERN\(\w+, "([^"]+)"\)', text)
+    looked_up += re.findall(r'PyObject_CallMethod\(\w+, "([^"]+)"', text)
+    assert "on_trace" in looked_up and "call_chain" in looked_up
+    assert [n for n in looked_up if n.startswith("_") and not n.startswith("__")] == []
 
 
 def test_compiled_and_pure_python_record_the_same_traces() -> None:

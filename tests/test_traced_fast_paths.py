@@ -350,3 +350,40 @@ def test_a_traced_call_that_reads_the_env_count_stays_compiled_once_it_is_set(
         assert len(calls) <= 1  # the first call sets the env count in Python
         assert rec._last[1][R_PHASE] == C.RESET_DONE.index and rec._last[1][R_COUNT] == 2
     session.shutdown()
+
+
+@compiled_only
+def test_a_traced_call_with_no_trace_open_stays_compiled_and_follows_the_default_session(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled core read the default session through its private attributes; it is
+    now told each thread's default recorder, and forgets it when the default session
+    changes: a root call runs in C after the first, records in the session that is the
+    default at the time, and in none once that one is shut down."""
+    calls: list[Any] = []
+    general = Recorder.call
+    monkeypatch.setattr(Recorder, "call", lambda self, *a: (calls.append(self),
+                                                             general(self, *a))[1])
+
+    @traced("reset_done", count="ids")
+    def reset_done(ids: list[int]) -> int:
+        return len(ids)
+
+    a, b = Tracing(Config(mode="timing")), Tracing(Config(mode="timing"))
+    with resettrace.use_tracing(a):
+        for _ in range(50):
+            assert reset_done([1, 2]) == 2
+        assert len(calls) == 1  # the first: resolved in Python, then in C
+        with resettrace.use_tracing(b):
+            for _ in range(30):
+                reset_done([1])
+        for _ in range(20):
+            reset_done([1, 2, 3])
+        assert len(calls) <= 3  # (at most once after each change)
+        assert a.stats()["reset_done_ms"].count == 70
+        assert b.stats()["reset_done_ms"].count == 30
+        assert a.stats()["reset_done_count"].total_ms == 50 * 2 + 20 * 3
+        a.shutdown()
+        for _ in range(30):
+            assert reset_done([1]) == 1  # untraced: a shut-down session records nothing
+        assert len(calls) <= 3
+    b.shutdown()

@@ -1838,10 +1838,19 @@ rec_take(PyObject *rec, PyObject **stack, PyObject **records, PyObject **scopes,
  * (Recorder.call_chain), each the common case of that method. */
 enum { KIND_CALL = 0, KIND_LEAF = 1, KIND_CHAIN = 2 };
 
-static PyObject *api_globals;     /* api.py's globals: _default, the default session */
 static PyObject *env_count_key;   /* catalog.ATTR_ENV_COUNT */
-static PyObject *str_default, *str_processor, *str_local, *str_recorder, *str_closed,
-    *str_attributes, *str_exit, *str_adopt, *str_call, *str_call_leaf;
+static PyObject *adopt_general;   /* Recorder._adopt(rec, pos, parent, index, serial) */
+static PyObject *str_attributes, *str_exit, *str_call, *str_call_leaf;
+
+/* The thread's default recorder, as api.py resolved it (the default session's recorder
+ * of this thread), for a traced call that no open trace or bound recorder takes: a weak
+ * reference to it, or None (tracing off: the call runs untraced), valid while
+ * default_epoch is the one it was resolved at. api.py moves the epoch on whenever the
+ * default session changes (made, replaced, shut down; a fork) and tells the thread's
+ * resolution with remember_default(); until then the Python path resolves it. */
+static long long default_epoch = 1;
+static _Thread_local long long tls_default_epoch = 0;
+static _Thread_local PyObject *tls_default = NULL;  /* a weakref, or None; owned */
 
 typedef struct {
     PyObject_HEAD
@@ -1914,6 +1923,21 @@ pending_code(PyObject **exc_type)
     *exc_type = type;  /* borrowed: restored below by the caller's PyErr_Restore */
     PyErr_Restore(type, value, tb);
     return code;
+}
+
+/* Call fn(*args) for its effect, with the exception of the traced call, if any, kept
+ * pending; an error of the call itself is reported as unraisable (call_keeping_error). */
+static void
+call_function_keeping_error(PyObject *fn, PyObject *const *args, size_t n)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *r = PyObject_Vectorcall(fn, (PyObject **)args, n, NULL);
+    if (r == NULL) {
+        PyErr_WriteUnraisable(fn);
+    }
+    Py_XDECREF(r);
+    PyErr_Restore(type, value, tb);
 }
 
 /* Call method `name` (args[0] is the object) for its effect, with the exception of the
@@ -2083,37 +2107,19 @@ run_call(Traced *self, PyObject *args, PyObject *kwargs)
         if (self->within >= 0) {
             return call_fn(self, args, kwargs);  /* not on the path it is recorded on */
         }
-        PyObject *session = PyDict_GetItemWithError(api_globals, str_default);
-        if (session == NULL || session == Py_None) {
-            if (PyErr_Occurred()) {
-                return NULL;
-            }
-            return to_python(self, args, kwargs);
+        if (tls_default == NULL || tls_default_epoch != default_epoch) {
+            return to_python(self, args, kwargs);  /* resolved there, remembered */
         }
-        Py_INCREF(session);  /* another thread may replace the default meanwhile */
-        PyObject *processor = PyObject_GetAttr(session, str_processor);
-        if (processor == NULL) {
-            Py_DECREF(session);
-            return NULL;
-        }
-        Py_DECREF(processor);
-        if (processor == Py_None) {
-            Py_DECREF(session);
+        if (tls_default == Py_None) {
             return call_fn(self, args, kwargs);  /* tracing off */
         }
-        PyObject *local = PyObject_GetAttr(session, str_local);
-        rec = local ? PyObject_GetAttr(local, str_recorder) : NULL;
-        Py_XDECREF(local);
-        if (rec == NULL) {
-            Py_DECREF(session);
+        rec = PyWeakref_GetObject(tls_default);  /* borrowed */
+        if (rec == NULL || rec == Py_None) {
             PyErr_Clear();
-            return to_python(self, args, kwargs);  /* this thread's first call */
+            return to_python(self, args, kwargs);
         }
-        PyObject *closed = PyObject_GetAttr(session, str_closed);
-        Py_DECREF(session);
-        int is_closed = closed == NULL ? -1 : PyObject_IsTrue(closed);
-        Py_XDECREF(closed);
-        if (is_closed != 0 || rec == Py_None || (PyObject *)Py_TYPE(rec) != recorder_type
+        Py_INCREF(rec);
+        if ((PyObject *)Py_TYPE(rec) != recorder_type
                 || rec_take(rec, &stack, &records, &scopes, &mine) < 0 || PyList_GET_SIZE(stack) != 0
                 || ((Records *)records)->n != 0) {  /* (a hand-over under way: Python) */
             PyErr_Clear();
@@ -2301,9 +2307,9 @@ run_leaf(Traced *self, PyObject *args, PyObject *kwargs)
         PyObject *pat = PyLong_FromSsize_t(at);
         PyObject *idx = PyLong_FromSsize_t(self->index);
         PyObject *ser = PyLong_FromLongLong(serial);
-        if (ppos && pat && idx && ser) {
+        if (ppos && pat && idx && ser && adopt_general != NULL) {
             PyObject *a[] = {rec, ppos, pat, idx, ser};
-            call_keeping_error(rec, str_adopt, a, 5);
+            call_function_keeping_error(adopt_general, a, 5);
         }
         Py_XDECREF(ppos);
         Py_XDECREF(pat);
@@ -2572,13 +2578,42 @@ static PyTypeObject TracedType = {
 static PyObject *
 fast_setup_api(PyObject *module, PyObject *args)
 {
-    PyObject *globals, *rtype, *key;
-    if (!PyArg_ParseTuple(args, "O!OU", &PyDict_Type, &globals, &rtype, &key)) {
+    PyObject *rtype, *key;
+    if (!PyArg_ParseTuple(args, "O!U", &PyType_Type, &rtype, &key)) {
         return NULL;
     }
-    Py_XSETREF(api_globals, Py_NewRef(globals));
     Py_XSETREF(recorder_type, Py_NewRef(rtype));
     Py_XSETREF(env_count_key, Py_NewRef(key));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+fast_default_changed(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    default_epoch++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+fast_default_epoch(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(default_epoch);
+}
+
+static PyObject *
+fast_remember_default(PyObject *module, PyObject *args)
+{
+    PyObject *rec;
+    long long epoch;
+    if (!PyArg_ParseTuple(args, "OL", &rec, &epoch)) {
+        return NULL;
+    }
+    PyObject *held = rec == Py_None ? Py_NewRef(Py_None) : PyWeakref_NewRef(rec, NULL);
+    if (held == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(tls_default, held);
+    tls_default_epoch = epoch;
     Py_RETURN_NONE;
 }
 
@@ -2642,12 +2677,14 @@ fast_count(PyObject *module, PyObject *value)
 static PyObject *
 fast_setup_recorder(PyObject *module, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"scope", "enter", "exit", "lap", "timing", "sink_failed", NULL};
-    PyObject *sc, *en, *ex, *lp, *tm, *sf;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO", kwlist, &sc, &en, &ex, &lp, &tm,
-                                     &sf)) {
+    static char *kwlist[] = {"scope", "enter", "exit", "lap", "timing", "sink_failed",
+                             "adopt", NULL};
+    PyObject *sc, *en, *ex, *lp, *tm, *sf, *ad;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOO", kwlist, &sc, &en, &ex, &lp, &tm,
+                                     &sf, &ad)) {
         return NULL;
     }
+    Py_XSETREF(adopt_general, Py_NewRef(ad));
     Py_XSETREF(timing_general, Py_NewRef(tm));
     Py_XSETREF(sink_failed, Py_NewRef(sf));
     Py_XSETREF(scope_general, Py_NewRef(sc));
@@ -2660,9 +2697,10 @@ fast_setup_recorder(PyObject *module, PyObject *args, PyObject *kwds)
 static PyMethodDef fast_methods[] = {
     {"setup_recorder", (PyCFunction)(void (*)(void))fast_setup_recorder,
      METH_VARARGS | METH_KEYWORDS,
-     "setup_recorder(scope, enter, exit, lap, timing, sink_failed): the Python "
+     "setup_recorder(scope, enter, exit, lap, timing, sink_failed, adopt): the Python "
      "implementations of every case the C methods hand over (Recorder.scope, "
-     "Scope.__enter__, __exit__, lap and timing) and what logs a trace sink's failure."},
+     "Scope.__enter__, __exit__, lap and timing, Recorder._adopt) and what logs a trace "
+     "sink's failure."},
     {"count", fast_count, METH_O,
      "The count a traced call reads from value in C (api.count_of's), or None: not known "
      "here (api.count_of takes it)."},
@@ -2679,7 +2717,16 @@ static PyMethodDef fast_methods[] = {
      "The records a trace may hold (recorder.set_max_trace_records)."},
     {"now", fast_now, METH_NOARGS, "The clock the records read, in ns."},
     {"setup_api", fast_setup_api, METH_VARARGS,
-     "setup_api(globals, Recorder, env_count_key): what api.py defines."},
+     "setup_api(Recorder, env_count_key): what api.py defines."},
+    {"default_changed", fast_default_changed, METH_NOARGS,
+     "The default session changed (made, replaced, shut down): every thread's remembered "
+     "default recorder is out of date."},
+    {"default_epoch", fast_default_epoch, METH_NOARGS,
+     "The epoch a default recorder resolved now is resolved at (see default_changed)."},
+    {"remember_default", fast_remember_default, METH_VARARGS,
+     "remember_default(recorder or None, epoch): this thread's default recorder, as "
+     "resolved at epoch (None: tracing off), for the traced calls no trace or bound "
+     "recorder takes."},
     {NULL},
 };
 
@@ -2696,14 +2743,8 @@ PyInit__fast(void)
     INTERN(str_name, "__name__");
     INTERN(str_on_trace, "on_trace");
     INTERN(str_trace_queue, "trace_queue");
-    INTERN(str_default, "_default");
-    INTERN(str_processor, "processor");
-    INTERN(str_local, "_local");
-    INTERN(str_recorder, "recorder");
-    INTERN(str_closed, "_closed");
     INTERN(str_attributes, "attributes");
     INTERN(str_exit, "__exit__");
-    INTERN(str_adopt, "_adopt");
     INTERN(str_catalog, "catalog");
     INTERN(str_call, "call");
     INTERN(str_call_leaf, "call_leaf");

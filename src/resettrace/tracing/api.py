@@ -60,7 +60,11 @@ _while_making: Tracing | None = None
 _CURRENT = CURRENT
 _get_current = _CURRENT.get
 if _rec.COMPILED:
-    _rec._FAST.setup_api(globals(), Recorder, ATTR_ENV_COUNT)
+    _rec._FAST.setup_api(Recorder, ATTR_ENV_COUNT)
+_default_changed = _rec.default_changed
+_default_epoch = _rec.default_epoch
+_remember_default = _rec.remember_default
+lifecycle.at_fork(_default_changed)
 
 
 # -- sessions -----------------------------------------------------------------------------
@@ -79,6 +83,7 @@ def configure(config: Config | None = None, *, tracer_provider: Any = None,
     new = Tracing(cfg, tracer_provider=tracer_provider)
     with _lock:
         old, _default = _default, new
+        _default_changed()
     if old is not None:
         old.shutdown()
     return new
@@ -107,6 +112,7 @@ def get_tracing() -> Tracing:
         finally:
             _making = False
         _default = made
+        _default_changed()
         return made
 
 
@@ -135,11 +141,13 @@ def use_tracing(session: Tracing) -> Iterator[Tracing]:
     global _default
     with _lock:
         previous, _default = _default, session
+        _default_changed()
     try:
         yield session
     finally:
         with _lock:
             _default = previous
+            _default_changed()
 
 
 def stats() -> dict[str, KeyStats]:
@@ -388,14 +396,18 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
             it read it already (a count is read once per call)."""
             rec = _get_current()
             if rec is None:
+                epoch = _default_epoch()  # (before the session is read)
                 session = _default
                 if session is not None and session.processor is None:
+                    _remember_default(None, epoch)
                     return fn(*args, **kwargs)  # tracing off, nothing bound: the fast path
                 if session is None:
                     session = get_tracing()
                 rec = getattr(session._local, "recorder", None)  # thread_recorder(), inline
                 if rec is None or session._closed:
                     rec = session.thread_recorder()
+                # the compiled core takes this thread's next root calls from here
+                _remember_default(rec if rec.enabled else None, epoch)
             if not rec.enabled:
                 return fn(*args, **kwargs)
             if inside is not None:

@@ -1342,7 +1342,29 @@ if COMPILED:
     ON_REGISTER.append(_FAST.catalog_changed)
     _FAST.setup_recorder(scope=Recorder._scope_general, enter=_ScopeCore.__enter__,
                          exit=_ScopeCore.__exit__, lap=_ScopeCore.lap,
-                         timing=_ScopeCore.timing, sink_failed=_sink_failed)
+                         timing=_ScopeCore.timing, sink_failed=_sink_failed,
+                         adopt=Recorder._adopt)
+
+
+def default_changed() -> None:
+    """The default tracing session changed (made, replaced, shut down; a fork): the
+    compiled traced calls forget each thread's default recorder they were told of
+    (:func:`remember_default`) and ask the Python path again."""
+    if _FAST is not None:
+        _FAST.default_changed()
+
+
+def default_epoch() -> int:
+    """The epoch of the default session now (see :func:`remember_default`)."""
+    return _FAST.default_epoch() if _FAST is not None else 0
+
+
+def remember_default(rec: Recorder | None, epoch: int) -> None:
+    """Tell the compiled traced calls this thread's default recorder as resolved at
+    ``epoch`` (:func:`default_epoch`, read before resolving it); ``None``: tracing off
+    (they run the call untraced). A weak reference: the session holds the recorder."""
+    if _FAST is not None:
+        _FAST.remember_default(rec, epoch)
 
 
 #: every recorder alive, for :func:`_discard_open_traces`

@@ -45,7 +45,7 @@ from resettrace.catalog import (
 )
 from resettrace.config import DEFAULT_EXPORTERS, Config
 from resettrace.tracing import lifecycle
-from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder
+from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder, default_changed
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -411,6 +411,7 @@ class Tracing:
         timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         self._closed = True
+        default_changed()  # the compiled traced calls ask again (it records nothing more)
         if self.sampler is not None:
             self.sampler.close()
         if self.processor is not None:
