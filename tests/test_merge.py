@@ -45,6 +45,22 @@ def test_merged_workers_give_the_percentiles_of_all_calls_within_the_stated_erro
     assert math.isnan(Distribution().quantile(0.5))
 
 
+def test_a_block_of_values_fills_the_buckets_that_one_value_at_a_time_fills() -> None:
+    """``add`` counts a block per bucket (a narrow span of buckets, the usual one) or by
+    sorting (a span too wide to count): either way the buckets ``add_one`` fills."""
+    rng = np.random.default_rng(3)
+    narrow = np.concatenate([rng.lognormal(-2, 1.5, 5000), [0.0, 3.0, 3.0, -1.0]])
+    wide = np.concatenate([narrow, [5e-324, 1.7e308]])  # ~67,000 buckets apart
+    for values in (narrow, wide):
+        block, single = Distribution(), Distribution()
+        block.add(values)
+        for v in values:
+            single.add_one(float(v))
+        assert block.counts == single.counts and block.zero == single.zero == 2
+        assert block.min == single.min and block.max == single.max
+        assert block.count == values.size
+
+
 def test_the_processor_keeps_every_call_in_its_distribution(clock) -> None:  # type: ignore[no-untyped-def]
     session = Tracing(Config(mode="timing", max_samples=50))  # samples capped, buckets not
     rec = session.recorder(backend="test")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from helpers import FakeClock
 from resettrace import catalog as C
+from resettrace.tracing.layout import NO_COUNT
 from resettrace.tracing.processor import TimingSpanProcessor, percentile
 from resettrace.tracing.recorder import Recorder
 
@@ -447,3 +449,72 @@ def test_a_bad_aggregation_queue_setting_is_replaced_by_the_default(
         config = Config.from_env({"RESETTRACE_AGGREGATE_QUEUE": "0"})
     assert config.aggregate_queue == Config().aggregate_queue == 100_000
     assert sum("RESETTRACE_AGGREGATE_QUEUE" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_recorder_traces_aggregate_as_the_same_records_handed_over_one_by_one() -> None:
+    """The recorders' traces of a batch are aggregated in a few numpy passes (their fields
+    joined, shapes told apart per length): the statistics, samples, distributions and
+    cost-model sums are those of the same records handed over as tuples, which go record
+    by record, for batches of one shape, of several shapes of one length, and of several
+    lengths, nested recursion and counts included."""
+    from resettrace.tracing.aggregate import Aggregator
+
+    traces: list[Any] = []
+
+    class Keep:
+        def on_trace(self, records: Any, rec: Any) -> None:
+            traces.append(records)
+
+    rng = random.Random(5)
+    rec = Recorder([Keep()])
+    for i in range(3000):
+        kind = rng.randrange(5)
+        with rec.scope(C.ENV_STEP):
+            if kind == 0:
+                continue  # an env step that reset nothing
+            with rec.scope(C.RESET_DONE, rng.randrange(1, 64)) as s:
+                s.lap(C.RESET_DONE_TERMINAL_OBS if kind != 1 else C.RESET_DONE_RESET_CALL)
+                s.lap(None)
+                with rec.scope(C.DR_RESET, rng.randrange(1, 64)):
+                    with rec.scope(C.SET_STATE, 3 if kind == 2 else NO_COUNT):
+                        if kind == 3:
+                            with rec.scope(C.SET_STATE):  # inside itself
+                                pass
+                        with rec.scope(C.SET_STATE_SET_DOF_POS):
+                            pass
+        if kind == 4 and i % 7 == 0:
+            with rec.scope(C.SET_STATE, 2):  # a set_state on its own: another root
+                pass
+    assert len({len(t) for t in traces}) == 3  # 1, 6 (two shapes) and 7 records
+    packed, one_by_one = Aggregator(max_pending=10**6), Aggregator(max_pending=10**6)
+    for k in range(0, len(traces), 700):  # batches of several shapes and lengths
+        packed._aggregate(traces[k:k + 700])
+        one_by_one._aggregate([[tuple(r) for r in t] for t in traces[k:k + 700]])
+    one_shape = [t for t in traces if len(t) == len(traces[1]) and
+                 [r[:2] for r in t] == [r[:2] for r in traces[1]]]
+    packed._aggregate(one_shape)
+    one_by_one._aggregate([[tuple(r) for r in t] for t in one_shape])
+    a, b = packed.stats(), one_by_one.stats()
+    assert a.keys() == b.keys() and len(a) > 10
+    for key in a:
+        assert (a[key].count, a[key].total_ms, a[key].max_ms) == (
+            b[key].count, b[key].total_ms, b[key].max_ms), key
+        assert a[key].p50_ms == b[key].p50_ms and a[key].p99_ms == b[key].p99_ms, key
+    assert packed.samples() == one_by_one.samples()
+    assert {k: d.counts for k, d in packed.distributions().items()} == {
+        k: d.counts for k, d in one_by_one.distributions().items()}
+    assert packed.traces_seen == one_by_one.traces_seen == len(traces) + len(one_shape)
+    assert packed.records_seen == one_by_one.records_seen
+    fields = ("n", "sk", "skk", "sy", "sky", "syy", "kmin", "kmax")
+    fits, others = packed.fit_sums(), one_by_one.fit_sums()
+    assert fits and fits.keys() == others.keys()
+    for key, fit in fits.items():  # (sums of floats: the order of folding may differ)
+        for x in fields:
+            assert math.isclose(getattr(fit, x), getattr(others[key], x), rel_tol=1e-12), (
+                key, x)
+    packed.shutdown()
+    one_by_one.shutdown()
+    fresh = Aggregator()  # (the packed path took the recorders' batches, not the others)
+    assert fresh._aggregate_packed(traces[:50])
+    assert not fresh._aggregate_packed([[tuple(r) for r in t] for t in traces[:50]])
+    fresh.shutdown()

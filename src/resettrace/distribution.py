@@ -109,7 +109,14 @@ class Distribution:
             return
         self.min = min(self.min, float(positive.min()))
         idx = np.ceil(np.log2(positive) * 2.0 ** self.scale).astype(np.int64) - 1
-        keys, n = np.unique(idx, return_counts=True)
+        lo = int(idx.min())
+        if int(idx.max()) - lo < 1 << 16:  # a count per bucket in the span: no sort
+            n = np.bincount(idx - lo)
+            keys = np.flatnonzero(n)
+            n = n[keys]
+            keys += lo
+        else:
+            keys, n = np.unique(idx, return_counts=True)
         counts = self.counts
         for k, c in zip(keys.tolist(), n.tolist(), strict=True):
             counts[k] = counts.get(k, 0) + c

@@ -57,7 +57,7 @@ from resettrace.tracing.layout import (
     R_START,
     RECORD_FIELDS,
 )
-from resettrace.tracing.recorder import Record, Trace, TraceQueue, note_once
+from resettrace.tracing.recorder import COMPILED, Record, Trace, TraceQueue, note_once
 
 if TYPE_CHECKING:
     from resettrace.tracing.recorder import Recorder
@@ -195,6 +195,12 @@ def _shapes(traces: Sequence[Sequence[Record]]) -> tuple[list[bytes], _Flat]:
             except (TypeError, ValueError, OverflowError):  # fields written by hand
                 shapes.append(repr([tuple(_PLACE(r)) for r in t]).encode())
     return shapes, (fields, at)
+
+
+def _joined(traces: Sequence[Any]) -> bytes:
+    """The int64 fields of recorder traces, one after another (a compiled ``Trace`` is a
+    buffer itself; the pure-Python one holds an ``array('q')``)."""
+    return b"".join(traces) if COMPILED else b"".join([t.data for t in traces])
 
 
 class _Plan:
@@ -457,13 +463,16 @@ class Aggregator:
                 time.sleep(0)  # hand the GIL back to the training thread between chunks
 
     def _aggregate(self, traces: list[Sequence[Record]]) -> None:
-        """Buffer traces' durations under the plans of their shapes (see :class:`_Plan`):
-        the shapes worked out in C, then per trace a plan lookup, then per plan its
-        traces' durations and counts in one pass each."""
+        """Buffer traces' durations under the plans of their shapes (see :class:`_Plan`): a
+        batch of recorder traces in a few numpy passes (:meth:`_aggregate_packed`); any
+        other, per trace a shape and a plan lookup, then per plan its traces' durations
+        and counts in one pass each."""
         if self._plans_version != self.catalog.version:  # a phase was registered
             self._fold()
             self._plans.clear()
             self._plans_version = self.catalog.version
+        if self._aggregate_packed(traces):
+            return
         plans = self._plans
         groups: dict[_Plan, list[int]] = {}  # per plan, its traces' places in the batch
         shapes, flat = _shapes(traces)
@@ -488,6 +497,73 @@ class Aggregator:
         self.records_seen += n
         if self._buffered >= _FOLD_RECORDS:
             self._fold()
+
+    def _aggregate_packed(self, traces: list[Sequence[Record]]) -> bool:
+        """:meth:`_aggregate` of a batch of recorder traces only (the usual one), with no
+        Python step per trace: their fields joined into one array, their shapes told apart
+        by ``np.unique`` over the (phase, parent) rows of each length, and each plan's
+        traces buffered in a few numpy passes. False (nothing done) for any other batch:
+        another kind of trace, an empty one, or more new shapes than the plans may hold."""
+        m = len(traces)
+        if not m or set(map(type, traces)) != {Trace}:
+            return False
+        lens = np.fromiter(map(len, traces), dtype=np.intp, count=m)
+        if not lens.all():
+            return False
+        fields = np.frombuffer(_joined(traces), dtype=np.int64).reshape(-1, RECORD_FIELDS)
+        plans = self._plans
+        # per shape: its key, plan (None: new), first trace, and its traces' records as
+        # an (n traces, width, RECORD_FIELDS) array with their places in the batch
+        found: list[tuple[bytes, _Plan | None, int, np.ndarray, np.ndarray]] = []
+        new = 0
+        low, high = int(lens.min()), int(lens.max())
+        for width in range(low, high + 1) if high > low else (low,):
+            if high == low:  # traces of one length (the usual batch): views, no gather
+                idx = np.arange(m)
+                block = fields.reshape(m, width, RECORD_FIELDS)
+            else:
+                idx = np.flatnonzero(lens == width)
+                if not len(idx):
+                    continue
+                starts = np.cumsum(lens) - lens
+                block = fields[starts[idx][:, None] + np.arange(width)]
+            place = block[:, :, R_PHASE:R_PARENT + 1]  # (phase, parent): the shape
+            if (place == place[0]).all():  # one shape (the usual batch): no sort
+                kinds = [(np.ascontiguousarray(place[0]).tobytes(), idx, block)]
+            else:
+                keyed = np.ascontiguousarray(place).reshape(len(idx), -1).view(
+                    np.dtype((np.void, 16 * width))).ravel()
+                shapes, inverse = np.unique(keyed, return_inverse=True)
+                inverse = inverse.ravel()
+                kinds = []
+                for u in range(len(shapes)):
+                    mine = np.flatnonzero(inverse == u)
+                    kinds.append((shapes[u].tobytes(), idx[mine], block[mine]))
+            for shape, members, rows in kinds:  # shape: the key _shapes() makes
+                plan = plans.get(shape)
+                new += plan is None
+                found.append((shape, plan, int(members[0]), members, rows))
+        if new and len(plans) + new > _MAX_PLANS:
+            return False  # the record-by-record path starts afresh
+        seq0 = self._seq + 1  # the batch's first trace's arrival number
+        for shape, plan, j0, members, rows in found:
+            if plan is None:
+                plan = plans[shape] = _Plan(traces[j0], self.catalog)
+            plan.seqs.frombytes((members + seq0).astype(np.int64).tobytes())
+            d = rows[:, :, R_END] - rows[:, :, R_START]
+            plan.durations.frombytes(np.ascontiguousarray(d).tobytes())
+            if plan.k_at >= 0:
+                plan.ks.frombytes(rows[:, plan.k_at, R_COUNT].astype(np.float64).tobytes())
+            if plan.count_at:
+                c = rows[:, plan.count_at, R_COUNT]
+                plan.counts.frombytes(c.astype(np.float64).tobytes())
+            self._buffered += len(members) * plan.width
+        self._seq += m
+        self.traces_seen += m
+        self.records_seen += int(lens.sum())
+        if self._buffered >= _FOLD_RECORDS:
+            self._fold()
+        return True
 
     def _buffer(self, traces: list[Sequence[Record]], groups: dict[_Plan, list[int]],
                 flat: _Flat) -> None:
