@@ -281,8 +281,9 @@ static PyTypeObject TraceType = {
 
 /* ---------------------------------------------------------------- Records */
 /* A recorder's open trace: RECORD_FIELDS int64s per record in one block the recorder
- * keeps across its traces (it grows by doubling and never shrinks, so a recorder in a
- * steady state writes each record's six fields into memory it wrote the trace before).
+ * keeps across its traces (it grows by doubling; up to RECORDS_KEPT records it is kept, so
+ * a recorder in a steady state writes each record's six fields into memory it wrote the
+ * trace before).
  * No Python object per record. Python code reads and writes it as a flat sequence of
  * ints (record j's field f at j * RECORD_FIELDS + f), appends records with
  * ``records += fields`` (any buffer or sequence of ints: array('q') in recorder.py) and
@@ -455,6 +456,10 @@ records_inplace_concat(Records *self, PyObject *other)
     return Py_NewRef(self);
 }
 
+/* A block kept across traces up to this many records (a trace larger than that, a scope
+ * never exited, say, gives its memory back when it closes). */
+#define RECORDS_KEPT 4096
+
 /* The records as a Trace, this left empty; NULL with an error (the records kept). */
 static PyObject *
 records_take_trace(Records *self)
@@ -467,6 +472,11 @@ records_take_trace(Records *self)
         memcpy(t->v, self->v, (size_t)self->n * sizeof(int64_t));
     }
     self->n = 0;
+    if (self->cap > RECORDS_KEPT * RECORD_FIELDS) {
+        PyMem_Free(self->v);
+        self->v = NULL;
+        self->cap = 0;
+    }
     return (PyObject *)t;
 }
 
@@ -480,6 +490,11 @@ static PyObject *
 records_clear(Records *self, PyObject *Py_UNUSED(ignored))
 {
     self->n = 0;
+    if (self->cap > RECORDS_KEPT * RECORD_FIELDS) {
+        PyMem_Free(self->v);
+        self->v = NULL;
+        self->cap = 0;
+    }
     Py_RETURN_NONE;
 }
 
