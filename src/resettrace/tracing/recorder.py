@@ -748,8 +748,8 @@ class Scope(_ScopeBase):
     last run. The open records live on the recorder's stack, so the same scope may
     be entered again inside itself. Call ``recorder.scope(...)`` for each use rather
     than keeping the object: that call routes other threads and open traces. It holds
-    direct references to its recorder's lists: every attribute lookup saved here is
-    saved ~20 times per reset.
+    direct references to its recorder's stack, records and laps: every attribute lookup
+    saved here is saved ~20 times per reset.
     """
 
     __slots__ = ()
@@ -920,7 +920,7 @@ class Recorder(_RecorderBase):
     sinks and attributes, so each thread's traces stay whole.
     """
 
-    # the lists the hot path works on and the owner thread are the base's
+    # the state the hot path works on (stack, records, laps) and the owner are the base's
     __slots__ = ("__dict__", "__weakref__")
 
     enabled = True
