@@ -749,3 +749,63 @@ def test_a_fork_inside_an_open_trace_leaves_the_childs_steps_recorded(
 
     assert steps_of(out["child"]) == 100
     assert sum(steps_of(pid) for pid in set(out["workers"])) == 200
+
+
+def test_a_trace_closed_at_any_call_inside_the_aggregation_sink_neither_deadlocks_nor_is_lost(
+        ) -> None:
+    """The aggregation sink woke its thread with a ``threading.Event``, whose ``set()``
+    holds a lock of Python's: a signal handler whose trace reached the sink inside it
+    waited for that lock for ever (a recording SIGALRM handler hung 4 runs in 120 of a
+    process then sent SIGTERM). Here a handler lands at every Python call the sink makes
+    while it takes a trace (a profile function, on the recording thread), its own trace
+    closing there; the thread's queue is full and its worker not started, so every trace
+    goes through the wake-up. Nothing blocks, and every trace is queued or counted
+    dropped."""
+    import threading
+
+    from resettrace import catalog as C
+    from resettrace.tracing.aggregate import Aggregator
+    from resettrace.tracing.recorder import Recorder
+
+    agg = Aggregator(max_pending=8)
+    agg._start_worker = lambda: None  # type: ignore[method-assign]  # (its queue stays full)
+    rec = Recorder([agg])
+    state = {"landed": 0, "busy": False}
+
+    def handler() -> None:
+        with rec.scope(C.SET_STATE_SET_DOF_POS, 1):
+            pass
+
+    def land(frame: object, event: str, arg: object) -> None:
+        if event != "call" or state["busy"]:
+            return
+        f = frame
+        while f is not None and f.f_code.co_name != "on_trace":  # type: ignore[attr-defined]
+            f = f.f_back  # type: ignore[attr-defined]
+        if f is None:
+            return
+        state["busy"] = True  # (one handler at a time, as a signal's)
+        try:
+            state["landed"] += 1
+            handler()
+        finally:
+            state["busy"] = False
+
+    def train() -> None:
+        sys.setprofile(land)
+        try:
+            for _ in range(200):
+                with rec.scope(C.RESET_DONE, 2):
+                    pass
+        finally:
+            sys.setprofile(None)
+
+    t = threading.Thread(target=train, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the training thread is blocked (a deadlock)"
+    assert state["landed"] > 50
+    assert len(agg._pending) + agg.dropped_traces == 200 + state["landed"]
+    agg._start_worker = Aggregator._start_worker.__get__(agg)  # type: ignore[method-assign]
+    assert agg.stats()["set_state_set_dof_pos_ms"].count >= 1
+    agg.shutdown()

@@ -26,6 +26,7 @@ import itertools
 import logging
 import math
 import operator
+import queue
 import random
 import threading
 import time
@@ -361,7 +362,12 @@ class Aggregator:
         self._plans_version = catalog.version
         self._seq = 0
         self._buffered = 0
-        self._wake = threading.Event()
+        # the thread's wake-ups: a SimpleQueue, whose put() takes no lock of Python's (a
+        # threading.Event's set() does, and a signal handler whose trace woke the thread
+        # inside it, or a SIGTERM's SystemExit raised between its acquire and its with
+        # block, left it held: the process hung)
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._woken = False
         self._worker: threading.Thread | None = None
         self._stopped = False
         lifecycle.track(self)
@@ -371,7 +377,8 @@ class Aggregator:
         (queue, buffered traces, samples), and threads, which do not survive a fork, are
         started afresh when needed."""
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = queue.SimpleQueue()
+        self._woken = False
         self._worker = None
         self._pending.clear()  # (the same queue: recorders hold it)
         self._drop_lock = threading.RLock()
@@ -420,7 +427,7 @@ class Aggregator:
                 self.dropped_traces += 1
             if self._worker is None:
                 self._start_worker()
-            self._wake.set()
+            self._wake_worker()
             return
         pending.append(records)
         n = len(pending)
@@ -428,7 +435,14 @@ class Aggregator:
             # once per batch (a busy thread drains on), or until the worker runs
             if self._worker is None:
                 self._start_worker()
-            self._wake.set()
+            self._wake_worker()
+
+    def _wake_worker(self) -> None:
+        """Wake the aggregation thread: from any thread, and from a signal handler landing
+        anywhere in the training thread (no lock; one wake-up waits at a time)."""
+        if not self._woken:
+            self._woken = True
+            self._wake.put(None)
 
     def _start_worker(self) -> None:
         # never waits: the lock may be held by this very thread, interrupted (in a read of
@@ -445,9 +459,15 @@ class Aggregator:
             self._lock.release()
 
     def _work(self) -> None:
+        wake = self._wake
         while not self._stopped:
-            self._wake.wait(5.0)
-            self._wake.clear()
+            try:
+                wake.get(timeout=5.0)
+            except queue.Empty:
+                pass
+            self._woken = False  # before the drain: traces queued from now wake it again
+            while not wake.empty():
+                wake.get_nowait()
             try:
                 self._drain()
             except Exception:  # the thread outlives a batch it could not aggregate
@@ -660,7 +680,7 @@ class Aggregator:
         with self._lock:
             self._fold()
         self._stopped = True
-        self._wake.set()
+        self._wake.put(None)
 
     # -- results ----------------------------------------------------------------------------
     def stats(self, keys: Iterable[str] | None = None) -> dict[str, KeyStats]:
