@@ -518,3 +518,21 @@ def test_recorder_traces_aggregate_as_the_same_records_handed_over_one_by_one() 
     assert fresh._aggregate_packed(traces[:50])
     assert not fresh._aggregate_packed([[tuple(r) for r in t] for t in traces[:50]])
     fresh.shutdown()
+
+
+def test_a_keys_percentiles_are_read_without_sorting_every_sample_to_the_last_bit() -> None:
+    """``stats()`` sorted each key's samples and made a float object of each (most of a
+    read's cost: 1.3 us per 17-record trace for 20,000 traces); now the order statistics
+    the percentiles read are partitioned out: the same values, bit for bit, as
+    :func:`percentile` over the sorted samples."""
+    from array import array
+
+    from resettrace.tracing.aggregate import _exact_percentiles
+
+    rng = np.random.default_rng(11)
+    for n in (1, 2, 3, 7, 100, 1001, 20_000):
+        for values in (rng.lognormal(-1, 1, n), np.round(rng.uniform(0, 3, n), 1)):
+            got = _exact_percentiles(array("d", values.tolist()), (50, 90, 99, 0, 100, 33.3))
+            ordered = sorted(values.tolist())
+            assert got == [percentile(ordered, q) for q in (50, 90, 99, 0, 100, 33.3)], n
+    assert all(math.isnan(v) for v in _exact_percentiles(array("d"), (50, 99)))

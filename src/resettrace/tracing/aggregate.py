@@ -691,7 +691,7 @@ class Aggregator:
             # every call's value at hand: exact; a reservoir of some: from the buckets,
             # within their bound (the rule of :mod:`resettrace.distribution`)
             snapshot = {k: (s.count, s.total, s.max,
-                            _sorted(s.samples) if len(s.samples) == s.count
+                            _exact_percentiles(s.samples, _QS) if len(s.samples) == s.count
                             or k not in self._dists else Distribution.merged([self._dists[k]]))
                         for k, s in self._series.items()}
         out: dict[str, KeyStats] = {}
@@ -703,8 +703,8 @@ class Aggregator:
             share = None
             if pk is not None and pk in snapshot and snapshot[pk][1] > 0:
                 share = total / snapshot[pk][1]
-            p50, p90, p99 = (percentile(ordered, q) if isinstance(ordered, list)
-                             else ordered.quantile(q / 100) for q in (50, 90, 99))
+            p50, p90, p99 = (ordered if isinstance(ordered, list)
+                             else [ordered.quantile(q / 100) for q in _QS])
             out[k] = KeyStats(count=count, mean_ms=total / count, p50_ms=p50, p90_ms=p90,
                               p99_ms=p99, max_ms=mx, total_ms=total, share_of_parent=share)
         return out
@@ -759,9 +759,26 @@ class Aggregator:
         return {k: i for i, k in enumerate(self.catalog.all_keys())}
 
 
-def _sorted(samples: array[float]) -> list[float]:
-    """A series' samples in ascending order, as floats."""
-    return np.sort(np.frombuffer(samples, dtype=np.float64)).tolist()
+#: the percentiles a key's statistics give
+_QS = (50, 90, 99)
+
+
+def _exact_percentiles(samples: array[float], qs: Sequence[float]) -> list[float]:
+    """:func:`~resettrace.distribution.percentile` of the samples at each ``q``, from the
+    order statistics it reads only (``np.partition``: no sort of every sample, no float
+    object per sample), so the same values to the last bit."""
+    a = np.frombuffer(samples, dtype=np.float64)
+    n = len(a)
+    if n == 0:
+        return [math.nan] * len(qs)
+    spots = []
+    for q in qs:
+        pos = (n - 1) * q / 100.0
+        lo = math.floor(pos)
+        spots.append((lo, min(lo + 1, n - 1), pos - lo))
+    part = np.partition(a, sorted({i for lo, hi, _ in spots for i in (lo, hi)}))
+    return [float(part[lo]) + (float(part[hi]) - float(part[lo])) * frac
+            for lo, hi, frac in spots]
 
 
 def _ordered(keys: Iterable[str] | Mapping[str, Any], order: Mapping[str, int]) -> list[str]:
