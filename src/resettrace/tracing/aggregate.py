@@ -537,15 +537,13 @@ class Aggregator:
         found: list[tuple[bytes, _Plan | None, int, np.ndarray, np.ndarray]] = []
         new = 0
         low, high = int(lens.min()), int(lens.max())
-        for width in range(low, high + 1) if high > low else (low,):
-            if high == low:  # traces of one length (the usual batch): views, no gather
+        starts = np.cumsum(lens) - lens if high > low else None
+        for width in np.unique(lens).tolist() if starts is not None else (low,):
+            if starts is None:  # traces of one length (the usual batch): views, no gather
                 idx = np.arange(m)
                 block = fields.reshape(m, width, RECORD_FIELDS)
             else:
                 idx = np.flatnonzero(lens == width)
-                if not len(idx):
-                    continue
-                starts = np.cumsum(lens) - lens
                 block = fields[starts[idx][:, None] + np.arange(width)]
             place = block[:, :, R_PHASE:R_PARENT + 1]  # (phase, parent): the shape
             if (place == place[0]).all():  # one shape (the usual batch): no sort
@@ -771,14 +769,10 @@ def _exact_percentiles(samples: array[float], qs: Sequence[float]) -> list[float
     n = len(a)
     if n == 0:
         return [math.nan] * len(qs)
-    spots = []
-    for q in qs:
-        pos = (n - 1) * q / 100.0
-        lo = math.floor(pos)
-        spots.append((lo, min(lo + 1, n - 1), pos - lo))
-    part = np.partition(a, sorted({i for lo, hi, _ in spots for i in (lo, hi)}))
-    return [float(part[lo]) + (float(part[hi]) - float(part[lo])) * frac
-            for lo, hi, frac in spots]
+    # each at its sorted place: the two neighbours each percentile reads
+    at = {min(math.floor((n - 1) * q / 100.0) + d, n - 1) for q in qs for d in (0, 1)}
+    part = np.partition(a, sorted(at))
+    return [float(percentile(part, q)) for q in qs]  # type: ignore[arg-type]
 
 
 def _ordered(keys: Iterable[str] | Mapping[str, Any], order: Mapping[str, int]) -> list[str]:

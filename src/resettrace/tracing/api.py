@@ -62,6 +62,8 @@ _get_current = _CURRENT.get
 if _rec.COMPILED:
     _rec._FAST.setup_api(Recorder, ATTR_ENV_COUNT)
 _default_changed = _rec.default_changed
+#: told the default recorder it resolves (the compiled core only: pure Python asks each call)
+_tell_default = _rec.COMPILED
 _default_epoch = _rec.default_epoch
 _remember_default = _rec.remember_default
 lifecycle.at_fork(_default_changed)
@@ -396,18 +398,19 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
             it read it already (a count is read once per call)."""
             rec = _get_current()
             if rec is None:
-                epoch = _default_epoch()  # (before the session is read)
+                epoch = _default_epoch() if _tell_default else 0  # (before the session is read)
                 session = _default
                 if session is not None and session.processor is None:
-                    _remember_default(None, epoch)
+                    if _tell_default:
+                        _remember_default(None, epoch)
                     return fn(*args, **kwargs)  # tracing off, nothing bound: the fast path
                 if session is None:
                     session = get_tracing()
                 rec = getattr(session._local, "recorder", None)  # thread_recorder(), inline
                 if rec is None or session._closed:
                     rec = session.thread_recorder()
-                # the compiled core takes this thread's next root calls from here
-                _remember_default(rec if rec.enabled else None, epoch)
+                if _tell_default:  # the compiled core takes this thread's next root calls
+                    _remember_default(rec if rec.enabled else None, epoch)
             if not rec.enabled:
                 return fn(*args, **kwargs)
             if inside is not None:
