@@ -61,6 +61,37 @@ def test_a_block_of_values_fills_the_buckets_that_one_value_at_a_time_fills() ->
         assert block.count == values.size
 
 
+def test_the_columns_of_a_block_fill_the_buckets_that_each_column_alone_fills() -> None:
+    """``add_columns`` counts every column of a plan's values at once (one bucket count,
+    each column's range found from its min and max); a column with a zero or a negative
+    value, a column of zeros only, columns far apart, a distribution of another scale:
+    the buckets, zeros, min and max that ``add`` of each column alone gives."""
+    rng = np.random.default_rng(9)
+    m = 3000
+    cols = [rng.lognormal(-2, 1.5, m), rng.lognormal(3, 0.2, m), np.zeros(m),
+            np.where(rng.random(m) < 0.1, 0.0, rng.lognormal(0, 1, m)),
+            np.concatenate([[-1.0], rng.lognormal(-1, 1, m - 1)]),
+            np.full(m, 2.0 ** 0.5), np.full(m, 1.0)]
+    # exact bucket bounds (2 ** (k / 64)) and their neighbours in the last bit
+    edges = 2.0 ** (rng.integers(-600, 600, m) / 64)
+    cols.append(edges * np.where(rng.random(m) < 0.5, 1 - 2 ** -52, 1 + 2 ** -52))
+    cols.append(edges)
+    values = np.stack(cols, axis=1)
+    far = np.stack([np.concatenate([[5e-324], rng.lognormal(0, 1, m - 1)]),
+                    np.concatenate([[1.7e308], rng.lognormal(0, 1, m - 1)])], axis=1)
+    for block in (values, far, values[:1], values[:, 5:6]):
+        for scales in ([6] * block.shape[1], [6] + [5] * (block.shape[1] - 1)):
+            together = [Distribution(s) for s in scales]
+            alone = [Distribution(s) for s in scales]
+            for _ in range(2):  # and added to what a distribution holds already
+                Distribution.add_columns(together, block)
+                for j, d in enumerate(alone):
+                    d.add(block[:, j])
+            for a, b in zip(together, alone, strict=True):
+                assert (a.counts, a.zero, a.min, a.max) == (b.counts, b.zero, b.min, b.max)
+                assert a.count == 2 * len(block)
+
+
 def test_the_processor_keeps_every_call_in_its_distribution(clock) -> None:  # type: ignore[no-untyped-def]
     session = Tracing(Config(mode="timing", max_samples=50))  # samples capped, buckets not
     rec = session.recorder(backend="test")

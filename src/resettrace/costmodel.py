@@ -64,6 +64,28 @@ class FitSums:
         self.kmin = min(self.kmin, float(k.min()))
         self.kmax = max(self.kmax, float(k.max()))
 
+    @staticmethod
+    def add_columns(sums: Sequence[FitSums], k: np.ndarray, y: np.ndarray) -> None:
+        """``sums[j].add(k, y[:, j])`` for every column ``j`` of ``y``, ``(len(k),
+        len(sums))``: the sums of ``k`` once, those of ``y`` in one pass per kind (numpy's
+        own loops, not BLAS: a product this size would wake BLAS's threads, CPU taken
+        from training on the aggregation thread's behalf)."""
+        if not len(k):
+            return
+        n, sk, skk = len(k), float(k.sum()), float(np.einsum("i,i->", k, k))
+        kmin, kmax = float(k.min()), float(k.max())
+        sy, sky = y.sum(axis=0).tolist(), np.einsum("i,ij->j", k, y).tolist()
+        syy = np.einsum("ij,ij->j", y, y).tolist()
+        for j, s in enumerate(sums):
+            s.n += n
+            s.sk += sk
+            s.skk += skk
+            s.sy += sy[j]
+            s.sky += sky[j]
+            s.syy += syy[j]
+            s.kmin = min(s.kmin, kmin)
+            s.kmax = max(s.kmax, kmax)
+
     def merge(self, other: FitSums) -> None:
         for f in ("n", "sk", "skk", "sy", "sky", "syy"):
             setattr(self, f, getattr(self, f) + getattr(other, f))

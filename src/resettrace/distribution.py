@@ -121,6 +121,64 @@ class Distribution:
         for k, c in zip(keys.tolist(), n.tolist(), strict=True):
             counts[k] = counts.get(k, 0) + c
 
+    @staticmethod
+    def add_columns(dists: Sequence[Distribution], values: np.ndarray,
+                    lows: np.ndarray | None = None, tops: np.ndarray | None = None) -> None:
+        """``dists[j].add(values[:, j])`` for every column ``j`` of a ``(n, len(dists))``
+        array (``lows``, ``tops``: its columns' min and max, when already known): the same
+        counts, zeros, min and max. The columns of positive values (a phase's durations)
+        are counted together, in one bucket count, each bucket range found from its
+        column's min and max; a column of zeros (a closed account's phase that did not run)
+        is a count of zeros; any other column goes through :meth:`add`."""
+        m, width = values.shape
+        if not m or not width:
+            return
+        lows = values.min(axis=0) if lows is None else lows
+        tops = values.max(axis=0) if tops is None else tops
+        scale = dists[0].scale
+        if any(d.scale != scale or d.max is None for d in dists):
+            fast = np.zeros(width, dtype=bool)
+        else:
+            fast = lows > 0
+        if fast.any():
+            block = values if fast.all() else values[:, fast]
+            mine = [d for d, f in zip(dists, fast.tolist(), strict=True) if f]
+            f = 2.0 ** scale
+            # each column's bucket range, from its min and max (a bucket wider each side:
+            # a log2 of one value may differ in its last bit between numpy's loops)
+            lo = (np.ceil(np.log2(lows[fast]) * f) - 2).astype(np.int64)
+            spans = (np.ceil(np.log2(tops[fast]) * f)).astype(np.int64) - lo + 1
+            if int(spans.sum()) > 1 << 22:  # far apart (hand-written values): each alone
+                for i, d in enumerate(mine):
+                    d.add(block[:, i])
+            else:
+                ends = np.cumsum(spans)
+                idx = np.log2(block)
+                idx *= f
+                np.ceil(idx, out=idx)
+                keys = idx.astype(np.int64)
+                keys += ends - spans - lo - 1  # a column's buckets after those before it
+                n = np.bincount(keys.ravel(), minlength=int(ends[-1]))
+                at = 0
+                for d, span, low, low_v, top_v in zip(
+                        mine, spans.tolist(), lo.tolist(), lows[fast].tolist(),
+                        tops[fast].tolist(), strict=True):
+                    part = n[at:at + span]
+                    at += span
+                    hit = np.flatnonzero(part)
+                    counts = d.counts
+                    for k, c in zip((hit + low).tolist(), part[hit].tolist(), strict=True):
+                        counts[k] = counts.get(k, 0) + c
+                    d.max = max(d.max, top_v)
+                    d.min = min(d.min, low_v)
+        for j in np.flatnonzero(~fast).tolist():
+            d = dists[j]
+            if tops[j] <= 0 and d.max is not None:  # zeros only (or what counts as them)
+                d.zero += m
+                d.max = max(d.max, float(tops[j]))
+            else:
+                d.add(values[:, j])
+
     def add_one(self, value: float) -> None:
         if self.max is not None and value > self.max:
             self.max = value
