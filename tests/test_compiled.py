@@ -13,6 +13,7 @@ import math
 import re
 import subprocess
 import sys
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from resettrace import catalog as C
 from resettrace.config import Config
 from resettrace.tracing import recorder as recorder_module
 from resettrace.tracing.api import count_of, traced
+from resettrace.tracing.layout import R_COUNT, RECORD_FIELDS
 from resettrace.tracing.session import Tracing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,7 +192,8 @@ def test_the_compiled_part_holds_no_frameworks_code() -> None:
     for name in ("motrix", "gymnasium", "mjlab", "stable_baselines", "ray"):
         assert re.search(rf"\b{name}", source) is None, name
     assert sorted(n for n in dir(_fast) if n[0].isupper()) == [
-        "RecorderBase", "Records", "ScopeBase", "Slot", "Trace", "TraceQueue", "Traced"]
+        "RecorderBase", "Records", "ScopeBase", "Slot", "Trace", "TraceLog", "TraceQueue",
+        "Traced"]
     # what it looks up on Python objects: public names only (it read the default
     # session's _default, _local, _closed; the Python state it needs it is given)
     text = (ROOT / "src/resettrace/tracing/_fast.c").read_text()
@@ -569,30 +572,43 @@ def test_the_timing_dict_read_in_c_is_the_python_one(clock: Any) -> None:
 
 @compiled_only
 def test_a_trace_closed_in_c_goes_straight_into_its_sinks_queue_below_its_limit() -> None:
-    """A sink with a ``trace_queue`` gets the traces the compiled recorder closes appended
-    to it, with no call of ``on_trace``, while it holds fewer than its ``limit``; then (and
-    with limit 0) through ``on_trace``. The aggregator counts every one either way."""
+    """A sink with a ``trace_queue`` (a queue of objects, or a log of int64s) gets the
+    traces the compiled recorder closes appended to it, with no call of ``on_trace``,
+    while it holds fewer than its ``limit``; then (and with limit 0) through ``on_trace``.
+    The aggregator counts every one either way."""
     from resettrace.tracing import _fast
     from resettrace.tracing.aggregate import Aggregator
 
     class Sink:
-        def __init__(self) -> None:
-            self.trace_queue = _fast.TraceQueue()
+        def __init__(self, queue: Any) -> None:
+            self.trace_queue = queue
             self.trace_queue.limit = 2
             self.calls = 0
 
         def on_trace(self, records: Any, recorder: Any) -> None:
             self.calls += 1
 
-    sink = Sink()
+    sink = Sink(_fast.TraceQueue())
     rec = recorder_module.Recorder([sink])
     for _ in range(5):
         with rec.scope(C.RESET_DONE, 1):
             pass
     assert len(sink.trace_queue) == 2 and sink.calls == 3
     assert sink.trace_queue.popleft()[0][0] == C.RESET_DONE.index
+    sink = Sink(_fast.TraceLog())
+    rec = recorder_module.Recorder([sink])
+    for i in range(5):
+        with rec.scope(C.RESET_DONE, i), rec.scope(C.DR_RESET, 7):
+            pass
+    assert len(sink.trace_queue) == 2 and sink.calls == 3
+    fields, lens = sink.trace_queue.take()
+    assert len(sink.trace_queue) == 0 and array("q", lens).tolist() == [2, 2]
+    got = array("q", fields).tolist()
+    assert [got[f * RECORD_FIELDS:(f + 1) * RECORD_FIELDS][R_COUNT] for f in range(4)] == [
+        0, 7, 1, 7]  # each trace's records, in order
+    assert sink.trace_queue.take() == (b"", b"")
     agg = Aggregator(max_pending=10)
-    assert isinstance(agg.trace_queue, _fast.TraceQueue) and agg.trace_queue.limit == 9
+    assert isinstance(agg.trace_queue, _fast.TraceLog) and agg.trace_queue.limit == 9
     rec = recorder_module.Recorder([agg])
     for _ in range(25):  # past the limit: on_trace wakes the thread, drops past 10
         with rec.scope(C.RESET_DONE, 1):
@@ -656,6 +672,65 @@ def test_an_open_trace_holds_no_python_object_per_record() -> None:
     assert len(got) == 2 and len(got[1]) == 5001
     assert [r[4] for r in got[1][1:]] == list(range(5000))
     assert all(r[1] == 0 and r[2] <= r[3] for r in got[1][1:])
+
+
+@compiled_only
+def test_a_closed_trace_is_published_to_the_aggregator_as_int64s_not_as_an_object() -> None:
+    """A closing trace was copied into a new ``Trace`` object, queued for the aggregation
+    thread (20,000 traces waiting: 20,000 objects, 17 MB, written cold). The aggregator's
+    ``trace_queue`` is now a log of int64s the compiled recorder appends the trace to,
+    and the recorder's last trace object is written again in place: 3,000 traces
+    waiting hold a few blocks, not one each, and aggregate to every call."""
+    import tracemalloc
+
+    from resettrace.tracing.aggregate import Aggregator
+
+    agg = Aggregator(max_pending=10**6)
+    agg._start_worker = lambda: None  # type: ignore[method-assign]  # (they wait)
+    rec = recorder_module.Recorder([agg])
+
+    def traces(n: int) -> None:
+        for i in range(n):
+            with rec.scope(C.RESET_DONE, i % 7 + 1), rec.scope(C.DR_RESET, 2):
+                pass
+
+    traces(100)  # (the blocks grown)
+    agg.stats()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        traces(3000)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    grown = sum(d.count_diff for d in after.compare_to(before, "lineno") if d.count_diff > 0)
+    assert agg.pending() == 3000 and grown < 50, grown  # (an object each: over 3,000)
+    st = agg.stats()
+    assert st[C.RESET_DONE.key].count == 3100 and st[C.DR_RESET.key].count == 3100
+    assert agg.stats()[C.RESET_DONE_COUNT].total_ms == sum(i % 7 + 1 for i in range(100)) + sum(
+        i % 7 + 1 for i in range(3000))
+    agg.shutdown()
+
+
+def test_a_recorders_last_trace_is_reused_only_when_nothing_else_holds_it() -> None:
+    """The next trace of the same length is written into the recorder's last trace object
+    (no allocation per trace); one that code holds (a sink kept it, a test reads it) is
+    never written again: the holder sees the trace it got."""
+    rec = recorder_module.Recorder([])
+    with rec.scope(C.DR_RESET, 1):
+        pass
+    first_id = id(rec._last)
+    with rec.scope(C.DR_RESET, 2):
+        pass
+    if recorder_module.COMPILED:
+        assert id(rec._last) == first_id  # written in place
+    held = rec._last
+    with rec.scope(C.DR_RESET, 3):
+        pass
+    assert held[0][4] == 2 and rec._last[0][4] == 3 and rec._last is not held
+    with rec.scope(C.DR_RESET, 4), rec.scope(C.DR_RESET_PLAN):
+        pass  # another length: a new object
+    assert [r[4] for r in rec._last] == [4, -1] and held[0][4] == 2
 
 
 def test_a_trace_past_thousands_of_records_gives_its_memory_back_when_it_closes() -> None:

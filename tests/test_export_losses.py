@@ -71,7 +71,7 @@ def test_a_shut_down_session_keeps_no_traces_and_the_exporter_no_recorders(
     for _ in range(2000):  # an env that outlives its session
         with survivor.scope(C.DR_RESET):
             pass
-    assert len(processor._pending) == 0 and processor.traces_seen == seen
+    assert processor.pending() == 0 and processor.traces_seen == seen
     assert processor.stats()["dr_reset_total_ms"].count == 300  # what it had stays readable
     report = session.export_report()
     assert report["spans_sent"] + report["spans_dropped"] == 300 * 3 + 2000

@@ -427,7 +427,7 @@ def test_a_full_aggregation_queue_drops_and_counts_traces_exactly(
     traces(1024)  # the aggregation thread starts
     with agg.lock:  # and is held up: training outpaces it
         traces(10_000)
-        assert len(agg._pending) == 1500  # memory stays bounded
+        assert agg.pending() == 1500  # memory stays bounded
     produced = 11_024
     aggregated = session.stats()[C.DR_RESET.key].count
     assert 1500 <= aggregated <= 1500 + 1024
@@ -518,6 +518,32 @@ def test_recorder_traces_aggregate_as_the_same_records_handed_over_one_by_one() 
     assert fresh._aggregate_packed(traces[:50])
     assert not fresh._aggregate_packed([[tuple(r) for r in t] for t in traces[:50]])
     fresh.shutdown()
+    # through the aggregator's log (their int64s, taken in chunks): the same again, and so
+    # for more shapes in one batch than the plans hold (300 lengths: record by record)
+    rec = Recorder([Keep()])
+    for depth in range(1, 301):
+        with rec.scope(C.ENV_STEP):
+            for _ in range(depth):
+                with rec.scope(C.DR_RESET, depth):
+                    pass
+    many = traces[-300:]
+    for batch in (traces + one_shape, many):
+        logged, by_hand = Aggregator(max_pending=10**6), Aggregator(max_pending=10**6)
+        logged._start_worker = by_hand._start_worker = lambda: None  # type: ignore
+        for t in batch:
+            logged.on_trace(t)
+            by_hand.on_trace([tuple(r) for r in t])
+        assert logged.pending() == len(batch) and len(logged.trace_queue) == len(batch)
+        a, b = logged.stats(), by_hand.stats()
+        assert a.keys() == b.keys()
+        for key in a:
+            assert (a[key].count, a[key].total_ms, a[key].max_ms, a[key].p50_ms) == (
+                b[key].count, b[key].total_ms, b[key].max_ms, b[key].p50_ms), key
+        assert logged.samples() == by_hand.samples()
+        assert logged.traces_seen == by_hand.traces_seen == len(batch)
+        assert logged.pending() == 0
+        logged.shutdown()
+        by_hand.shutdown()
 
 
 def test_a_keys_percentiles_are_read_without_sorting_every_sample_to_the_last_bit() -> None:

@@ -805,7 +805,7 @@ def test_a_trace_closed_at_any_call_inside_the_aggregation_sink_neither_deadlock
     t.join(60)
     assert not t.is_alive(), "the training thread is blocked (a deadlock)"
     assert state["landed"] > 50
-    assert len(agg._pending) + agg.dropped_traces == 200 + state["landed"]
+    assert agg.pending() + agg.dropped_traces == 200 + state["landed"]
     agg._start_worker = Aggregator._start_worker.__get__(agg)  # type: ignore[method-assign]
     assert agg.stats()["set_state_set_dof_pos_ms"].count >= 1
     agg.shutdown()

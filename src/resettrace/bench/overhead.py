@@ -163,15 +163,17 @@ def _reset_trace(rec: Any) -> None:
 
 def trace_cpu_us(n: int = 20_000) -> dict[str, float]:
     """CPU (every thread's, ``time.process_time``) per reset trace of :func:`_reset_trace`,
-    warm, best of 3: ``recorded`` by a recorder with no sink, ``aggregated`` recorded by
-    one whose sink is an :class:`~resettrace.tracing.aggregate.Aggregator`, its queue
-    aggregated at the end; ``records`` per trace."""
+    warm, best of 3: ``off`` the same code with tracing off (:data:`NOOP_RECORDER`: the
+    code's own ``with`` statements and calls), ``recorded`` by a recorder with no sink,
+    ``aggregated`` recorded by one whose sink is an
+    :class:`~resettrace.tracing.aggregate.Aggregator`, its queue aggregated at the end;
+    ``records`` per trace. What tracing adds is the difference with ``off``."""
     from resettrace.tracing.aggregate import Aggregator
     from resettrace.tracing.recorder import Recorder
 
-    def per_trace(sink: bool) -> float:
+    def per_trace(sink: bool | None) -> float:
         agg = Aggregator(max_pending=n + 1)
-        rec = Recorder([agg] if sink else [])
+        rec = NOOP_RECORDER if sink is None else Recorder([agg] if sink else [])
         t0 = time.process_time()
         for _ in range(n):
             _reset_trace(rec)
@@ -183,7 +185,7 @@ def trace_cpu_us(n: int = 20_000) -> dict[str, float]:
     rec = Recorder([])
     _reset_trace(rec)
     out = {"records": float(len(rec._last))}
-    for name, sink in (("recorded", False), ("aggregated", True)):
+    for name, sink in (("off", None), ("recorded", False), ("aggregated", True)):
         per_trace(sink)  # warm-up
         out[name] = min(per_trace(sink) for _ in range(3))
     return out
@@ -276,6 +278,17 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
     }
 
 
+def _render_trace_cpu(cpu: dict[str, float]) -> str:
+    text = (f"a {cpu['records']:.0f}-record reset trace, warm, CPU of every thread: "
+            f"{cpu['recorded']:.2f} us recorded, {cpu['aggregated']:.2f} us recorded and "
+            "aggregated")
+    if "off" in cpu:  # (results of before the figure)
+        text += (f"; the same code with tracing off {cpu['off']:.2f} us: tracing adds "
+                 f"{cpu['recorded'] - cpu['off']:.2f} us recorded, "
+                 f"{cpu['aggregated'] - cpu['off']:.2f} us recorded and aggregated")
+    return text
+
+
 def _scopes_per_reset(session: Any) -> int:
     """Scopes per reset_done: every trace of this benchmark is one reset_done."""
     proc = session.processor
@@ -303,10 +316,7 @@ def render_overhead(result: dict[str, Any]) -> str:
              f"@traced adds {result['traced_ns']['on']:.0f} ns per call warm with tracing on, "
              f"{result['traced_ns']['off']:.0f} ns with tracing off (a recorded scope written "
              f"by hand: {result['traced_ns']['scope']:.0f} ns)",
-             f"a {result['trace_cpu_us']['records']:.0f}-record reset trace, warm: "
-             f"{result['trace_cpu_us']['recorded']:.2f} us CPU recorded, "
-             f"{result['trace_cpu_us']['aggregated']:.2f} us recorded and aggregated "
-             "(every thread)",
+             _render_trace_cpu(result["trace_cpu_us"]),
              f"noop scope {result['noop_scope_ns']:.0f} ns x {result['scopes_per_reset']} "
              f"scopes = {100 * result['noop_share']:.3f}% of reset_done (off)"]
     for mode, exp in result["export"].items():

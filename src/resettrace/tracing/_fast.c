@@ -460,13 +460,23 @@ records_inplace_concat(Records *self, PyObject *other)
  * never exited, say, gives its memory back when it closes). */
 #define RECORDS_KEPT 4096
 
-/* The records as a Trace, this left empty; NULL with an error (the records kept). */
+/* The records as a Trace, this left empty; NULL with an error (the records kept).
+ * `reuse`: a Trace to write them into instead of a new one (NULL: none), when nothing
+ * else holds it and it has their length (a recorder's last trace, the usual trace having
+ * the shape of the one before): no allocation, and memory written the trace before. */
 static PyObject *
-records_take_trace(Records *self)
+records_take_into(Records *self, PyObject *reuse)
 {
-    Trace *t = PyObject_NewVar(Trace, &TraceType, self->n);
-    if (t == NULL) {
-        return NULL;
+    Trace *t;
+    if (reuse != NULL && Py_IS_TYPE(reuse, &TraceType) && Py_REFCNT(reuse) == 1
+            && Py_SIZE(reuse) == self->n && self->n > 0) {
+        t = (Trace *)Py_NewRef(reuse);
+    }
+    else {
+        t = PyObject_NewVar(Trace, &TraceType, self->n);
+        if (t == NULL) {
+            return NULL;
+        }
     }
     if (self->n) {
         memcpy(t->v, self->v, (size_t)self->n * sizeof(int64_t));
@@ -483,7 +493,7 @@ records_take_trace(Records *self)
 static PyObject *
 records_take(Records *self, PyObject *Py_UNUSED(ignored))
 {
-    return records_take_trace(self);
+    return records_take_into(self, NULL);
 }
 
 static PyObject *
@@ -743,6 +753,166 @@ static PyTypeObject TraceQueueType = {
     .tp_methods = tq_methods,
     .tp_members = tq_members,
     .tp_as_sequence = &tq_as_sequence,
+};
+
+/* ---------------------------------------------------------------- TraceLog */
+/* A sink's log of finished traces kept as int64s (no object per trace): their records'
+ * fields one trace after another, and each trace's record count. A trace closed in C is
+ * appended while the log holds fewer than `limit` traces (the sink sets limit: 0 sends
+ * every trace to its on_trace); Python appends a Trace with append(). take() hands the
+ * whole log over as two bytes objects, (fields, record counts), and empties it, in one
+ * step: no trace closed meanwhile (another thread, a signal handler) is lost or taken
+ * twice. recorder.py's _PyTraceLog is the same in Python. */
+typedef struct {
+    PyObject_HEAD
+    int64_t *v;        /* the fields */
+    int64_t *lens;     /* each trace's record count */
+    Py_ssize_t n, cap;             /* int64s of fields held, allocated */
+    Py_ssize_t size, lens_cap;     /* traces held, counts allocated */
+    Py_ssize_t limit;
+} TraceLog;
+
+static PyTypeObject TraceLogType;
+
+/* a log past this many int64s gives its blocks back when taken (a burst kept no longer) */
+#define TRACE_LOG_KEPT (1 << 20)
+
+static void
+tl_free(TraceLog *self)
+{
+    PyMem_Free(self->v);
+    PyMem_Free(self->lens);
+    self->v = self->lens = NULL;
+    self->n = self->cap = self->size = self->lens_cap = 0;
+}
+
+static void
+tl_dealloc(TraceLog *self)
+{
+    tl_free(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+tl_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    return type->tp_alloc(type, 0);
+}
+
+/* Append one trace's n int64s (whole records): 0, or -1 with MemoryError (nothing
+ * appended). */
+static int
+tl_push(TraceLog *self, const int64_t *v, Py_ssize_t n)
+{
+    if (self->n + n > self->cap) {
+        Py_ssize_t cap = self->cap ? self->cap : 4096;
+        while (cap < self->n + n) {
+            cap *= 2;
+        }
+        int64_t *grown = PyMem_Realloc(self->v, (size_t)cap * sizeof(int64_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->v = grown;
+        self->cap = cap;
+    }
+    if (self->size == self->lens_cap) {
+        Py_ssize_t cap = self->lens_cap ? self->lens_cap * 2 : 256;
+        int64_t *grown = PyMem_Realloc(self->lens, (size_t)cap * sizeof(int64_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->lens = grown;
+        self->lens_cap = cap;
+    }
+    memcpy(self->v + self->n, v, (size_t)n * sizeof(int64_t));
+    self->n += n;
+    self->lens[self->size++] = n / RECORD_FIELDS;
+    return 0;
+}
+
+static PyObject *
+tl_append(TraceLog *self, PyObject *trace)
+{
+    if (!Py_IS_TYPE(trace, &TraceType)) {
+        PyErr_Format(PyExc_TypeError, "a TraceLog holds Trace objects, not %.100s",
+                     Py_TYPE(trace)->tp_name);
+        return NULL;
+    }
+    if (tl_push(self, ((Trace *)trace)->v, Py_SIZE(trace)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tl_take(TraceLog *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *fields = PyBytes_FromStringAndSize((const char *)self->v,
+                                                 self->n * (Py_ssize_t)sizeof(int64_t));
+    PyObject *lens = fields == NULL ? NULL : PyBytes_FromStringAndSize(
+        (const char *)self->lens, self->size * (Py_ssize_t)sizeof(int64_t));
+    if (lens == NULL) {
+        Py_XDECREF(fields);
+        return NULL;  /* the log kept whole */
+    }
+    /* (no Python code ran since the bytes were filled: nothing was appended meanwhile) */
+    if (self->cap > TRACE_LOG_KEPT) {
+        tl_free(self);
+    }
+    self->n = self->size = 0;
+    PyObject *out = PyTuple_Pack(2, fields, lens);
+    Py_DECREF(fields);
+    Py_DECREF(lens);
+    return out;
+}
+
+static PyObject *
+tl_clear(TraceLog *self, PyObject *Py_UNUSED(ignored))
+{
+    tl_free(self);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+tl_len(TraceLog *self)
+{
+    return self->size;
+}
+
+static PyMethodDef tl_methods[] = {
+    {"append", (PyCFunction)tl_append, METH_O, "append(trace): at the end."},
+    {"take", (PyCFunction)tl_take, METH_NOARGS,
+     "(fields, record counts): every trace's fields one after another and each one's "
+     "record count, int64s in two bytes objects, the log left empty (at once)."},
+    {"clear", (PyCFunction)tl_clear, METH_NOARGS, "Drop every trace."},
+    {NULL},
+};
+
+static PyMemberDef tl_members[] = {
+    {"limit", T_PYSSIZET, offsetof(TraceLog, limit), 0,
+     "traces a closing trace is appended below (else it goes to the sink's on_trace)"},
+    {NULL},
+};
+
+static PySequenceMethods tl_as_sequence = {
+    .sq_length = (lenfunc)tl_len,
+};
+
+static PyTypeObject TraceLogType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "resettrace.tracing._fast.TraceLog",
+    .tp_basicsize = sizeof(TraceLog),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A sink's log of finished traces as int64s that the compiled recorder "
+              "appends to.",
+    .tp_dealloc = (destructor)tl_dealloc,
+    .tp_new = tl_new,
+    .tp_methods = tl_methods,
+    .tp_members = tl_members,
+    .tp_as_sequence = &tl_as_sequence,
 };
 
 /* ---------------------------------------------------------------- Slot */
@@ -1193,7 +1363,8 @@ close_trace(RecorderBase *rec)
     if (!is_records(rec->records) || ((Records *)rec->records)->n == 0) {
         return 0;  /* handed over already */
     }
-    PyObject *trace = records_take_trace((Records *)rec->records);  /* one copy */
+    /* one copy, into the last trace when nothing else holds it */
+    PyObject *trace = records_take_into((Records *)rec->records, rec->last);
     rec->serial++;
     if (trace == NULL) {  /* no memory for the copy: the trace is dropped, said */
         ((Records *)rec->records)->n = 0;
@@ -1209,6 +1380,20 @@ close_trace(RecorderBase *rec)
         /* no AttributeError made and dropped per trace for a sink without a queue */
         if (lookup_attr(sink, str_trace_queue, &q) < 0) {
             PyErr_Clear();
+        }
+        if (q != NULL && Py_IS_TYPE(q, &TraceLogType)) {
+            int pushed = -1;  /* its int64s appended: no object queued */
+            if (((TraceLog *)q)->size < ((TraceLog *)q)->limit) {
+                pushed = tl_push((TraceLog *)q, ((Trace *)trace)->v, Py_SIZE(trace));
+                if (pushed < 0) {
+                    PyErr_Clear();  /* no memory: the sink's own method tries */
+                }
+            }
+            Py_DECREF(q);
+            if (pushed == 0) {
+                continue;
+            }
+            q = NULL;
         }
         if (q != NULL) {
             int pushed = -1;
@@ -2770,6 +2955,7 @@ PyInit__fast(void)
             || PyType_Ready(&TracedType) < 0 || PyType_Ready(&ScopeBaseType) < 0
             || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&SlotType) < 0
             || PyType_Ready(&TraceType) < 0 || PyType_Ready(&TraceQueueType) < 0
+            || PyType_Ready(&TraceLogType) < 0
             || PyType_Ready(&RecordsType) < 0) {
         return NULL;
     }
@@ -2783,6 +2969,7 @@ PyInit__fast(void)
             || PyModule_AddObjectRef(m, "Trace", (PyObject *)&TraceType) < 0
             || PyModule_AddObjectRef(m, "Records", (PyObject *)&RecordsType) < 0
             || PyModule_AddObjectRef(m, "TraceQueue", (PyObject *)&TraceQueueType) < 0
+            || PyModule_AddObjectRef(m, "TraceLog", (PyObject *)&TraceLogType) < 0
             || PyModule_AddObjectRef(m, "Traced", (PyObject *)&TracedType) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -31,7 +31,8 @@ import random
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +59,7 @@ from resettrace.tracing.layout import (
     R_START,
     RECORD_FIELDS,
 )
-from resettrace.tracing.recorder import COMPILED, Record, Trace, TraceQueue, note_once
+from resettrace.tracing.recorder import COMPILED, Record, Trace, TraceLog, note_once
 
 if TYPE_CHECKING:
     from resettrace.tracing.recorder import Recorder
@@ -128,14 +129,16 @@ class _Series:
                 self.samples[j] = v
 
 
-    def add_many(self, values: np.ndarray) -> None:
+    def add_many(self, values: np.ndarray, total: float | None = None,
+                 top: float | None = None) -> None:
         """``add`` of every value in order: the same reservoir rule, in numpy passes (the
-        slots drawn from a numpy generator seeded from the series' random source)."""
+        slots drawn from a numpy generator seeded from the series' random source);
+        ``total`` and ``top``: the values' sum and max, when already known."""
         m = len(values)
         if not m:
             return
-        self.total += float(values.sum())
-        self.max = max(self.max, float(values.max()))
+        self.total += float(values.sum()) if total is None else total
+        self.max = max(self.max, float(values.max()) if top is None else top)
         free = self._cap - len(self.samples)
         if free > 0:
             head = np.ascontiguousarray(values[:free], dtype=np.float64)
@@ -217,8 +220,8 @@ class _Plan:
     count as children of its own parent.
     """
 
-    __slots__ = ("width", "keys", "plus", "minus", "count_at", "k_at", "durations", "seqs",
-                 "ks", "counts")
+    __slots__ = ("width", "keys", "direct", "direct_cols", "summed", "count_at", "k_at",
+                 "durations", "seqs", "ks", "counts")
 
     def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
         n = self.width = len(records)
@@ -269,8 +272,13 @@ class _Plan:
         at = self.count_at or [i for i in range(n) if phases[i] is SET_STATE][:1]
         self.k_at = at[0] if at else _K_ZERO if n and phases[0] is ENV_STEP else -1
         self.keys = [k for k, _, _ in rows]
-        self.plus = [np.array(c, dtype=np.intp) for _, c, _ in rows]
-        self.minus = [np.array(c, dtype=np.intp) for _, _, c in rows]
+        # the rows that are one record's duration (most), gathered in one pass, and the
+        # others, each a sum of some durations minus some others
+        direct = [j for j, (_, plus, minus) in enumerate(rows) if len(plus) == 1 and not minus]
+        self.direct = np.array(direct, dtype=np.intp)
+        self.direct_cols = np.array([rows[j][1][0] for j in direct], dtype=np.intp)
+        self.summed = [(j, np.array(plus, dtype=np.intp), np.array(minus, dtype=np.intp))
+                       for j, (_, plus, minus) in enumerate(rows) if len(plus) != 1 or minus]
         # the buffered traces, in arrays (no object per trace for the garbage collector
         # to walk: a training step that allocates nothing else makes it collect nothing)
         self.durations = array("q")  # each trace's record durations (ns), trace after trace
@@ -278,15 +286,19 @@ class _Plan:
         self.ks = array("d")  # each trace's k, when the plan has one
         self.counts = array("d")  # each trace's reset_done counts (-1: none given)
 
-    def values(self) -> Iterator[tuple[str, np.ndarray]]:
-        """Per sample row: its key and its values (ms) for every buffered trace."""
+    def values(self) -> np.ndarray:
+        """Every sample row's values (ms) for every buffered trace: ``(traces, rows)``
+        (the row sums in int64 ns, then ms)."""
         m = len(self.seqs)
-        d = np.array(self.durations, dtype=np.int64).reshape(m, -1)
-        for key, plus, minus in zip(self.keys, self.plus, self.minus, strict=True):
-            v = d[:, plus].sum(axis=1) if len(plus) else np.zeros(m, np.int64)
+        d = np.array(self.durations, dtype=np.int64).reshape(m, self.width)
+        v = np.empty((m, len(self.keys)), dtype=np.int64)
+        v[:, self.direct] = d[:, self.direct_cols]
+        for j, plus, minus in self.summed:
+            x = d[:, plus].sum(axis=1)  # (no columns: zeros)
             if len(minus):
-                v = v - d[:, minus].sum(axis=1)
-            yield key, v * 1e-6
+                x -= d[:, minus].sum(axis=1)
+            v[:, j] = x
+        return v * 1e-6
 
 
 def _counts(values: list[Any]) -> array[float]:
@@ -340,6 +352,9 @@ class Aggregator:
         self._max_samples = max_samples
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        # held while traces are taken and aggregated (reentrant: a signal handler's read
+        # of the statistics on a thread that drains)
+        self._drain_lock = threading.RLock()
         self._series: dict[str, _Series] = {}
         #: per key, the sums of the cost model ``ms = a + b * k`` over its calls (recorder
         #: traces with a reset count; see :mod:`resettrace.costmodel`)
@@ -352,11 +367,17 @@ class Aggregator:
         #: recorder traces and records aggregated so far
         self.traces_seen = 0
         self.records_seen = 0
-        #: finished traces waiting for the aggregation thread; a trace closed by the
-        #: compiled recorder goes straight in while it holds fewer than ``limit`` (no call
-        #: of :meth:`on_trace`: the wake-ups, drops and start-up below stay with it)
-        self.trace_queue = self._pending = TraceQueue()
-        self._pending.limit = self._wake_at - 1
+        #: the recorders' finished traces waiting for the aggregation thread, as int64s (no
+        #: object per trace); a trace closed by the compiled recorder is appended in C
+        #: while it holds fewer than ``limit`` (no call of :meth:`on_trace`: the wake-ups,
+        #: drops and start-up below stay with it)
+        self.trace_queue = self._log = TraceLog()
+        #: any other finished traces (sequences of records handed to :meth:`on_trace`)
+        self._others: deque[Sequence[Record]] = deque()
+        #: traces taken from the log and not aggregated yet (pending all the same)
+        self._taken = 0
+        self._closing = False  # shut down: the log takes no trace in C
+        self._admit()
         # traces of one shape share a plan; their durations wait in it until folded
         self._plans: dict[bytes, _Plan] = {}
         self._plans_version = catalog.version
@@ -377,10 +398,13 @@ class Aggregator:
         (queue, buffered traces, samples), and threads, which do not survive a fork, are
         started afresh when needed."""
         self._lock = threading.Lock()
+        self._drain_lock = threading.RLock()
         self._wake = queue.SimpleQueue()
         self._woken = False
         self._worker = None
-        self._pending.clear()  # (the same queue: recorders hold it)
+        self._log.clear()  # (the same log: a recorder looks it up on the sink)
+        self._others.clear()
+        self._taken = 0
         self._drop_lock = threading.RLock()
         self.dropped_traces = 0
         self._plans = {}
@@ -421,21 +445,28 @@ class Aggregator:
         """
         if self._stopped:
             return  # a shut-down session keeps nothing (its recorders may live on)
-        pending = self._pending
-        if len(pending) >= self.max_pending:  # the thread is behind: memory stays bounded
+        n = self.pending()
+        if n >= self.max_pending:  # the thread is behind: memory stays bounded
             with self._drop_lock:
                 self.dropped_traces += 1
             if self._worker is None:
                 self._start_worker()
             self._wake_worker()
             return
-        pending.append(records)
-        n = len(pending)
+        if type(records) is Trace:
+            self._log.append(records)  # (a copy of its int64s)
+        else:
+            self._others.append(records)
+        n += 1
         if n >= self._wake_at and (n == self._wake_at or self._worker is None):
             # once per batch (a busy thread drains on), or until the worker runs
             if self._worker is None:
                 self._start_worker()
             self._wake_worker()
+
+    def pending(self) -> int:
+        """Finished traces waiting to be aggregated."""
+        return len(self._log) + len(self._others) + self._taken
 
     def _wake_worker(self) -> None:
         """Wake the aggregation thread: from any thread, and from a signal handler landing
@@ -474,12 +505,52 @@ class Aggregator:
                 log.exception("resettrace: a batch of traces could not be aggregated")
 
     def _drain(self) -> None:
-        pending = self._pending
-        take = pending.popleft
-        while pending:
+        """Aggregate every trace waiting, those that arrive meanwhile too: the log's in
+        chunks read from its int64s (:meth:`_aggregate_log`), the others in batches."""
+        with self._drain_lock:  # (a read waits for the traces the thread has taken)
+            self._drain_all()
+
+    def _drain_all(self) -> None:
+        on_worker = threading.current_thread() is self._worker
+        others = self._others
+        take = others.popleft
+        while len(self._log) or others:
+            if len(self._log):
+                with self._lock:  # (held up, the traces stay where they count as pending)
+                    fields, lens = self._log.take()
+                    self._taken = len(lens) // 8
+                    self._admit()
+                try:
+                    self._aggregate_log(fields, lens, on_worker)
+                finally:
+                    self._taken = 0
+                    self._admit()
+            while others:
+                with self._lock:
+                    self._aggregate([take() for _ in range(min(len(others), _DRAIN_CHUNK))])
+                if on_worker:
+                    time.sleep(0)  # hand the GIL back to the training thread between chunks
+
+    def _admit(self) -> None:
+        """The log's limit: traces the compiled recorder appends in C, below the wake-up
+        mark and within ``max_pending`` with those taken and not yet aggregated (on_trace
+        decides beyond it); none once shut down."""
+        self._log.limit = 0 if self._closing else max(
+            0, min(self._wake_at, self.max_pending - self._taken) - 1)
+
+    def _aggregate_log(self, fields: bytes, lens: bytes, on_worker: bool) -> None:
+        """A log's traces (:meth:`TraceLog.take`: their fields one after another, each one's
+        record count), ``_DRAIN_CHUNK`` traces at a time."""
+        counts = np.frombuffer(lens, dtype=np.int64)
+        records = np.frombuffer(fields, dtype=np.int64).reshape(-1, RECORD_FIELDS)
+        ends = np.cumsum(counts).tolist()
+        for a in range(0, len(counts), _DRAIN_CHUNK):
+            b = min(a + _DRAIN_CHUNK, len(counts))
             with self._lock:
-                self._aggregate([take() for _ in range(min(len(pending), _DRAIN_CHUNK))])
-            if threading.current_thread() is self._worker:
+                self._aggregate_fields(records[ends[a - 1] if a else 0:ends[b - 1]],
+                                       counts[a:b])
+                self._taken -= b - a
+            if on_worker:
                 time.sleep(0)  # hand the GIL back to the training thread between chunks
 
     def _aggregate(self, traces: list[Sequence[Record]]) -> None:
@@ -531,10 +602,35 @@ class Aggregator:
         if not lens.all():
             return False
         fields = np.frombuffer(_joined(traces), dtype=np.int64).reshape(-1, RECORD_FIELDS)
+        return self._packed(fields, lens)
+
+    def _aggregate_fields(self, fields: np.ndarray, lens: np.ndarray) -> None:
+        """:meth:`_aggregate` of traces given as their records' fields one after another
+        (``(records, RECORD_FIELDS)``) and each one's record count: in a few numpy passes
+        (:meth:`_packed`), or, with more new shapes than the plans may hold, record by
+        record."""
+        if self._plans_version != self.catalog.version:  # a phase was registered
+            self._fold()
+            self._plans.clear()
+            self._plans_version = self.catalog.version
+        if not lens.all():  # empty traces: seen, nothing to aggregate
+            self._seq += int((lens == 0).sum())
+            self.traces_seen += int((lens == 0).sum())
+            lens = lens[lens > 0]
+        if not len(lens) or self._packed(fields, lens):
+            return
+        rows = fields.tolist()
+        at = np.cumsum(lens).tolist()
+        self._aggregate([rows[e - n:e] for e, n in zip(at, lens.tolist(), strict=True)])
+
+    def _packed(self, fields: np.ndarray, lens: np.ndarray) -> bool:
+        """The numpy passes of :meth:`_aggregate_packed` (every trace has records); False
+        (nothing done) with more new shapes than the plans may hold."""
+        m = len(lens)
         plans = self._plans
         # per shape: its key, plan (None: new), first trace, and its traces' records as
         # an (n traces, width, RECORD_FIELDS) array with their places in the batch
-        found: list[tuple[bytes, _Plan | None, int, np.ndarray, np.ndarray]] = []
+        found: list[tuple[bytes, _Plan | None, np.ndarray, np.ndarray]] = []
         new = 0
         low, high = int(lens.min()), int(lens.max())
         starts = np.cumsum(lens) - lens if high > low else None
@@ -560,13 +656,13 @@ class Aggregator:
             for shape, members, rows in kinds:  # shape: the key _shapes() makes
                 plan = plans.get(shape)
                 new += plan is None
-                found.append((shape, plan, int(members[0]), members, rows))
+                found.append((shape, plan, members, rows))
         if new and len(plans) + new > _MAX_PLANS:
             return False  # the record-by-record path starts afresh
         seq0 = self._seq + 1  # the batch's first trace's arrival number
-        for shape, plan, j0, members, rows in found:
+        for shape, plan, members, rows in found:
             if plan is None:
-                plan = plans[shape] = _Plan(traces[j0], self.catalog)
+                plan = plans[shape] = _Plan(rows[0].tolist(), self.catalog)
             plan.seqs.frombytes((members + seq0).astype(np.int64).tobytes())
             d = rows[:, :, R_END] - rows[:, :, R_START]
             plan.durations.frombytes(np.ascontiguousarray(d).tobytes())
@@ -623,48 +719,59 @@ class Aggregator:
         if not self._buffered:
             return
         self._buffered = 0
-        parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        # per key: its values from each plan (with their traces' arrival numbers, the
+        # values' sum and max), for the reservoir, which keeps arrival order; the
+        # distributions and the cost model's sums take a plan's every key at once
+        parts: dict[str, list[tuple[np.ndarray, np.ndarray, float, float]]] = {}
+        dists = self._dists
         for plan in self._plans.values():
             if not plan.seqs:
                 continue
             seqs = np.array(plan.seqs, dtype=np.int64)
-            if plan.k_at >= 0:
-                ks = np.array(plan.ks, dtype=np.float64)
-            elif plan.k_at == _K_ZERO:
-                ks = np.zeros(len(seqs))
-            else:
-                ks = None
-            counted = None if ks is None else ks >= 0
-            for key, values in plan.values():
-                parts.setdefault(key, []).append((seqs, values))
-                if ks is not None:
-                    fit = self._fits.get(key)
-                    if fit is None:
-                        fit = self._fits[key] = FitSums()
-                    fit.add(ks[counted], values[counted])
+            values = plan.values()
+            keys = plan.keys
+            for key in keys:
+                if key not in dists:
+                    dists[key] = Distribution()
+            lows, tops = values.min(axis=0), values.max(axis=0)
+            Distribution.add_columns([dists[k] for k in keys], values, lows, tops)
+            if plan.k_at >= 0 or plan.k_at == _K_ZERO:
+                ks = (np.array(plan.ks, dtype=np.float64) if plan.k_at >= 0
+                      else np.zeros(len(seqs)))
+                counted = ks >= 0
+                for key in keys:
+                    if key not in self._fits:
+                        self._fits[key] = FitSums()
+                FitSums.add_columns([self._fits[k] for k in keys], ks[counted],
+                                    values[counted])
+            totals, top = values.sum(axis=0).tolist(), tops.tolist()
+            for j, key in enumerate(keys):
+                parts.setdefault(key, []).append((seqs, values[:, j], totals[j], top[j]))
             if plan.count_at:  # each reset_done's count, in arrival order
                 cs = np.array(plan.counts, dtype=np.float64).reshape(len(seqs), -1)
                 has = cs >= 0
                 if has.any():
+                    counts = cs[has]
                     parts.setdefault(RESET_DONE_COUNT, []).append(
-                        (np.repeat(seqs, has.sum(axis=1)), cs[has]))
+                        (np.repeat(seqs, has.sum(axis=1)), counts, float(counts.sum()),
+                         float(counts.max())))
+                    if RESET_DONE_COUNT not in dists:
+                        dists[RESET_DONE_COUNT] = Distribution()
+                    dists[RESET_DONE_COUNT].add(counts)
             for buffer in (plan.durations, plan.seqs, plan.ks, plan.counts):
                 del buffer[:]
         for key, chunks in parts.items():
             if len(chunks) == 1:
-                ordered = chunks[0][1]
-            else:
+                _, ordered, total, top = chunks[0]
+            else:  # (the sum of the ordered values: a total whatever order plans came in)
                 seqs = np.concatenate([c[0] for c in chunks])
                 ordered = np.concatenate([c[1] for c in chunks])[np.argsort(seqs,
                                                                             kind="stable")]
+                total, top = float(ordered.sum()), max(c[3] for c in chunks)
             s = self._series.get(key)
             if s is None:
                 s = self._series[key] = _Series(self._max_samples, self._rng)
-            s.add_many(ordered)
-            d = self._dists.get(key)
-            if d is None:
-                d = self._dists[key] = Distribution()
-            d.add(ordered)
+            s.add_many(ordered, total, top)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self._drain()
@@ -673,7 +780,8 @@ class Aggregator:
         return True
 
     def shutdown(self) -> None:
-        self._pending.limit = 0  # every trace to on_trace, which keeps none from now
+        self._closing = True
+        self._admit()  # every trace to on_trace, which keeps none from now
         self._drain()
         with self._lock:
             self._fold()

@@ -298,8 +298,10 @@ class TraceSink(Protocol):
     """Receives each finished trace (a :data:`Trace`: a sequence of records, each a tuple
     of the layout's ints; its ``data`` the flat int64 fields). Called on the thread that
     closed the root scope; it must not block or raise. A sink with a ``trace_queue`` (a
-    :data:`TraceQueue`) gets the traces the compiled recorder closes appended to it while
-    it holds fewer than its ``limit``, without this call."""
+    :data:`TraceQueue`, or a :data:`TraceLog` of int64s) gets the traces the compiled
+    recorder closes appended to it while it holds fewer than its ``limit``, without this
+    call. (The :data:`Trace` a sink gets is its recorder's: the next trace of the same
+    length is written into it when nothing else holds it; a sink that keeps it holds it.)"""
 
     def on_trace(self, records: Sequence[Record], recorder: Recorder) -> None: ...
 
@@ -723,6 +725,43 @@ class _PyTraceQueue(deque[Any]):
 
 #: a sink's queue of finished traces (see :class:`_PyTraceQueue`)
 TraceQueue: Any = _FAST.TraceQueue if _FAST is not None else _PyTraceQueue
+
+
+class _PyTraceLog:
+    """A sink's log of finished traces (``sink.trace_queue``) read as int64s: ``take()``
+    gives every trace's fields one after another and each one's record count, as two
+    bytes-like objects, the log left empty. The compiled recorder's ``_fast.TraceLog`` is
+    the same in C: it keeps the int64s themselves, and a trace the compiled recorder
+    closes is appended to it while it holds fewer than ``limit`` traces (no object per
+    trace, no ``on_trace`` call); here it keeps the traces, joined when taken."""
+
+    __slots__ = ("_items", "limit")
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+        self.limit = 0
+
+    def append(self, trace: Any) -> None:
+        if type(trace) is not _PyTrace:
+            raise TypeError(f"a TraceLog holds Trace objects, not {type(trace).__name__}")
+        self._items.append(trace)
+
+    def take(self) -> tuple[bytes, bytes]:
+        # (a signal handler's trace appended between the two steps lands in items: taken)
+        items = self._items
+        self._items = []
+        return (b"".join([t.data for t in items]),
+                array("q", [len(t) for t in items]).tobytes())
+
+    def clear(self) -> None:
+        self._items = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+#: a sink's log of finished traces as int64s (see :class:`_PyTraceLog`)
+TraceLog: Any = _FAST.TraceLog if _FAST is not None else _PyTraceLog
 
 
 def say_if_not_built() -> None:
