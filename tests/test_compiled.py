@@ -608,7 +608,7 @@ def test_a_trace_closed_in_c_goes_straight_into_its_sinks_queue_below_its_limit(
         0, 7, 1, 7]  # each trace's records, in order
     assert sink.trace_queue.take() == (b"", b"")
     agg = Aggregator(max_pending=10)
-    assert isinstance(agg.trace_queue, _fast.TraceLog) and agg.trace_queue.limit == 9
+    assert isinstance(agg.trace_queue, _fast.TraceLog) and agg.trace_queue.limit == 10
     rec = recorder_module.Recorder([agg])
     for _ in range(25):  # past the limit: on_trace wakes the thread, drops past 10
         with rec.scope(C.RESET_DONE, 1):
@@ -680,7 +680,8 @@ def test_a_closed_trace_is_published_to_the_aggregator_as_int64s_not_as_an_objec
     thread (20,000 traces waiting: 20,000 objects, 17 MB, written cold). The aggregator's
     ``trace_queue`` is now a log of int64s the compiled recorder appends the trace to,
     and the recorder's last trace object is written again in place: 3,000 traces
-    waiting hold a few blocks, not one each, and aggregate to every call."""
+    waiting hold a few blocks, not one each, and aggregate to every call; past the batch
+    that wakes the thread, a trace costs no Python call while the thread is held up."""
     import tracemalloc
 
     from resettrace.tracing.aggregate import Aggregator
@@ -696,6 +697,9 @@ def test_a_closed_trace_is_published_to_the_aggregator_as_int64s_not_as_an_objec
 
     traces(100)  # (the blocks grown)
     agg.stats()
+    calls = []
+    take = agg.on_trace
+    agg.on_trace = lambda *a: (calls.append(1), take(*a))  # type: ignore[method-assign]
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
@@ -705,6 +709,8 @@ def test_a_closed_trace_is_published_to_the_aggregator_as_int64s_not_as_an_objec
         tracemalloc.stop()
     grown = sum(d.count_diff for d in after.compare_to(before, "lineno") if d.count_diff > 0)
     assert agg.pending() == 3000 and grown < 50, grown  # (an object each: over 3,000)
+    # the thread held up: one call, the wake-up at the batch mark (was one per trace past it)
+    assert len(calls) == 1
     st = agg.stats()
     assert st[C.RESET_DONE.key].count == 3100 and st[C.DR_RESET.key].count == 3100
     assert agg.stats()[C.RESET_DONE_COUNT].total_ms == sum(i % 7 + 1 for i in range(100)) + sum(

@@ -759,7 +759,9 @@ static PyTypeObject TraceQueueType = {
 /* A sink's log of finished traces kept as int64s (no object per trace): their records'
  * fields one trace after another, and each trace's record count. A trace closed in C is
  * appended while the log holds fewer than `limit` traces (the sink sets limit: 0 sends
- * every trace to its on_trace); Python appends a Trace with append(). take() hands the
+ * every trace to its on_trace), except the one that would make `wake` traces (0: none),
+ * which goes to on_trace (a sink's wake-up of its thread, once per batch); Python
+ * appends a Trace with append(). take() hands the
  * whole log over as two bytes objects, (fields, record counts), and empties it, in one
  * step: no trace closed meanwhile (another thread, a signal handler) is lost or taken
  * twice. recorder.py's _PyTraceLog is the same in Python. */
@@ -769,7 +771,7 @@ typedef struct {
     int64_t *lens;     /* each trace's record count */
     Py_ssize_t n, cap;             /* int64s of fields held, allocated */
     Py_ssize_t size, lens_cap;     /* traces held, counts allocated */
-    Py_ssize_t limit;
+    Py_ssize_t limit, wake;
 } TraceLog;
 
 static PyTypeObject TraceLogType;
@@ -894,6 +896,8 @@ static PyMethodDef tl_methods[] = {
 static PyMemberDef tl_members[] = {
     {"limit", T_PYSSIZET, offsetof(TraceLog, limit), 0,
      "traces a closing trace is appended below (else it goes to the sink's on_trace)"},
+    {"wake", T_PYSSIZET, offsetof(TraceLog, wake), 0,
+     "the trace that would make this many goes to the sink's on_trace (0: none)"},
     {NULL},
 };
 
@@ -1383,7 +1387,8 @@ close_trace(RecorderBase *rec)
         }
         if (q != NULL && Py_IS_TYPE(q, &TraceLogType)) {
             int pushed = -1;  /* its int64s appended: no object queued */
-            if (((TraceLog *)q)->size < ((TraceLog *)q)->limit) {
+            TraceLog *lg = (TraceLog *)q;
+            if (lg->size < lg->limit && lg->size + 1 != lg->wake) {
                 pushed = tl_push((TraceLog *)q, ((Trace *)trace)->v, Py_SIZE(trace));
                 if (pushed < 0) {
                     PyErr_Clear();  /* no memory: the sink's own method tries */

@@ -532,11 +532,12 @@ class Aggregator:
                     time.sleep(0)  # hand the GIL back to the training thread between chunks
 
     def _admit(self) -> None:
-        """The log's limit: traces the compiled recorder appends in C, below the wake-up
-        mark and within ``max_pending`` with those taken and not yet aggregated (on_trace
-        decides beyond it); none once shut down."""
-        self._log.limit = 0 if self._closing else max(
-            0, min(self._wake_at, self.max_pending - self._taken) - 1)
+        """The log's limit: traces the compiled recorder appends in C, within
+        ``max_pending`` with those taken and not yet aggregated (beyond it, and for the
+        trace at the wake-up mark, :meth:`on_trace` decides: a thread held up costs the
+        training thread no call per trace); none once shut down."""
+        self._log.limit = 0 if self._closing else max(0, self.max_pending - self._taken)
+        self._log.wake = self._wake_at
 
     def _aggregate_log(self, fields: bytes, lens: bytes, on_worker: bool) -> None:
         """A log's traces (:meth:`TraceLog.take`: their fields one after another, each one's

@@ -733,13 +733,16 @@ class _PyTraceLog:
     bytes-like objects, the log left empty. The compiled recorder's ``_fast.TraceLog`` is
     the same in C: it keeps the int64s themselves, and a trace the compiled recorder
     closes is appended to it while it holds fewer than ``limit`` traces (no object per
-    trace, no ``on_trace`` call); here it keeps the traces, joined when taken."""
+    trace, no ``on_trace`` call), except the one that would make ``wake`` traces (0:
+    none), which goes to ``on_trace`` (the sink's wake-up of its thread, once a batch);
+    here it keeps the traces, joined when taken."""
 
-    __slots__ = ("_items", "limit")
+    __slots__ = ("_items", "limit", "wake")
 
     def __init__(self) -> None:
         self._items: list[Any] = []
         self.limit = 0
+        self.wake = 0
 
     def append(self, trace: Any) -> None:
         if type(trace) is not _PyTrace:
