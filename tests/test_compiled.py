@@ -718,6 +718,39 @@ def test_a_closed_trace_is_published_to_the_aggregator_as_int64s_not_as_an_objec
     agg.shutdown()
 
 
+@compiled_only
+def test_a_trace_another_sink_holds_is_logged_by_reference_and_taken_in_order() -> None:
+    """In ``trace`` mode the export sink's queue holds each trace object: the aggregator's
+    log then keeps a reference to it rather than a second copy of its int64s (the
+    recorder's own last trace, written again in place, is copied). Taken, the traces come
+    out in order whichever way each was kept, and the references are let go."""
+    from resettrace.tracing import _fast
+    from resettrace.tracing.aggregate import Aggregator
+
+    class Export:
+        def __init__(self) -> None:
+            self.trace_queue = _fast.TraceQueue()
+            self.trace_queue.limit = 3
+
+        def on_trace(self, records: Any, recorder: Any) -> None:
+            pass  # (past its limit it keeps none: those traces are logged as copies)
+
+    export, agg = Export(), Aggregator(max_pending=100)
+    rec = recorder_module.Recorder([agg, export])
+    for i in range(6):
+        with rec.scope(C.RESET_DONE, i), rec.scope(C.DR_RESET, 10 + i):
+            pass
+    held = [export.trace_queue.popleft() for _ in range(3)]  # the first three
+    assert [t[0][4] for t in held] == [0, 1, 2]
+    refs = [sys.getrefcount(t) for t in held]
+    fields, lens = agg.trace_queue.take()
+    assert [sys.getrefcount(t) for t in held] == [r - 1 for r in refs]  # let go
+    got = array("q", fields).tolist()
+    assert array("q", lens).tolist() == [2] * 6
+    assert [got[j * RECORD_FIELDS + R_COUNT] for j in range(12)] == [
+        x for i in range(6) for x in (i, 10 + i)]
+
+
 def test_a_recorders_last_trace_is_reused_only_when_nothing_else_holds_it() -> None:
     """The next trace of the same length is written into the recorder's last trace object
     (no allocation per trace); one that code holds (a sink kept it, a test reads it) is

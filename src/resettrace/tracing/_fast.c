@@ -760,17 +760,20 @@ static PyTypeObject TraceQueueType = {
  * fields one trace after another, and each trace's record count. A trace closed in C is
  * appended while the log holds fewer than `limit` traces (the sink sets limit: 0 sends
  * every trace to its on_trace), except the one that would make `wake` traces (0: none),
- * which goes to on_trace (a sink's wake-up of its thread, once per batch); Python
- * appends a Trace with append(). take() hands the
+ * which goes to on_trace (a sink's wake-up of its thread, once per batch). A trace that
+ * another sink holds too (an exporter's queue) is kept by reference instead, no copy
+ * made (tl_push_ref). Python appends a copy of a Trace with append(). take() hands the
  * whole log over as two bytes objects, (fields, record counts), and empties it, in one
  * step: no trace closed meanwhile (another thread, a signal handler) is lost or taken
  * twice. recorder.py's _PyTraceLog is the same in Python. */
 typedef struct {
     PyObject_HEAD
-    int64_t *v;        /* the fields */
+    int64_t *v;        /* the fields of the traces kept as copies */
     int64_t *lens;     /* each trace's record count */
+    PyObject **refs;   /* each trace kept by reference (NULL: its fields are in v) */
     Py_ssize_t n, cap;             /* int64s of fields held, allocated */
-    Py_ssize_t size, lens_cap;     /* traces held, counts allocated */
+    Py_ssize_t size, lens_cap;     /* traces held, counts (and refs) allocated */
+    Py_ssize_t held;               /* traces kept by reference */
     Py_ssize_t limit, wake;
 } TraceLog;
 
@@ -779,13 +782,53 @@ static PyTypeObject TraceLogType;
 /* a log past this many int64s gives its blocks back when taken (a burst kept no longer) */
 #define TRACE_LOG_KEPT (1 << 20)
 
+/* Drop the references held (Trace objects: no Python code runs). */
+static void
+tl_release(TraceLog *self)
+{
+    for (Py_ssize_t k = 0; self->held > 0 && k < self->size; k++) {
+        if (self->refs[k] != NULL) {
+            Py_CLEAR(self->refs[k]);
+            self->held--;
+        }
+    }
+    self->held = 0;
+}
+
 static void
 tl_free(TraceLog *self)
 {
+    tl_release(self);
     PyMem_Free(self->v);
     PyMem_Free(self->lens);
+    PyMem_Free(self->refs);
     self->v = self->lens = NULL;
+    self->refs = NULL;
     self->n = self->cap = self->size = self->lens_cap = 0;
+}
+
+/* Room for one more trace's count and reference: 0, or -1 with MemoryError. */
+static int
+tl_reserve(TraceLog *self)
+{
+    if (self->size < self->lens_cap) {
+        return 0;
+    }
+    Py_ssize_t cap = self->lens_cap ? self->lens_cap * 2 : 256;
+    int64_t *lens = PyMem_Realloc(self->lens, (size_t)cap * sizeof(int64_t));
+    if (lens == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->lens = lens;
+    PyObject **refs = PyMem_Realloc(self->refs, (size_t)cap * sizeof(PyObject *));
+    if (refs == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->refs = refs;
+    self->lens_cap = cap;
+    return 0;
 }
 
 static void
@@ -819,19 +862,27 @@ tl_push(TraceLog *self, const int64_t *v, Py_ssize_t n)
         self->v = grown;
         self->cap = cap;
     }
-    if (self->size == self->lens_cap) {
-        Py_ssize_t cap = self->lens_cap ? self->lens_cap * 2 : 256;
-        int64_t *grown = PyMem_Realloc(self->lens, (size_t)cap * sizeof(int64_t));
-        if (grown == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        self->lens = grown;
-        self->lens_cap = cap;
+    if (tl_reserve(self) < 0) {
+        return -1;
     }
     memcpy(self->v + self->n, v, (size_t)n * sizeof(int64_t));
     self->n += n;
+    self->refs[self->size] = NULL;
     self->lens[self->size++] = n / RECORD_FIELDS;
+    return 0;
+}
+
+/* Append a Trace by reference (one that another sink holds too: no copy): 0, or -1 with
+ * MemoryError. */
+static int
+tl_push_ref(TraceLog *self, PyObject *trace)
+{
+    if (tl_reserve(self) < 0) {
+        return -1;
+    }
+    self->refs[self->size] = Py_NewRef(trace);
+    self->held++;
+    self->lens[self->size++] = Py_SIZE(trace) / RECORD_FIELDS;
     return 0;
 }
 
@@ -852,13 +903,33 @@ tl_append(TraceLog *self, PyObject *trace)
 static PyObject *
 tl_take(TraceLog *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *fields = PyBytes_FromStringAndSize((const char *)self->v,
-                                                 self->n * (Py_ssize_t)sizeof(int64_t));
+    Py_ssize_t total = self->n;
+    for (Py_ssize_t k = 0; self->held > 0 && k < self->size; k++) {
+        total += self->refs[k] != NULL ? Py_SIZE(self->refs[k]) : 0;
+    }
+    PyObject *fields = PyBytes_FromStringAndSize(
+        self->held ? NULL : (const char *)self->v, total * (Py_ssize_t)sizeof(int64_t));
     PyObject *lens = fields == NULL ? NULL : PyBytes_FromStringAndSize(
         (const char *)self->lens, self->size * (Py_ssize_t)sizeof(int64_t));
     if (lens == NULL) {
         Py_XDECREF(fields);
         return NULL;  /* the log kept whole */
+    }
+    if (self->held) {  /* the traces in order, copies and references alike */
+        int64_t *to = (int64_t *)PyBytes_AS_STRING(fields);
+        const int64_t *from = self->v;
+        for (Py_ssize_t k = 0; k < self->size; k++) {
+            Py_ssize_t m = self->lens[k] * RECORD_FIELDS;
+            if (self->refs[k] != NULL) {
+                memcpy(to, ((Trace *)self->refs[k])->v, (size_t)m * sizeof(int64_t));
+            }
+            else {
+                memcpy(to, from, (size_t)m * sizeof(int64_t));
+                from += m;
+            }
+            to += m;
+        }
+        tl_release(self);
     }
     /* (no Python code ran since the bytes were filled: nothing was appended meanwhile) */
     if (self->cap > TRACE_LOG_KEPT) {
@@ -1349,6 +1420,41 @@ lookup_attr(PyObject *obj, PyObject *name, PyObject **out)
 #endif
 }
 
+/* The sink's on_trace(trace, rec): 0, also when it raised an Exception (logged by
+ * sink_failed, never raised: a sink must not break training); -1 with any other exception
+ * pending (SystemExit from a SIGTERM handler, KeyboardInterrupt), which leaves. */
+static int
+call_sink(PyObject *sink, PyObject *trace, RecorderBase *rec)
+{
+    PyObject *r = PyObject_CallMethodObjArgs(sink, str_on_trace, trace, (PyObject *)rec,
+                                             NULL);
+    if (r != NULL) {
+        Py_DECREF(r);
+        return 0;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+        return -1;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value != NULL && tb != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    PyObject *done = sink_failed && value ? PyObject_CallOneArg(sink_failed, value) : NULL;
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (done == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            return -1;  /* the logging was cut by SystemExit: it leaves */
+        }
+        PyErr_WriteUnraisable((PyObject *)rec);
+    }
+    Py_XDECREF(done);
+    return 0;
+}
+
 /* The trace's outermost scope closed (Recorder._close_trace's common case, with no
  * exception pending): the thread's current recorder is again the one before, and the
  * trace goes to the sinks (a copy: the Records block is reused). A sink's Exception is
@@ -1378,71 +1484,50 @@ close_trace(RecorderBase *rec)
     Py_SETREF(rec->last, Py_NewRef(trace));
     PyObject *sinks = Py_NewRef(rec->sinks);
     int out = 0;
-    for (Py_ssize_t i = 0; PyTuple_CheckExact(sinks) && i < PyTuple_GET_SIZE(sinks); i++) {
-        PyObject *sink = PyTuple_GET_ITEM(sinks, i);
-        PyObject *q = NULL;
-        /* no AttributeError made and dropped per trace for a sink without a queue */
-        if (lookup_attr(sink, str_trace_queue, &q) < 0) {
-            PyErr_Clear();
-        }
-        if (q != NULL && Py_IS_TYPE(q, &TraceLogType)) {
-            int pushed = -1;  /* its int64s appended: no object queued */
-            TraceLog *lg = (TraceLog *)q;
-            if (lg->size < lg->limit && lg->size + 1 != lg->wake) {
-                pushed = tl_push((TraceLog *)q, ((Trace *)trace)->v, Py_SIZE(trace));
-                if (pushed < 0) {
-                    PyErr_Clear();  /* no memory: the sink's own method tries */
+    /* the sinks with a log, taken after the others: a trace another sink holds by then is
+     * logged by reference, any other as a copy of its int64s (the recorder writes its next
+     * trace into it) */
+    int logged = 0;
+    for (int pass = 0; pass < 2 && out == 0; pass++) {
+        for (Py_ssize_t i = 0; PyTuple_CheckExact(sinks) && i < PyTuple_GET_SIZE(sinks); i++) {
+            PyObject *sink = PyTuple_GET_ITEM(sinks, i);
+            PyObject *q = NULL;
+            /* no AttributeError made and dropped per trace for a sink without a queue */
+            if (lookup_attr(sink, str_trace_queue, &q) < 0) {
+                PyErr_Clear();
+            }
+            int is_log = q != NULL && Py_IS_TYPE(q, &TraceLogType);
+            if (is_log != pass) {
+                logged += is_log;
+                Py_XDECREF(q);
+                continue;  /* the other pass's */
+            }
+            int pushed = -1;
+            if (is_log) {
+                TraceLog *lg = (TraceLog *)q;
+                if (lg->size < lg->limit && lg->size + 1 != lg->wake) {
+                    pushed = Py_REFCNT(trace) > 2 ? tl_push_ref(lg, trace)  /* shared */
+                        : tl_push(lg, ((Trace *)trace)->v, Py_SIZE(trace));
                 }
             }
-            Py_DECREF(q);
-            if (pushed == 0) {
-                continue;
-            }
-            q = NULL;
-        }
-        if (q != NULL) {
-            int pushed = -1;
-            if (Py_IS_TYPE(q, &TraceQueueType)
+            else if (q != NULL && Py_IS_TYPE(q, &TraceQueueType)
                     && ((TraceQueue *)q)->size < ((TraceQueue *)q)->limit
                     && tq_admits((TraceQueue *)q, (PyObject *)rec, trace)) {
                 pushed = tq_push((TraceQueue *)q, trace);  /* published: no call */
-                if (pushed < 0) {
-                    PyErr_Clear();  /* no memory: the sink's own method tries */
-                }
             }
-            Py_DECREF(q);
-            if (pushed == 0) {
+            if (pushed < 0 && PyErr_Occurred()) {
+                PyErr_Clear();  /* no memory: the sink's own method tries */
+            }
+            Py_XDECREF(q);
+            if (pushed == 0 || call_sink(sink, trace, rec) == 0) {
                 continue;
             }
-        }
-        PyObject *r = PyObject_CallMethodObjArgs(sink, str_on_trace, trace, (PyObject *)rec,
-                                                 NULL);
-        if (r != NULL) {
-            Py_DECREF(r);
-            continue;
-        }
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
             out = -1;  /* SystemExit, KeyboardInterrupt: they leave */
             break;
         }
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_NormalizeException(&type, &value, &tb);
-        if (value != NULL && tb != NULL) {
-            PyException_SetTraceback(value, tb);
+        if (!logged) {
+            break;  /* (no second pass to make) */
         }
-        PyObject *done = sink_failed && value ? PyObject_CallOneArg(sink_failed, value) : NULL;
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        if (done == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-                out = -1;  /* the logging was cut by SystemExit: it leaves */
-                break;
-            }
-            PyErr_WriteUnraisable((PyObject *)rec);
-        }
-        Py_XDECREF(done);
     }
     Py_DECREF(sinks);
     Py_DECREF(trace);
