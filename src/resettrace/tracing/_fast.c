@@ -1420,6 +1420,9 @@ lookup_attr(PyObject *obj, PyObject *name, PyObject **out)
 #endif
 }
 
+/* close_trace's sinks whose trace_queue it looks up once (any after them: twice) */
+#define SINKS_SEEN 8
+
 /* The sink's on_trace(trace, rec): 0, also when it raised an Exception (logged by
  * sink_failed, never raised: a sink must not break training); -1 with any other exception
  * pending (SystemExit from a SIGTERM handler, KeyboardInterrupt), which leaves. */
@@ -1488,18 +1491,31 @@ close_trace(RecorderBase *rec)
      * logged by reference, any other as a copy of its int64s (the recorder writes its next
      * trace into it) */
     int logged = 0;
+    PyObject *logs[SINKS_SEEN] = {NULL};  /* the first sinks' logs, found in the first pass */
     for (int pass = 0; pass < 2 && out == 0; pass++) {
         for (Py_ssize_t i = 0; PyTuple_CheckExact(sinks) && i < PyTuple_GET_SIZE(sinks); i++) {
             PyObject *sink = PyTuple_GET_ITEM(sinks, i);
             PyObject *q = NULL;
+            if (pass == 1 && i < SINKS_SEEN) {
+                q = logs[i];  /* (its reference) */
+                logs[i] = NULL;
+                if (q == NULL) {
+                    continue;  /* a sink of the first pass */
+                }
+            }
             /* no AttributeError made and dropped per trace for a sink without a queue */
-            if (lookup_attr(sink, str_trace_queue, &q) < 0) {
+            else if (lookup_attr(sink, str_trace_queue, &q) < 0) {
                 PyErr_Clear();
             }
             int is_log = q != NULL && Py_IS_TYPE(q, &TraceLogType);
             if (is_log != pass) {
                 logged += is_log;
-                Py_XDECREF(q);
+                if (is_log && i < SINKS_SEEN) {
+                    logs[i] = q;  /* kept for the second pass */
+                }
+                else {
+                    Py_XDECREF(q);
+                }
                 continue;  /* the other pass's */
             }
             int pushed = -1;
@@ -1528,6 +1544,9 @@ close_trace(RecorderBase *rec)
         if (!logged) {
             break;  /* (no second pass to make) */
         }
+    }
+    for (int i = 0; i < SINKS_SEEN; i++) {
+        Py_XDECREF(logs[i]);  /* (a pass cut by SystemExit) */
     }
     Py_DECREF(sinks);
     Py_DECREF(trace);
