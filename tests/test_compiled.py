@@ -743,10 +743,13 @@ def test_a_trace_another_sink_holds_is_logged_by_reference_and_taken_in_order() 
     held = [export.trace_queue.popleft() for _ in range(3)]  # the first three
     assert [t[0][4] for t in held] == [0, 1, 2]
     refs = [sys.getrefcount(t) for t in held]
+    first, lens_first = agg.trace_queue.take(2)  # a batch: the rest kept
+    assert [sys.getrefcount(t) for t in held] == [r - (i < 2) for i, r in enumerate(refs)]
+    assert len(agg.trace_queue) == 4
     fields, lens = agg.trace_queue.take()
     assert [sys.getrefcount(t) for t in held] == [r - 1 for r in refs]  # let go
-    got = array("q", fields).tolist()
-    assert array("q", lens).tolist() == [2] * 6
+    got = array("q", first + fields).tolist()
+    assert array("q", lens_first + lens).tolist() == [2] * 6
     assert [got[j * RECORD_FIELDS + R_COUNT] for j in range(12)] == [
         x for i in range(6) for x in (i, 10 + i)]
 

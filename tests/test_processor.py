@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from typing import Any
 
 import numpy as np
@@ -544,6 +545,42 @@ def test_recorder_traces_aggregate_as_the_same_records_handed_over_one_by_one() 
         assert logged.pending() == 0
         logged.shutdown()
         by_hand.shutdown()
+
+
+def test_a_trace_log_hands_over_its_traces_in_order_a_batch_at_a_time() -> None:
+    """The aggregator's log of int64s: ``take(most)`` gives the first traces (their fields
+    one after another, each one's record count) and keeps the rest, whatever was appended
+    between two takes, in both recorders; ``take()`` gives all, and the log keeps no
+    trace it handed over."""
+    from resettrace.tracing.recorder import TraceLog
+
+    traces: list[Any] = []
+
+    class Keep:
+        def on_trace(self, records: Any, recorder: Any) -> None:
+            traces.append(records)
+
+    rec = Recorder([Keep()])
+    for i in range(40):
+        with rec.scope(C.ENV_STEP):
+            for _ in range(i % 3):
+                with rec.scope(C.DR_RESET, i):
+                    pass
+    log = TraceLog()
+    got_fields, got_lens = array("q"), array("q")
+    for k in range(0, 40, 7):  # appends and takes interleaved, the log growing between
+        for t in traces[k:k + 7]:
+            log.append(t)
+        fields, lens = log.take(5)
+        got_fields.frombytes(fields)
+        got_lens.frombytes(lens)
+        assert len(log) == min(k + 7, 40) - len(got_lens)
+    fields, lens = log.take()
+    got_fields.frombytes(fields)
+    got_lens.frombytes(lens)
+    assert len(log) == 0 and log.take() == (b"", b"")
+    assert got_lens.tolist() == [len(t) for t in traces]
+    assert got_fields.tolist() == [x for t in traces for r in t for x in r]
 
 
 def test_a_keys_percentiles_are_read_without_sorting_every_sample_to_the_last_bit() -> None:

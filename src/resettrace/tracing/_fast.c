@@ -771,22 +771,29 @@ typedef struct {
     int64_t *v;        /* the fields of the traces kept as copies */
     int64_t *lens;     /* each trace's record count */
     PyObject **refs;   /* each trace kept by reference (NULL: its fields are in v) */
-    Py_ssize_t n, cap;             /* int64s of fields held, allocated */
-    Py_ssize_t size, lens_cap;     /* traces held, counts (and refs) allocated */
+    Py_ssize_t n, cap;             /* int64s of fields written, allocated */
+    Py_ssize_t size, lens_cap;     /* traces written, counts (and refs) allocated */
+    Py_ssize_t head, head_n;       /* traces taken from the front, and their int64s in v */
     Py_ssize_t held;               /* traces kept by reference */
     Py_ssize_t limit, wake;
 } TraceLog;
 
 static PyTypeObject TraceLogType;
 
-/* a log past this many int64s gives its blocks back when taken (a burst kept no longer) */
+/* a log past this many int64s gives its blocks back when emptied (a burst kept no longer) */
 #define TRACE_LOG_KEPT (1 << 20)
+
+static inline Py_ssize_t
+tl_count(TraceLog *self)
+{
+    return self->size - self->head;
+}
 
 /* Drop the references held (Trace objects: no Python code runs). */
 static void
 tl_release(TraceLog *self)
 {
-    for (Py_ssize_t k = 0; self->held > 0 && k < self->size; k++) {
+    for (Py_ssize_t k = self->head; self->held > 0 && k < self->size; k++) {
         if (self->refs[k] != NULL) {
             Py_CLEAR(self->refs[k]);
             self->held--;
@@ -804,13 +811,35 @@ tl_free(TraceLog *self)
     PyMem_Free(self->refs);
     self->v = self->lens = NULL;
     self->refs = NULL;
-    self->n = self->cap = self->size = self->lens_cap = 0;
+    self->n = self->cap = self->size = self->lens_cap = self->head = self->head_n = 0;
+}
+
+/* The traces not taken moved to the front (before the blocks grow). */
+static void
+tl_compact(TraceLog *self)
+{
+    if (self->head == 0) {
+        return;
+    }
+    memmove(self->v, self->v + self->head_n,
+            (size_t)(self->n - self->head_n) * sizeof(int64_t));
+    memmove(self->lens, self->lens + self->head,
+            (size_t)(self->size - self->head) * sizeof(int64_t));
+    memmove(self->refs, self->refs + self->head,
+            (size_t)(self->size - self->head) * sizeof(PyObject *));
+    self->n -= self->head_n;
+    self->size -= self->head;
+    self->head = self->head_n = 0;
 }
 
 /* Room for one more trace's count and reference: 0, or -1 with MemoryError. */
 static int
 tl_reserve(TraceLog *self)
 {
+    if (self->size < self->lens_cap) {
+        return 0;
+    }
+    tl_compact(self);
     if (self->size < self->lens_cap) {
         return 0;
     }
@@ -849,6 +878,12 @@ tl_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static int
 tl_push(TraceLog *self, const int64_t *v, Py_ssize_t n)
 {
+    if (tl_reserve(self) < 0) {
+        return -1;
+    }
+    if (self->n + n > self->cap) {
+        tl_compact(self);
+    }
     if (self->n + n > self->cap) {
         Py_ssize_t cap = self->cap ? self->cap : 4096;
         while (cap < self->n + n) {
@@ -861,9 +896,6 @@ tl_push(TraceLog *self, const int64_t *v, Py_ssize_t n)
         }
         self->v = grown;
         self->cap = cap;
-    }
-    if (tl_reserve(self) < 0) {
-        return -1;
     }
     memcpy(self->v + self->n, v, (size_t)n * sizeof(int64_t));
     self->n += n;
@@ -900,28 +932,49 @@ tl_append(TraceLog *self, PyObject *trace)
     Py_RETURN_NONE;
 }
 
+/* take([max]): the first max traces (all: none given or < 1), the rest kept: a consumer
+ * taking a bounded batch at a time copies into a block of that size, the one it freed the
+ * batch before (a whole log taken at once after the thread was held up is a block of
+ * megabytes written cold). */
 static PyObject *
-tl_take(TraceLog *self, PyObject *Py_UNUSED(ignored))
+tl_take(TraceLog *self, PyObject *args)
 {
-    Py_ssize_t total = self->n;
-    for (Py_ssize_t k = 0; self->held > 0 && k < self->size; k++) {
-        total += self->refs[k] != NULL ? Py_SIZE(self->refs[k]) : 0;
+    Py_ssize_t most = 0;
+    if (!PyArg_ParseTuple(args, "|n:take", &most)) {
+        return NULL;
     }
+    Py_ssize_t k = tl_count(self);
+    if (most > 0 && most < k) {
+        k = most;
+    }
+    Py_ssize_t end = self->head + k, total = 0, inline_n = 0, refs = 0;
+    for (Py_ssize_t j = self->head; j < end; j++) {
+        Py_ssize_t m = self->lens[j] * RECORD_FIELDS;
+        total += m;
+        if (self->held > 0 && self->refs[j] != NULL) {
+            refs++;
+        }
+        else {
+            inline_n += m;
+        }
+    }
+    const int64_t *from = self->v + self->head_n;
     PyObject *fields = PyBytes_FromStringAndSize(
-        self->held ? NULL : (const char *)self->v, total * (Py_ssize_t)sizeof(int64_t));
+        refs ? NULL : (const char *)from, total * (Py_ssize_t)sizeof(int64_t));
     PyObject *lens = fields == NULL ? NULL : PyBytes_FromStringAndSize(
-        (const char *)self->lens, self->size * (Py_ssize_t)sizeof(int64_t));
+        (const char *)(self->lens + self->head), k * (Py_ssize_t)sizeof(int64_t));
     if (lens == NULL) {
         Py_XDECREF(fields);
         return NULL;  /* the log kept whole */
     }
-    if (self->held) {  /* the traces in order, copies and references alike */
+    if (refs) {  /* the traces in order, copies and references alike */
         int64_t *to = (int64_t *)PyBytes_AS_STRING(fields);
-        const int64_t *from = self->v;
-        for (Py_ssize_t k = 0; k < self->size; k++) {
-            Py_ssize_t m = self->lens[k] * RECORD_FIELDS;
-            if (self->refs[k] != NULL) {
-                memcpy(to, ((Trace *)self->refs[k])->v, (size_t)m * sizeof(int64_t));
+        for (Py_ssize_t j = self->head; j < end; j++) {
+            Py_ssize_t m = self->lens[j] * RECORD_FIELDS;
+            if (self->refs[j] != NULL) {
+                memcpy(to, ((Trace *)self->refs[j])->v, (size_t)m * sizeof(int64_t));
+                Py_CLEAR(self->refs[j]);  /* (a Trace: no Python code runs) */
+                self->held--;
             }
             else {
                 memcpy(to, from, (size_t)m * sizeof(int64_t));
@@ -929,13 +982,16 @@ tl_take(TraceLog *self, PyObject *Py_UNUSED(ignored))
             }
             to += m;
         }
-        tl_release(self);
     }
     /* (no Python code ran since the bytes were filled: nothing was appended meanwhile) */
-    if (self->cap > TRACE_LOG_KEPT) {
-        tl_free(self);
+    self->head = end;
+    self->head_n += inline_n;
+    if (self->head == self->size) {  /* emptied: from the start again */
+        if (self->cap > TRACE_LOG_KEPT) {
+            tl_free(self);
+        }
+        self->n = self->size = self->head = self->head_n = 0;
     }
-    self->n = self->size = 0;
     PyObject *out = PyTuple_Pack(2, fields, lens);
     Py_DECREF(fields);
     Py_DECREF(lens);
@@ -952,14 +1008,15 @@ tl_clear(TraceLog *self, PyObject *Py_UNUSED(ignored))
 static Py_ssize_t
 tl_len(TraceLog *self)
 {
-    return self->size;
+    return tl_count(self);
 }
 
 static PyMethodDef tl_methods[] = {
     {"append", (PyCFunction)tl_append, METH_O, "append(trace): at the end."},
-    {"take", (PyCFunction)tl_take, METH_NOARGS,
-     "(fields, record counts): every trace's fields one after another and each one's "
-     "record count, int64s in two bytes objects, the log left empty (at once)."},
+    {"take", (PyCFunction)tl_take, METH_VARARGS,
+     "take([max]) -> (fields, record counts): the first max traces' fields (every trace's: "
+     "no max) one after another and each one's record count, int64s in two bytes objects, "
+     "taken from the log at once."},
     {"clear", (PyCFunction)tl_clear, METH_NOARGS, "Drop every trace."},
     {NULL},
 };
@@ -1521,7 +1578,7 @@ close_trace(RecorderBase *rec)
             int pushed = -1;
             if (is_log) {
                 TraceLog *lg = (TraceLog *)q;
-                if (lg->size < lg->limit && lg->size + 1 != lg->wake) {
+                if (tl_count(lg) < lg->limit && tl_count(lg) + 1 != lg->wake) {
                     pushed = Py_REFCNT(trace) > 2 ? tl_push_ref(lg, trace)  /* shared */
                         : tl_push(lg, ((Trace *)trace)->v, Py_SIZE(trace));
                 }

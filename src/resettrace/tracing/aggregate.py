@@ -517,7 +517,9 @@ class Aggregator:
         while len(self._log) or others:
             if len(self._log):
                 with self._lock:  # (held up, the traces stay where they count as pending)
-                    fields, lens = self._log.take()
+                    # a batch at a time: a block of the batch's size, the one freed the
+                    # batch before (the whole log after a hold-up is megabytes, cold)
+                    fields, lens = self._log.take(_DRAIN_CHUNK)
                     self._taken = len(lens) // 8
                     self._admit()
                 try:

@@ -729,9 +729,10 @@ TraceQueue: Any = _FAST.TraceQueue if _FAST is not None else _PyTraceQueue
 
 class _PyTraceLog:
     """A sink's log of finished traces (``sink.trace_queue``) read as int64s: ``take()``
-    gives every trace's fields one after another and each one's record count, as two
-    bytes-like objects, the log left empty. The compiled recorder's ``_fast.TraceLog`` is
-    the same in C: it keeps the int64s themselves, and a trace the compiled recorder
+    gives the first traces' fields one after another and each one's record count, as two
+    bytes-like objects (``take(most)``: a bounded batch, the rest kept). The compiled
+    recorder's ``_fast.TraceLog`` is the same in C: it keeps the int64s themselves (or a
+    reference to a trace another sink holds too), and a trace the compiled recorder
     closes is appended to it while it holds fewer than ``limit`` traces (no object per
     trace, no ``on_trace`` call), except the one that would make ``wake`` traces (0:
     none), which goes to ``on_trace`` (the sink's wake-up of its thread, once a batch);
@@ -749,10 +750,11 @@ class _PyTraceLog:
             raise TypeError(f"a TraceLog holds Trace objects, not {type(trace).__name__}")
         self._items.append(trace)
 
-    def take(self) -> tuple[bytes, bytes]:
-        # (a signal handler's trace appended between the two steps lands in items: taken)
-        items = self._items
-        self._items = []
+    def take(self, most: int = 0) -> tuple[bytes, bytes]:
+        """``(fields, record counts)`` of the first ``most`` traces (every one: 0)."""
+        items = self._items[:most] if most > 0 else self._items[:]
+        # (a signal handler's trace appended meanwhile goes at the end: not among these)
+        del self._items[:len(items)]
         return (b"".join([t.data for t in items]),
                 array("q", [len(t) for t in items]).tobytes())
 
