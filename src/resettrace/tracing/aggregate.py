@@ -59,7 +59,7 @@ from resettrace.tracing.layout import (
     R_START,
     RECORD_FIELDS,
 )
-from resettrace.tracing.recorder import COMPILED, Record, Trace, TraceLog, note_once
+from resettrace.tracing.recorder import Record, Trace, TraceLog, note_once
 
 if TYPE_CHECKING:
     from resettrace.tracing.recorder import Recorder
@@ -168,43 +168,16 @@ _PLACE = operator.itemgetter(R_PHASE, R_PARENT)
 _flat = itertools.chain.from_iterable
 
 
-#: a batch's finished traces' fields, ``(n records, RECORD_FIELDS)`` int64, and per trace
-#: of the batch where its records start in them (-1: a trace of another kind)
-_Flat = tuple[np.ndarray, list[int]]
-
-
-def _shapes(traces: Sequence[Sequence[Record]]) -> tuple[list[bytes], _Flat]:
-    """Each trace's shape (its records' phases and parent positions, as bytes: one key
-    for a trace of either kind) and the batch's finished traces' fields. The recorders'
-    traces (:data:`~resettrace.tracing.recorder.Trace`) are read in one numpy pass over
-    their int64 fields; any other sequence of records record by record."""
-    at = [-1] * len(traces)
-    blobs = []
-    start = 0
-    for j, t in enumerate(traces):
-        if type(t) is Trace:  # a recorder's: its int64 fields
-            at[j] = start
-            start += len(t)
-            blobs.append(t.data)  # type: ignore[attr-defined]
-    fields = (np.frombuffer(b"".join(blobs), dtype=np.int64).reshape(-1, RECORD_FIELDS)
-              if blobs else np.zeros((0, RECORD_FIELDS), np.int64))
-    places = np.ascontiguousarray(fields[:, [R_PHASE, R_PARENT]]).tobytes()
+def _shapes(traces: Sequence[Sequence[Record]]) -> list[bytes]:
+    """Each trace's shape: its records' phases and parent positions, as the bytes of their
+    int64s (the key :meth:`Aggregator._packed` makes of a recorder trace's)."""
     shapes = []
-    for j, t in enumerate(traces):
-        if at[j] >= 0:
-            shapes.append(places[16 * at[j]:16 * (at[j] + len(t))])
-        else:
-            try:
-                shapes.append(array("q", _flat(map(_PLACE, t))).tobytes())
-            except (TypeError, ValueError, OverflowError):  # fields written by hand
-                shapes.append(repr([tuple(_PLACE(r)) for r in t]).encode())
-    return shapes, (fields, at)
-
-
-def _joined(traces: Sequence[Any]) -> bytes:
-    """The int64 fields of recorder traces, one after another (a compiled ``Trace`` is a
-    buffer itself; the pure-Python one holds an ``array('q')``)."""
-    return b"".join(traces) if COMPILED else b"".join([t.data for t in traces])
+    for t in traces:
+        try:
+            shapes.append(array("q", _flat(map(_PLACE, t))).tobytes())
+        except (TypeError, ValueError, OverflowError):  # fields written by hand
+            shapes.append(repr([tuple(_PLACE(r)) for r in t]).encode())
+    return shapes
 
 
 class _Plan:
@@ -352,9 +325,6 @@ class Aggregator:
         self._max_samples = max_samples
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        # held while traces are taken and aggregated (reentrant: a signal handler's read
-        # of the statistics on a thread that drains)
-        self._drain_lock = threading.RLock()
         self._series: dict[str, _Series] = {}
         #: per key, the sums of the cost model ``ms = a + b * k`` over its calls (recorder
         #: traces with a reset count; see :mod:`resettrace.costmodel`)
@@ -398,7 +368,6 @@ class Aggregator:
         (queue, buffered traces, samples), and threads, which do not survive a fork, are
         started afresh when needed."""
         self._lock = threading.Lock()
-        self._drain_lock = threading.RLock()
         self._wake = queue.SimpleQueue()
         self._woken = False
         self._worker = None
@@ -505,12 +474,9 @@ class Aggregator:
                 log.exception("resettrace: a batch of traces could not be aggregated")
 
     def _drain(self) -> None:
-        """Aggregate every trace waiting, those that arrive meanwhile too: the log's in
-        chunks read from its int64s (:meth:`_aggregate_log`), the others in batches."""
-        with self._drain_lock:  # (a read waits for the traces the thread has taken)
-            self._drain_all()
-
-    def _drain_all(self) -> None:
+        """Aggregate every trace waiting, those that arrive meanwhile too: the log's a batch
+        at a time (taken and aggregated in one hold of the lock, so a read that takes the
+        lock next sees them), the others in batches."""
         on_worker = threading.current_thread() is self._worker
         others = self._others
         take = others.popleft
@@ -520,18 +486,22 @@ class Aggregator:
                     # a batch at a time: a block of the batch's size, the one freed the
                     # batch before (the whole log after a hold-up is megabytes, cold)
                     fields, lens = self._log.take(_DRAIN_CHUNK)
-                    self._taken = len(lens) // 8
+                    self._taken = len(lens) // 8  # (pending still: max_pending holds)
                     self._admit()
-                try:
-                    self._aggregate_log(fields, lens, on_worker)
-                finally:
-                    self._taken = 0
-                    self._admit()
+                    try:
+                        self._aggregate_fields(
+                            np.frombuffer(fields, dtype=np.int64).reshape(-1, RECORD_FIELDS),
+                            np.frombuffer(lens, dtype=np.int64))
+                    finally:
+                        self._taken = 0
+                        self._admit()
+                if on_worker:
+                    time.sleep(0)  # hand the GIL back to the training thread between chunks
             while others:
                 with self._lock:
                     self._aggregate([take() for _ in range(min(len(others), _DRAIN_CHUNK))])
                 if on_worker:
-                    time.sleep(0)  # hand the GIL back to the training thread between chunks
+                    time.sleep(0)
 
     def _admit(self) -> None:
         """The log's limit: traces the compiled recorder appends in C, within
@@ -541,40 +511,27 @@ class Aggregator:
         self._log.limit = 0 if self._closing else max(0, self.max_pending - self._taken)
         self._log.wake = self._wake_at
 
-    def _aggregate_log(self, fields: bytes, lens: bytes, on_worker: bool) -> None:
-        """A log's traces (:meth:`TraceLog.take`: their fields one after another, each one's
-        record count), ``_DRAIN_CHUNK`` traces at a time."""
-        counts = np.frombuffer(lens, dtype=np.int64)
-        records = np.frombuffer(fields, dtype=np.int64).reshape(-1, RECORD_FIELDS)
-        ends = np.cumsum(counts).tolist()
-        for a in range(0, len(counts), _DRAIN_CHUNK):
-            b = min(a + _DRAIN_CHUNK, len(counts))
-            with self._lock:
-                self._aggregate_fields(records[ends[a - 1] if a else 0:ends[b - 1]],
-                                       counts[a:b])
-                self._taken -= b - a
-            if on_worker:
-                time.sleep(0)  # hand the GIL back to the training thread between chunks
-
-    def _aggregate(self, traces: list[Sequence[Record]]) -> None:
-        """Buffer traces' durations under the plans of their shapes (see :class:`_Plan`): a
-        batch of recorder traces in a few numpy passes (:meth:`_aggregate_packed`); any
-        other, per trace a shape and a plan lookup, then per plan its traces' durations
-        and counts in one pass each."""
-        if self._plans_version != self.catalog.version:  # a phase was registered
+    def _plans_current(self) -> None:
+        """Plans made before a phase was registered start afresh (what they hold folded)."""
+        if self._plans_version != self.catalog.version:
             self._fold()
             self._plans.clear()
             self._plans_version = self.catalog.version
-        if self._aggregate_packed(traces):
-            return
+
+    def _aggregate(self, traces: list[Sequence[Record]]) -> None:
+        """Buffer traces' durations under the plans of their shapes (see :class:`_Plan`),
+        record by record: per trace a shape and a plan lookup, then per plan its traces'
+        durations and counts in one pass each (the recorders' traces come from the log,
+        :meth:`_aggregate_fields`)."""
+        self._plans_current()
         plans = self._plans
         groups: dict[_Plan, list[int]] = {}  # per plan, its traces' places in the batch
-        shapes, flat = _shapes(traces)
+        shapes = _shapes(traces)
         for j, shape in enumerate(shapes):
             plan = plans.get(shape)
             if plan is None:
                 if len(plans) >= _MAX_PLANS:  # too many shapes: start afresh
-                    self._buffer(traces, groups, flat)  # (what came before is folded too)
+                    self._buffer(traces, groups)  # (what came before is folded too)
                     groups = {}
                     self._fold()
                     plans.clear()
@@ -584,7 +541,7 @@ class Aggregator:
                 groups[plan] = [j]
             else:
                 group.append(j)
-        self._buffer(traces, groups, flat)
+        self._buffer(traces, groups)
         self._seq += len(traces)
         self.traces_seen += len(traces)
         n = sum(map(len, traces))
@@ -592,30 +549,12 @@ class Aggregator:
         if self._buffered >= _FOLD_RECORDS:
             self._fold()
 
-    def _aggregate_packed(self, traces: list[Sequence[Record]]) -> bool:
-        """:meth:`_aggregate` of a batch of recorder traces only (the usual one), with no
-        Python step per trace: their fields joined into one array, their shapes told apart
-        by ``np.unique`` over the (phase, parent) rows of each length, and each plan's
-        traces buffered in a few numpy passes. False (nothing done) for any other batch:
-        another kind of trace, an empty one, or more new shapes than the plans may hold."""
-        m = len(traces)
-        if not m or set(map(type, traces)) != {Trace}:
-            return False
-        lens = np.fromiter(map(len, traces), dtype=np.intp, count=m)
-        if not lens.all():
-            return False
-        fields = np.frombuffer(_joined(traces), dtype=np.int64).reshape(-1, RECORD_FIELDS)
-        return self._packed(fields, lens)
-
     def _aggregate_fields(self, fields: np.ndarray, lens: np.ndarray) -> None:
         """:meth:`_aggregate` of traces given as their records' fields one after another
         (``(records, RECORD_FIELDS)``) and each one's record count: in a few numpy passes
         (:meth:`_packed`), or, with more new shapes than the plans may hold, record by
         record."""
-        if self._plans_version != self.catalog.version:  # a phase was registered
-            self._fold()
-            self._plans.clear()
-            self._plans_version = self.catalog.version
+        self._plans_current()
         if not lens.all():  # empty traces: seen, nothing to aggregate
             self._seq += int((lens == 0).sum())
             self.traces_seen += int((lens == 0).sum())
@@ -627,8 +566,11 @@ class Aggregator:
         self._aggregate([rows[e - n:e] for e, n in zip(at, lens.tolist(), strict=True)])
 
     def _packed(self, fields: np.ndarray, lens: np.ndarray) -> bool:
-        """The numpy passes of :meth:`_aggregate_packed` (every trace has records); False
-        (nothing done) with more new shapes than the plans may hold."""
+        """:meth:`_aggregate_fields` with no Python step per trace (every trace has
+        records): traces of one length read as an ``(n traces, width, RECORD_FIELDS)``
+        view, their shapes told apart by one comparison (``np.unique`` over the (phase,
+        parent) rows when they differ), each plan's traces buffered in a few numpy passes.
+        False (nothing done) with more new shapes than the plans may hold."""
         m = len(lens)
         plans = self._plans
         # per shape: its key, plan (None: new), first trace, and its traces' records as
@@ -682,39 +624,21 @@ class Aggregator:
             self._fold()
         return True
 
-    def _buffer(self, traces: list[Sequence[Record]], groups: dict[_Plan, list[int]],
-                flat: _Flat) -> None:
-        """Append each plan's traces of this batch (``groups``: their places in it): the
-        finished traces of the recorders (``flat``: their fields, one array for the batch)
-        in a few numpy passes per plan, any other sequence of records (handed to
-        :meth:`on_trace` by other code) record by record."""
+    def _buffer(self, traces: list[Sequence[Record]], groups: dict[_Plan, list[int]]
+                ) -> None:
+        """Append each plan's traces of this batch (``groups``: their places in it),
+        record by record."""
         first = self._seq + 1  # the batch's first trace's arrival number
-        fields, at = flat
         for plan, places in groups.items():
-            rows = [j for j in places if at[j] >= 0]
-            other = [j for j in places if at[j] < 0] if len(rows) < len(places) else []
-            if rows:
-                base = np.array([at[j] for j in rows], dtype=np.intp)
-                plan.seqs.frombytes(np.add(rows, first, dtype=np.int64).tobytes())
-                cols = base[:, None] + np.arange(plan.width)
-                d = fields[cols, R_END] - fields[cols, R_START]
-                plan.durations.frombytes(np.ascontiguousarray(d, np.int64).tobytes())
-                if plan.k_at >= 0:
-                    plan.ks.frombytes(fields[base + plan.k_at, R_COUNT].astype(
-                        np.float64).tobytes())
-                if plan.count_at:
-                    c = fields[base[:, None] + np.array(plan.count_at), R_COUNT]
-                    plan.counts.frombytes(c.astype(np.float64).tobytes())
-            if other:
-                mine = [traces[j] for j in other]
-                plan.seqs.extend([first + j for j in other])
-                plan.durations.extend([r[R_END] - r[R_START] for r in _flat(mine)])
-                if plan.k_at >= 0:
-                    k = plan.k_at
-                    plan.ks.extend(_counts([t[k][R_COUNT] for t in mine]))
-                if plan.count_at:
-                    plan.counts.extend(_counts([t[i][R_COUNT] for t in mine
-                                                for i in plan.count_at]))
+            mine = [traces[j] for j in places]
+            plan.seqs.extend([first + j for j in places])
+            plan.durations.extend([r[R_END] - r[R_START] for r in _flat(mine)])
+            if plan.k_at >= 0:
+                k = plan.k_at
+                plan.ks.extend(_counts([t[k][R_COUNT] for t in mine]))
+            if plan.count_at:
+                plan.counts.extend(_counts([t[i][R_COUNT] for t in mine
+                                            for i in plan.count_at]))
             self._buffered += len(places) * plan.width
 
     def _fold(self) -> None:
