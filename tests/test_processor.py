@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from array import array
@@ -120,6 +121,41 @@ def test_reservoir_stays_a_uniform_sample_of_a_long_run() -> None:
     assert abs((kept < n / 2).mean() - 0.5) < 5 * math.sqrt(0.25 / cap)
     assert abs((kept >= 0.9 * n).mean() - 0.1) < 5 * math.sqrt(0.09 / cap)
     assert abs(kept.mean() / n - 0.5) < 5 * math.sqrt(1 / 12 / cap)
+
+
+def test_a_fold_past_the_reservoir_keeps_what_the_in_order_rule_keeps() -> None:
+    """Past the reservoir, a block of values replaces the slots the rule draws for each
+    value in order: a slot drawn twice keeps the later value, and series that have seen
+    as many values share the fold's draws (the same places kept, each its own values)."""
+    from resettrace.tracing.aggregate import _Draws, _Series
+
+    cap, m = 50, 5_000  # a block far larger than the reservoir: slots repeat
+    rng = random.Random(3)
+    a, b = _Series(cap, rng), _Series(cap, rng)
+    first = np.arange(2 * cap, dtype=np.float64)  # the reservoir full, and a first draw
+    a.add_many(first)
+    b.add_many(-first)
+    seen, before = len(first), list(a.samples)
+    b.samples = array("d", [-v for v in before])  # (b: a's reservoir, negated)
+    gen = np.random.default_rng(11)
+    state = copy.deepcopy(gen.bit_generator.state)
+    draws = _Draws(gen)
+    block = np.arange(seen, seen + m, dtype=np.float64)
+    a.add_many(block, draws=draws)
+    b.add_many(-block, draws=draws)
+    # the rule, value by value, from the same uniform numbers
+    gen.bit_generator.state = state
+    u = gen.random(m)
+    expected, replaced = before, 0
+    for i, v in enumerate(block.tolist()):
+        slot = int(u[i] * (seen + i + 1))
+        if slot < cap:
+            expected[slot] = v
+            replaced += 1
+    assert replaced > 2 * cap  # (slots drawn more than once)
+    assert list(a.samples) == expected
+    assert list(b.samples) == [-v for v in expected]
+    assert a.count == b.count == seen + m and a.total == first.sum() + block.sum()
 
 
 def test_processor_aggregates_sdk_spans_created_by_user_code() -> None:

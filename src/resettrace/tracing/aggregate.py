@@ -100,6 +100,42 @@ class KeyStats:
         return asdict(self)
 
 
+class _Draws:
+    """The reservoir's draws for a block of ``m`` items that follow ``count`` items: item
+    i (0-based) replaces a slot drawn uniformly from [0, count + i + 1), kept when it is
+    one of the reservoir's ``cap`` (drawn for all the items at once: a long run folds
+    millions of values per key, most of them dropped); a slot drawn twice keeps its later
+    item. Remembered by ``(cap, count, m)``: the series of one fold that have seen as many
+    values (a plan's keys, as a rule) replace the same traces' values, drawn once for all
+    of them; each key's reservoir is still a uniform sample of its own values."""
+
+    __slots__ = ("_gen", "_seen")
+
+    def __init__(self, gen: np.random.Generator) -> None:
+        self._gen = gen
+        self._seen: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def __call__(self, cap: int, count: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """The kept items' places in the block and the slots they replace."""
+        got = self._seen.get((cap, count, m))
+        if got is not None:
+            return got
+        slots = (self._gen.random(m) * (count + np.arange(1, m + 1))).astype(np.int64)
+        kept = np.flatnonzero(slots < cap)
+        slots = slots[kept]
+        n = len(kept)
+        if n > 1:  # each slot's last item: sorted by slot, then by place (unique keys)
+            keyed = np.sort(slots * n + np.arange(n))
+            at = keyed % n
+            last = np.empty(n, dtype=bool)
+            last[-1] = True
+            np.not_equal(slots[at[1:]], slots[at[:-1]], out=last[:-1])
+            at = at[last]
+            kept, slots = kept[at], slots[at]
+        got = self._seen[(cap, count, m)] = (kept, slots)
+        return got
+
+
 class _Series:
     """Exact count/total/max plus a bounded reservoir of samples for percentiles."""
 
@@ -130,10 +166,11 @@ class _Series:
 
 
     def add_many(self, values: np.ndarray, total: float | None = None,
-                 top: float | None = None) -> None:
+                 top: float | None = None, draws: _Draws | None = None) -> None:
         """``add`` of every value in order: the same reservoir rule, in numpy passes (the
         slots drawn from a numpy generator seeded from the series' random source);
-        ``total`` and ``top``: the values' sum and max, when already known."""
+        ``total`` and ``top``: the values' sum and max, when already known; ``draws``:
+        the reservoir's draws (shared by the series of one fold; else the series' own)."""
         m = len(values)
         if not m:
             return
@@ -148,18 +185,16 @@ class _Series:
             m = len(values)
             if not m:
                 return
-        # item i (0-based, after count items) replaces a slot drawn uniformly from
-        # [0, count + i + 1), kept when it is one of the reservoir's: drawn for all the
-        # items at once (a long run folds millions of values per key, most of them
-        # dropped), then applied in order, so a later item wins a slot drawn twice
-        if self._gen is None:
-            self._gen = np.random.default_rng(self._rng.getrandbits(64))
-        slots = (self._gen.random(m) * (self.count + np.arange(1, m + 1))).astype(np.int64)
+        if draws is None:
+            if self._gen is None:
+                self._gen = np.random.default_rng(self._rng.getrandbits(64))
+            draws = _Draws(self._gen)
+        kept, slots = draws(self._cap, self.count, m)
         self.count += m
-        kept = np.flatnonzero(slots < self._cap)
-        samples = self.samples
-        for slot, v in zip(slots[kept].tolist(), values[kept].tolist(), strict=True):
-            samples[slot] = v
+        if len(kept):
+            view = np.frombuffer(self.samples, dtype=np.float64)  # (a view: released below)
+            view[slots] = values[kept]
+            del view
 
 
 _K_ZERO = -2  # _Plan.k_at of an env step that reset nothing
@@ -324,6 +359,7 @@ class Aggregator:
         self._drop_lock = threading.RLock()
         self._max_samples = max_samples
         self._rng = random.Random(seed)
+        self._gen: np.random.Generator | None = None  # the folds' reservoir draws
         self._lock = threading.Lock()
         self._series: dict[str, _Series] = {}
         #: per key, the sums of the cost model ``ms = a + b * k`` over its calls (recorder
@@ -651,6 +687,9 @@ class Aggregator:
         # distributions and the cost model's sums take a plan's every key at once
         parts: dict[str, list[tuple[np.ndarray, np.ndarray, float, float]]] = {}
         dists = self._dists
+        if self._gen is None:
+            self._gen = np.random.default_rng(self._rng.getrandbits(64))
+        draws = _Draws(self._gen)
         for plan in self._plans.values():
             if not plan.seqs:
                 continue
@@ -698,7 +737,7 @@ class Aggregator:
             s = self._series.get(key)
             if s is None:
                 s = self._series[key] = _Series(self._max_samples, self._rng)
-            s.add_many(ordered, total, top)
+            s.add_many(ordered, total, top, draws)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self._drain()
