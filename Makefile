@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py src/resettrace/tracing/_fast.c src/resettrace/
 	# torch for Stable-Baselines3 first, one release (where its CPU build lies on the machine's
 	# pip find-links, that one: about 750 MB; PyPI's Linux wheel is the CUDA build, GBs)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,stacks,jobs]'
+	$(BIN)/python -m pip install --quiet -e '.[all,dev,stacks,jobs]'
 	touch $(STAMP)
 
 demo: $(STAMP)

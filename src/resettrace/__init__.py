@@ -84,6 +84,9 @@ def make_env(task: str, *, backend: str = "mujoco", num_envs: int, model: Any = 
     """
     import numpy as np
 
+    from resettrace.extras import require
+
+    require("sim", "resettrace.make_env")  # before a task or backend module loads
     from resettrace.backends import backend_class
     from resettrace.envs.np_env import NpEnv
     from resettrace.randomization import RandomizationConfig, RandomizationPayload

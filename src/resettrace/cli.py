@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "OUT/merged.json")
     c.add_argument("--report", action="store_true",
                    help="also write OUT/report.html (resettrace report of this run)")
-    c.set_defaults(func=_collector)
+    c.set_defaults(func=_collector, needs=("sim",))
 
     o = bench.add_parser("overhead", help="reset_done with tracing off / timing / trace")
     common(o, 1024)
@@ -494,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--repeats", type=int, default=5,
                    help="groups of rounds; each ratio is the median over the groups")
     o.add_argument("--json", default=None, help="write the result as JSON")
-    o.set_defaults(func=_overhead)
+    o.set_defaults(func=_overhead, needs=("sim",))
 
     sn = bench.add_parser("snapshots", help="what keeping each process's run record "
                                             "current costs its training (interleaved, A/A)")
@@ -505,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     sn.add_argument("--period", type=float, default=0.25,
                     help="seconds between snapshots while measuring (0.25: 20x the default)")
     sn.add_argument("--json", default=None, help="write the result as JSON")
-    sn.set_defaults(func=_snapshots_bench)
+    sn.set_defaults(func=_snapshots_bench, needs=("sim",))
 
     x = bench.add_parser("export", help="span export designs: throughput, delivery and the "
                                         "training slowdown, interleaved")
@@ -519,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"exporting candidates to run ({', '.join(EXPORTING)}; timing and "
                         "timing_aa always run)")
     x.add_argument("--json", default=None, help="write the result as JSON")
-    x.set_defaults(func=_export_bench)
+    x.set_defaults(func=_export_bench, needs=("sim",))
 
     st = bench.add_parser("stacks", help="env step cost of each shipped instrumentation "
                                          "(MotrixLab, Gymnasium): timing vs off vs bare")
@@ -540,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="untimed steps before each timed block, in its mode")
     st.add_argument("--seed", type=int, default=0)
     st.add_argument("--json", default=None, help="write the result as JSON")
-    st.set_defaults(func=_stacks_bench)
+    st.set_defaults(func=_stacks_bench, needs=("sim",))
 
     a = bench.add_parser("set-state-ab",
                          help="set_state: published path vs shipped path vs engine floor")
@@ -565,7 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a step and its resets (default 1000; 0: calls back to back)")
     a.add_argument("--no-per-key", action="store_true", help="print the summary tables only")
     a.add_argument("--json", default=None, help="write the result as JSON")
-    a.set_defaults(func=_set_state_ab)
+    a.set_defaults(func=_set_state_ab, needs=("sim",))
 
     def compare_flags(q: argparse.ArgumentParser) -> None:
         q.add_argument("--noise", type=float, default=3.0, metavar="PCT",
@@ -587,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--fail-on-regression", type=float, default=None, metavar="PCT",
                       help="exit 1 when a key is slower beyond noise by more than PCT%%")
     compare_flags(cmp_)
-    cmp_.set_defaults(func=_compare)
+    cmp_.set_defaults(func=_compare, needs=("report",))
 
     fit = sub.add_parser("fit", help="cost model of every phase: ms = a + b*k per call, and "
                                      "the dependence on N across env counts")
@@ -595,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="timing.json files or folders (any env counts), or one bench "
                           "set-state-ab JSON")
     fit.add_argument("--json", default=None, help="write the result as JSON")
-    fit.set_defaults(func=_fit)
+    fit.set_defaults(func=_fit, needs=("report",))
 
     mg = sub.add_parser("merge", help="many workers' collector runs as one job: per-rank "
                                       "table and merged statistics")
@@ -617,14 +617,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--compare", default=None, metavar="BASE",
                      help="also compare against BASE (timing.json or a folder of runs)")
     rep.add_argument("-o", "--output", default="report.html", help="the HTML file (report.html)")
-    rep.set_defaults(func=_report)
+    rep.set_defaults(func=_report, needs=("report",))
 
     aa = bench.add_parser("compare-aa", help="compare's false-positive rate on A/A pairs "
                                              "cut from one long run")
     aa.add_argument("run", metavar="RUN", help="timing.json, or a folder of runs")
     aa.add_argument("--pairs", type=int, default=10, help="A/A pairs per run (10)")
     compare_flags(aa)
-    aa.set_defaults(func=_compare_aa)
+    aa.set_defaults(func=_compare_aa, needs=("report",))
 
     r = sub.add_parser(
         "run", help="run an unmodified command with tracing installed",
@@ -841,8 +841,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="resettrace: %(levelname)s: %(message)s")
+    from resettrace.extras import MissingExtra, require
+
     try:
+        # a command whose extra is not installed: one line naming it, before any work
+        needs = list(getattr(args, "needs", ()))
+        if args.func is _collector and args.report:
+            needs.append("report")
+        for extra in needs:
+            require(extra, " ".join(["resettrace", args.command]
+                                    + ([args.bench] if args.command == "bench" else [])))
         return int(args.func(args))
+    except MissingExtra as e:  # (and one a command's own call found)
+        print(f"resettrace: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as e:  # before or after the timed part: no traceback
         print("resettrace: interrupted", file=sys.stderr)
         return 128 + int(getattr(e, "signum", signal.SIGINT))

@@ -20,12 +20,15 @@ records is :mod:`resettrace.analysis.fit`.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from resettrace.extras import need
 
 __all__ = ["FitSums", "Fit", "NFit", "FIXED_SHARE", "fit_with_n", "fit_cells", "model_section"]
 
@@ -36,8 +39,7 @@ _CONFIDENCE = 0.95
 
 
 def _t(dof: int) -> float:
-    from scipy import stats
-
+    stats = need("scipy.stats", "report", "the cost model's intervals")
     return float(stats.t.ppf(0.5 + _CONFIDENCE / 2, dof)) if dof > 0 else math.inf
 
 
@@ -246,7 +248,9 @@ def fit_cells(cells: Iterable[tuple[int, int, float]]) -> NFit | None:
 def model_section(sums: Mapping[str, FitSums], *, fit: bool = True) -> dict[str, Any]:
     """The ``model`` section of ``timing.json``: per key its fit and its sums (the sums
     let later tools merge runs and fit the dependence on N). ``fit`` false: the sums only
-    (``fit`` null; a snapshot of a running process, which never loads SciPy for it)."""
+    (``fit`` null; a snapshot of a running process, which never loads SciPy for it; and
+    without SciPy, the ``report`` extra: ``resettrace fit`` and ``report`` fit the sums)."""
+    fit = fit and importlib.util.find_spec("scipy") is not None
     return {"form": "ms = a + b * k per call, k = envs reset by the call (OLS, 95% intervals)",
             "fixed_share": FIXED_SHARE,
             "keys": {k: {"fit": s.fit().as_dict() if fit else None, "sums": s.as_dict()}

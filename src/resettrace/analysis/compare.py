@@ -127,7 +127,9 @@ class KeyVerdict:
 
 def _interval(base: np.ndarray, new: np.ndarray, confidence: float, resamples: int,
               seed: int) -> tuple[float, float, float]:
-    from scipy import stats
+    from resettrace.extras import need
+
+    stats = need("scipy.stats", "report", "resettrace compare")
 
     def ratio(b: np.ndarray, n: np.ndarray, axis: int = -1) -> np.ndarray:
         return 100.0 * (np.mean(n, axis=axis) / np.mean(b, axis=axis) - 1.0)

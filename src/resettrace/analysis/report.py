@@ -51,6 +51,7 @@ import numpy as np
 
 from resettrace import catalog as C
 from resettrace.analysis.tables import ran
+from resettrace.extras import require
 from resettrace.record import RecordError, RunRecord, read_record
 
 __all__ = ["build_report", "write_report", "reset_root", "CHART_IDS", "VIEWS"]
@@ -530,6 +531,7 @@ def _facts(rec: RunRecord) -> list[str]:
 def build_report(run: RunRecord | Mapping[str, Any], *, source: str = "",
                  compare: Mapping[str, Any] | None = None) -> str:
     """The report of one run record (or its JSON) as an HTML string."""
+    require("report", "resettrace's report")
     import plotly.offline
 
     rec = run if isinstance(run, RunRecord) else RunRecord.from_json(run, source)
@@ -592,6 +594,7 @@ def write_report(run_path: str | Path, out: str | Path, *,
     docstring)."""
     from resettrace.analysis.compare import Run, compare_runs, load_runs
 
+    require("report", "resettrace's report")  # before anything is read or written
     path = Path(run_path)
     if path.is_dir() and not (path / "timing.json").is_file():
         rec = _run_of_folder(path)  # a resettrace run's folder: its job

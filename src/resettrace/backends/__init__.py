@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from resettrace.extras import require
 from resettrace.registry import resolve
 
 __all__ = ["BACKENDS", "backend_class", "make_backend"]
@@ -16,7 +17,10 @@ BACKENDS: dict[str, str] = {
 
 
 def backend_class(name: str) -> Any:
-    """The backend class registered as ``name``; unknown names list the known ones."""
+    """The backend class registered as ``name``; unknown names list the known ones; a
+    known one without the ``sim`` extra installed names it."""
+    if name in BACKENDS:
+        require("sim", f"the {name} backend")
     return resolve(BACKENDS, "backend", name)
 
 

@@ -81,6 +81,10 @@ def configure(config: Config | None = None, *, tracer_provider: Any = None,
     from resettrace.tracing.session import Tracing
 
     global _default
+    if config is not None and not isinstance(config, Config):
+        hint = f" (configure(mode={config!r})?)" if isinstance(config, str) else ""
+        raise TypeError(f"configure() takes a Config or Config fields as keywords, not "
+                        f"{type(config).__name__} {config!r}{hint}")
     cfg = config if config is not None else Config.from_env(**options)
     new = Tracing(cfg, tracer_provider=tracer_provider)
     with _lock:

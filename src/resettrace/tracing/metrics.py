@@ -348,9 +348,11 @@ class MetricsExport:
         file_sd folder, if one is set."""
         try:
             from prometheus_client import CollectorRegistry, start_http_server
-        except ImportError:
-            log.warning("resettrace: RESETTRACE_METRICS=prometheus needs prometheus_client "
-                        "(pip install prometheus-client)")
+        except ImportError:  # (training goes on: the metrics are what is missing)
+            from resettrace.extras import MissingExtra
+
+            log.warning("resettrace: %s", MissingExtra("RESETTRACE_METRICS=prometheus",
+                                                       "prometheus", "prometheus_client"))
             return
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_PromCollector(self))
