@@ -660,7 +660,10 @@ class JaegerJsonSpanExporter(_FileExporter):
                 out.append({"traceID": tid,
                             "spanID": _hex_span(ctx.span_id) if ctx is not None else "",
                             "operationName": span.name, "references": refs,
-                            "startTime": start // 1000, "duration": (end - start) // 1000,
+                            # both ends floored to the microsecond (a duration floored
+                            # on its own let a child end 1 us after its parent)
+                            "startTime": start // 1000,
+                            "duration": end // 1000 - start // 1000,
                             "tags": tags, "logs": [], "processID": pid, "warnings": None})
             entries.append(_dumps({"traceID": tid, "spans": out, "processes": processes}))
         sep = b",\n" if self._entries else b"\n"
@@ -687,7 +690,7 @@ class JaegerJsonSpanExporter(_FileExporter):
 def _jaeger_times(values: dict[str, Any], rows: list[list[int]]) -> None:
     for i, r in enumerate(rows):
         values[f"B{i}"] = r[R_START] // 1000
-        values[f"D{i}"] = (r[R_END] - r[R_START]) // 1000
+        values[f"D{i}"] = r[R_END] // 1000 - r[R_START] // 1000  # (both ends floored)
 
 
 _COUNT = object()  # where a span's reset count goes
