@@ -60,12 +60,13 @@ one contract (:class:`_FileExporter`):
     OTLP protobuf encoder and protobuf's JSON mapping, with the OTLP/JSON exceptions applied:
     ``traceId``, ``spanId`` and ``parentSpanId`` (and link ids) are lowercase hex, not
     base64; enums (``kind``, ``status.code``) are integers; 64-bit integers
-    (``startTimeUnixNano``, ``intValue``) are strings. Jaeger's UI "Upload JSON" accepts
-    this file: jaeger-ui's ``readJsonFile`` first parses the whole file as one JSON value
-    and, if that fails, parses it line by line and merges the ``resourceSpans`` of every
-    line into one request (jaeger-ui PR #2380, fixing issue #2225, 2024); ``.jsonl`` files
-    are offered in the file picker since jaeger-ui #2461. Older Jaeger UIs (1.5x) accept a
-    single document only; for them, merge the lines with
+    (``startTimeUnixNano``, ``intValue``) are strings. Jaeger's UI "Upload JSON" reads
+    this file only with a Jaeger server behind the UI: jaeger-ui's ``readJsonFile`` parses
+    the whole file as one JSON value or, failing that, line by line, merging the
+    ``resourceSpans`` of every line into one request (jaeger-ui PR #2380, fixing issue
+    #2225, 2024), then posts it to the server's ``/api/transform`` to convert it; with no
+    server the upload fails (``jaeger-json:PATH`` is the file the UI opens on its own).
+    Older Jaeger UIs (1.5x) accept a single document only; for them, merge the lines with
     ``jq -cs '{resourceSpans: map(.resourceSpans[])}' FILE``. The collector's
     ``otlpjsonfile`` receiver reads the file as is. A single document rewritten at every
     flush was not chosen: it costs O(all spans) per write.
