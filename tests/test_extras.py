@@ -83,6 +83,10 @@ def test_an_extra_installed_at_a_version_it_excludes_is_named_with_both(
         assert str(e.value) == ("the mujoco backend needs resettrace's 'sim' extra (mujoco "
                                 "3.11.0 is installed, the extra needs mujoco>=4.0): "
                                 "pip install 'resettrace[sim]'")
+        _missing(monkeypatch, "motrixsim")  # (mjlab's venv: no MotrixSim either)
+        with pytest.raises(MissingExtra, match=r"\(mujoco 3.11.0 is installed, the extra "
+                                               r"needs mujoco>=4.0\)"):
+            require("sim", "the mujoco backend")
     finally:
         monkeypatch.undo()
         extras._unmet.cache_clear()

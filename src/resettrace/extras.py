@@ -63,18 +63,19 @@ def require(extra: str, what: str) -> None:
     """:class:`MissingExtra` unless every module of ``extra`` is installed at a version the
     extra admits (checked without importing them; the versions against this install's
     own requirements, when resettrace is installed)."""
-    for module in EXTRAS[extra]:
-        if importlib.util.find_spec(module) is None:
-            raise MissingExtra(what, extra, module)
+    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
     unmet = _unmet(extra)
-    if unmet is not None:
-        raise MissingExtra(what, extra, unmet[0], unmet[1])
+    if unmet is not None and unmet[0] not in missing:  # (one installed at another version
+        raise MissingExtra(what, extra, unmet[0], unmet[1])  # is the first thing to know)
+    if missing:
+        raise MissingExtra(what, extra, missing[0])
 
 
 @functools.cache
 def _unmet(extra: str) -> tuple[str, str] | None:
     """The first package of ``extra`` installed at a version its requirement excludes:
-    ``(name, why)``; None when all fit (or resettrace runs from a source tree)."""
+    ``(name, why)``; None when all that are installed fit (or resettrace runs from a
+    source tree, with no metadata)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     try:
@@ -91,7 +92,7 @@ def _unmet(extra: str) -> tuple[str, str] | None:
         try:
             have = importlib.metadata.version(req.name)
         except importlib.metadata.PackageNotFoundError:
-            return req.name, f"{req.name} is not installed"
+            continue  # (not installed: require() names it)
         if req.specifier and not req.specifier.contains(have, prereleases=True):
             return req.name, f"{req.name} {have} is installed, the extra needs " \
                              f"{req.name}{req.specifier}"
