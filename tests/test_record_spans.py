@@ -230,3 +230,35 @@ def test_both_encoders_write_the_same_spans(tmp_path: Path, encoder: str) -> Non
         else:
             assert d["attributes"][ATTR_EXPORT_DROPPED] == 0 and d["parent_id"] is None
     assert session.export_report()["exporters"][f"file:{path}"]["delivered"] == 15
+
+
+def test_a_recorder_attribute_the_resource_holds_is_not_repeated_on_each_span(
+        tmp_path: Path) -> None:
+    """What belongs to the process (the task and backend a CLI run names on the resource)
+    is carried once, as process tags, not on every span; a recorder whose value differs
+    (a second env of another task in the process) keeps its own on its spans."""
+    files = {fmt: tmp_path / f"spans.{fmt}" for fmt in ("jaeger-json", "otlp-json")}
+    session = Tracing(Config(mode="trace", exporters=tuple(f"{f}:{p}" for f, p in files.items()),
+                             resource_attributes={C.ATTR_TASK: "walk", C.ATTR_BACKEND: "mujoco"}))
+    same = session.recorder(backend="mujoco", task="walk", env_count=8)
+    other = session.recorder(backend="mujoco", task="run", env_count=4)
+    for rec in (same, other):
+        with rec.scope(C.SET_STATE, 2):
+            pass
+    session.shutdown()
+    data = json.loads(files["jaeger-json"].read_text())["data"]
+    assert len(data) == 2
+    for entry in data:
+        process = {t["key"]: t["value"] for t in entry["processes"]["p1"]["tags"]}
+        assert process[C.ATTR_TASK] == "walk" and process[C.ATTR_BACKEND] == "mujoco"
+        (span,) = entry["spans"]
+        tags = {t["key"]: t["value"] for t in span["tags"]}
+        assert C.ATTR_BACKEND not in tags and tags[C.ATTR_RESET_COUNT] == 2
+        assert tags.get(C.ATTR_TASK) in (None, "run")
+        assert tags[C.ATTR_ENV_COUNT] == (8 if C.ATTR_TASK not in tags else 4)
+    assert sorted(str(e["spans"][0]["tags"]).count("run") for e in data) == [0, 1]
+    otlp = [s for line in files["otlp-json"].read_text().splitlines()
+            for s in json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]]
+    keys = sorted(tuple(sorted(a["key"] for a in s["attributes"])) for s in otlp)
+    assert [C.ATTR_TASK in k for k in keys].count(True) == 1
+    assert not any(C.ATTR_BACKEND in k for k in keys)

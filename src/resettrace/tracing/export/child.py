@@ -85,6 +85,9 @@ class _Child:
     def __init__(self) -> None:
         self.buf = bytearray()
         self.recorders: dict[int, tuple[dict[str, Any], int]] = {}
+        #: the training process's resource attributes: a recorder's attribute that holds
+        #: the same value is the process's, carried once on the resource, not on each span
+        self.resource: dict[str, Any] = {}
         self.errors: dict[int, str] = {}
         self.phases: dict[int, str] = {}
         self.exporters: list[tuple[str, Any]] = []
@@ -153,6 +156,7 @@ class _Child:
         resource = Resource.create(dict(settings["resource"],
                                         **{"process.pid": settings["parent_pid"]}))
         provider = TracerProvider(resource=resource)
+        self.resource = dict(resource.attributes)
         provider.add_span_processor(self.collect)
         self.tracer = provider.get_tracer(INSTRUMENTATION_SCOPE)
         for spec in settings["exporters"]:
@@ -273,7 +277,9 @@ class _Child:
         if kind == Kind.REGISTER:
             rid, offset = head
             text = bytes(rest).decode()
-            self.recorders[rid] = (json.loads(text), offset)
+            resource = self.resource
+            self.recorders[rid] = ({k: v for k, v in json.loads(text).items()
+                                    if k not in resource or resource[k] != v}, offset)
             self.attr_keys[rid] = text
             if self.wire is not None:
                 self.wire.set_attributes(rid, self.recorders[rid][0])
