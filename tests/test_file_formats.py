@@ -90,10 +90,14 @@ def test_chrome_trace_has_one_nested_complete_event_per_span(tmp_path) -> None:
     origin = int(doc["otherData"]["time_origin_unix_ns"])
     assert origin == exporter.time_origin_ns and origin < t0
     assert len(xs) == 6 and exporter.exported_spans == 6
-    by_id = {e["args"]["span_id"]: e for e in xs}
+    names = {(m["name"], m["tid"]): m["args"]["name"] for m in ms if m["pid"] == PID}
+    track = {name.split()[-1]: tid for (kind, tid), name in names.items()
+             if kind == "thread_name"}  # a trace's id: its track
     tids = set()
     for i, (parent, child) in enumerate(traces):
-        p, c = by_id[_hex_id(parent)], by_id[_hex_id(child)]
+        mine = {e["name"]: e for e in xs
+                if e["tid"] == track[format(parent.get_span_context().trace_id, "032x")]}
+        p, c = mine[parent.name], mine[child.name]
         for span, ev in ((parent, p), (child, c)):
             assert ev["name"] == span.name and ev["cat"] == C.SET_STATE.span
             assert ev["ts"] == (span.start_time - origin) / 1000
@@ -102,19 +106,38 @@ def test_chrome_trace_has_one_nested_complete_event_per_span(tmp_path) -> None:
             assert ev["pid"] == PID
             assert ev["args"][C.ATTR_RESET_COUNT] == i + 1
             assert ev["args"][C.ATTR_BACKEND] == "mujoco"
-            assert ev["args"]["trace_id"] == format(span.get_span_context().trace_id, "032x")
-        assert p["args"]["parent_id"] is None and c["args"]["parent_id"] == _hex_id(parent)
+            assert not {"trace_id", "span_id", "parent_id"} & set(ev["args"])
         assert p["args"]["test.ratio"] == 0.25
         # the child stacks inside its parent on the trace's own track
         assert c["tid"] == p["tid"]
         assert p["ts"] < c["ts"] and c["ts"] + c["dur"] < p["ts"] + p["dur"]
         tids.add(p["tid"])
     assert tids == {1, 2, 3}
-    names = {(m["name"], m["tid"]): m["args"]["name"] for m in ms if m["pid"] == PID}
     assert names[("process_name", 0)] == f"resettrace {SERVICE}"
-    assert {names[("thread_name", t)] for t in tids} == {"trace 1", "trace 2", "trace 3"}
+    assert {names[("thread_name", t)] for t in tids} == {
+        f"trace {n + 1} {p.get_span_context().trace_id:032x}"
+        for n, (p, _) in enumerate(traces)}
     assert len(ms) == 4  # one process name, three thread names: none repeated
     provider.shutdown()
+
+
+def test_chrome_trace_frames_of_one_phase_merge_by_name(tmp_path) -> None:
+    """A viewer that names a frame by its name and args (speedscope) sees the calls of a
+    phase in a trace as one frame: no span ids in the args."""
+    path = tmp_path / "trace.json"
+    exporter = ChromeTraceSpanExporter(path)
+    provider = _provider(exporter)
+    tracer = provider.get_tracer(C.INSTRUMENTATION_SCOPE)
+    t0 = _future_t0()
+    step = tracer.start_span(C.ENV_STEP.span, start_time=t0)
+    for i in range(4):  # four physics substeps
+        tracer.start_span(C.PHYSICS.span, context=trace.set_span_in_context(step),
+                          start_time=t0 + 10 + 100 * i).end(end_time=t0 + 90 + 100 * i)
+    step.end(end_time=t0 + 1000)
+    provider.shutdown()
+    _, xs, _ = _events(path)
+    frames = {(e["name"], json.dumps(e["args"], sort_keys=True)) for e in xs}
+    assert len(xs) == 5 and len(frames) == 2
 
 
 def test_chrome_trace_time_origin_can_be_pinned(tmp_path) -> None:
@@ -146,7 +169,7 @@ def test_chrome_trace_is_valid_json_after_every_export_and_after_shutdown(tmp_pa
     provider.shutdown()
     _, xs, _ = _events(path)
     assert len(xs) == 4 and exporter.exported_spans == 4
-    assert len({e["args"]["span_id"] for e in xs}) == 4
+    assert len({(e["tid"], e["name"]) for e in xs}) == 4
     late = provider.get_tracer(__name__).start_span(C.SET_STATE.span)
     late.end()
     assert exporter.export([late]) is SpanExportResult.FAILURE
@@ -184,11 +207,14 @@ def test_a_failed_write_drops_its_spans_and_leaves_no_garbage(tmp_path, caplog, 
     assert any("No space left" in r.getMessage() for r in caplog.records)
     provider.shutdown()
     assert exporter.dropped_spans == 1 and exporter.exported_spans == 3
-    if cls is ChromeTraceSpanExporter:
-        ids = {e["args"]["span_id"] for e in _events(path)[1]}
+    if cls is ChromeTraceSpanExporter:  # the second trace's track: its parent, no child
+        _, xs, ms = _events(path)
+        tid = next(m["tid"] for m in ms if m["name"] == "thread_name" and m["args"][
+            "name"].endswith(f"{parent.get_span_context().trace_id:032x}"))
+        assert len(xs) == 3 and [e["name"] for e in xs if e["tid"] == tid] == [parent.name]
     else:
         ids = {s["spanId"] for s in _otlp_spans(path)}
-    assert len(ids) == 3 and _hex_id(parent) in ids and _hex_id(child) not in ids
+        assert len(ids) == 3 and _hex_id(parent) in ids and _hex_id(child) not in ids
 
 
 # --- OTLP-JSON -------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ one contract (:class:`_FileExporter`):
 
         {"displayTimeUnit":"ms","otherData":{...,"time_origin_unix_ns":"..."},"traceEvents":[
         {"ph":"M","name":"process_name","pid":P,"tid":0,"args":{"name":"resettrace SVC"}},
-        {"ph":"M","name":"thread_name","pid":P,"tid":N,"args":{"name":"trace N"}},
+        {"ph":"M","name":"thread_name","pid":P,"tid":N,"args":{"name":"trace N TRACE_ID"}},
         {"ph":"X","name":...,"cat":...,"ts":...,"dur":...,"pid":P,"tid":N,"args":{...}}
         ]}
 
@@ -46,9 +46,12 @@ one contract (:class:`_FileExporter`):
     ``ts``. ``cat`` is the span name up to its first dot (the phase group). ``pid`` is the
     resource's ``process.pid`` (else this process). ``tid`` is a small counter given to each
     trace in arrival order, so the nested spans of a trace stack on one track named
-    ``trace N``; the map is bounded (``max_tracks``, oldest forgotten first). ``args`` holds
-    the span attributes and ``trace_id``, ``span_id``, ``parent_id`` (hex, ``null`` for a
-    root) and ``status`` when set. The events are appended in place, between a fixed header
+    ``trace N TRACE_ID`` (the trace's id in hex, as Jaeger shows it); the map is bounded
+    (``max_tracks``, oldest forgotten first). ``args`` holds the span attributes and
+    ``status`` when set, and no span id: a viewer that names a frame by its name and args
+    (speedscope) merges the calls of a phase (a step's physics substeps) into one frame,
+    where unique ids made each call a frame of its own. The events are appended in place,
+    between a fixed header
     and the closing ``]}``, so a run of a million spans (about 300 MB) is written in
     O(spans) time with bounded memory; loading that in the browser is Perfetto's limit, not
     this exporter's.
@@ -367,13 +370,10 @@ class ChromeTraceSpanExporter(_FileExporter):
                 tid = new_tids[key] = next_tid
                 next_tid += 1
                 events.append(_dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                                      "args": {"name": f"trace {tid}"}}))
+                                      "args": {"name": f"trace {tid} {_hex_trace(trace_id)}"}}))
             start = span.start_time or 0
             end = span.end_time if span.end_time is not None else start
             args = {k: _json_value(v) for k, v in (span.attributes or {}).items()}
-            args["trace_id"] = _hex_trace(trace_id)
-            args["span_id"] = _hex_span(ctx.span_id) if ctx is not None else None
-            args["parent_id"] = _hex_span(span.parent.span_id) if span.parent else None
             if span.status.status_code is not StatusCode.UNSET:
                 args["status"] = span.status.status_code.name
             events.append(_dumps({"ph": "X", "name": span.name,
@@ -405,7 +405,7 @@ class ChromeTraceSpanExporter(_FileExporter):
             tid = tids[0]
             tids[0] = tid + 1
             values["tid"] = tid
-            values["tn"] = f"trace {tid}"
+            values["tn"] = f"trace {tid} {values['t']}"
             for i, r in enumerate(rows):
                 values[f"T{i}"] = (r[R_START] - origin) / 1000
                 values[f"U{i}"] = (r[R_END] - r[R_START]) / 1000
@@ -444,9 +444,6 @@ def _perfetto_trace(traces: Traces, rows: list[list[int]], counts: list[int],
         name = src.span_name(r[R_PHASE])
         args = {k: _json_value(v) for k, v in _span_attributes(traces, r, counts[i],
                                                                slot.number(f"c{i}")).items()}
-        args["trace_id"] = slot.text("t")
-        args["span_id"] = slot.text(f"s{i}")
-        args["parent_id"] = slot.text(f"s{r[R_PARENT]}") if r[R_PARENT] >= 0 else None
         if r[R_ERROR]:
             args["status"] = StatusCode.ERROR.name
         out.append(_dumps({"ph": "X", "name": name, "cat": name.partition(".")[0] or _PRODUCER,
