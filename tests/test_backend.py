@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import resettrace
 from helpers import reset_timings, stand_rows
 from resettrace import catalog as C
-from resettrace.contract import SimBackend
+from resettrace.sim.contract import SimBackend
 from resettrace.tracing.session import Tracing
 
 N = 64
@@ -178,7 +178,7 @@ def test_bad_input_raises_and_touches_nothing(off_backend, make_args, match) -> 
 
 def test_the_numpy_normaliser_refuses_what_the_pass_refuses() -> None:
     """``normalise_quat_into`` (the published path's qpos conversion in the benchmarks)."""
-    from resettrace.backends._validate import normalise_quat_into
+    from resettrace.sim.backends._validate import normalise_quat_into
 
     for x, match in ((0.0, "zero base quaternion at row 1"),
                      (1e200, "too large to normalise at row 1"),

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import resettrace
-from resettrace.contract import BackendInfo
-from resettrace.model_facts import describe_model, load_model
-from resettrace.tasks.g1_motion_tracking import G1MotionTracking
-from resettrace.tasks.g1_walk_flat import G1WalkFlat
-from resettrace.tasks.motion import MotionClip, generate_clip, qmul, qrot, quat_from_euler
+from resettrace.sim.contract import BackendInfo
+from resettrace.sim.model_facts import describe_model, load_model
+from resettrace.sim.tasks.g1_motion_tracking import G1MotionTracking
+from resettrace.sim.tasks.g1_walk_flat import G1WalkFlat
+from resettrace.sim.tasks.motion import MotionClip, generate_clip, qmul, qrot, quat_from_euler
 from resettrace.tracing.recorder import NOOP_RECORDER
 
 NJ = 29
@@ -174,7 +174,7 @@ def test_numpy_variant_does_not_import_numba() -> None:
     code = ("import sys, numpy as np\n"
             f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
             "from test_kernels import FakeBackend\n"
-            "from resettrace.tasks.g1_walk_flat import G1WalkFlat\n"
+            "from resettrace.sim.tasks.g1_walk_flat import G1WalkFlat\n"
             "t = G1WalkFlat(); b = FakeBackend(4, np.random.default_rng(0))\n"
             "t.bind(b, np.random.default_rng(0))\n"
             "t.update_state(np.zeros(4, np.int64), np.zeros((4, 29)),\n"
@@ -354,7 +354,7 @@ def _bind_args(k: int, nq: int, *, f64: bool = False) -> dict[str, object]:
     """bind_pass's arguments for k rows of an nq-wide qpos (6 qvel, 1 actuator on column 7):
     float32 scratch of its own, or (``f64``) one float64 array of whole rows with state
     rows and warning counters."""
-    from resettrace.backends import _kernels as K
+    from resettrace.sim.backends import _kernels as K
 
     n = 8
     if f64:
@@ -378,7 +378,7 @@ def test_a_bound_pass_writes_what_prepare_rows_writes(f64: bool) -> None:
     """bind_pass binds every argument but the caller's ids and rows: on int64 ids and
     float64 rows in any layout (C, Fortran, strided, read-only, unaligned) it writes
     exactly what prepare_rows writes with the same arrays, and finds kept ids."""
-    from resettrace.backends import _kernels as K
+    from resettrace.sim.backends import _kernels as K
 
     k, nq = 2, 8
     q = np.zeros((k, nq))
@@ -421,7 +421,7 @@ def test_a_bound_pass_writes_what_prepare_rows_writes(f64: bool) -> None:
 def test_bind_pass_binds_only_what_the_pass_can_index() -> None:
     """bind_pass returns None (the caller uses prepare_rows) for arrays of another dtype or
     layout than it binds, or too small for what the pass indexes unchecked."""
-    from resettrace.backends import _kernels as K
+    from resettrace.sim.backends import _kernels as K
 
     assert K.bind_pass(**_bind_args(3, 8)) is not None
     for change in ({"q": np.zeros((3, 8))},  # float64 scratch of its own
@@ -446,7 +446,7 @@ def test_bind_pass_binds_only_what_the_pass_can_index() -> None:
 def test_the_pass_finds_the_ids_among_the_kept_id_sets() -> None:
     """Given id sets kept by the caller (one per row, -1 where none), the pass returns the
     row that holds exactly its sorted ids, -1 when none does or they hold another size."""
-    from resettrace.backends import _kernels as K
+    from resettrace.sim.backends import _kernels as K
 
     k, nq = 3, 8
     q = np.zeros((k, nq))
@@ -478,7 +478,7 @@ def test_the_pass_refuses_a_quaternion_it_cannot_normalise_and_marks_nothing(f64
     """Zero, or finite parts whose squared norm overflows float64 (it would normalise to
     zeros): BAD_QUAT at the caller's row in float64 rows, no row marked or scattered; in
     float32 rows the value is out of range first (BAD_QPOS at its column)."""
-    from resettrace.backends import _kernels as K
+    from resettrace.sim.backends import _kernels as K
 
     k, nq = 2, 8
     for x in (0.0, 1e200, 1.7e308, -1e308):

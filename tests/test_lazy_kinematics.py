@@ -11,7 +11,7 @@ import pytest
 
 import resettrace
 from resettrace import catalog as C
-from resettrace.backends._base import RowBackend
+from resettrace.sim.backends._base import RowBackend
 
 
 def _rollout(task: str, backend: str, lazy: bool, steps: int = 150, n: int = 16

@@ -9,7 +9,7 @@ import pytest
 
 import resettrace
 from resettrace import catalog as C
-from resettrace.tasks.motion import (
+from resettrace.sim.tasks.motion import (
     CLIP_KEYS,
     MotionClip,
     MotionSampler,

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 import resettrace
 from helpers import reset_timings, stand_rows
 from resettrace import catalog as C
-from resettrace.backends import BACKENDS
-from resettrace.backends import motrix as motrix_mod
-from resettrace.backends.motrix import MotrixBackend
-from resettrace.contract import SimBackend
-from resettrace.randomization import RandomizationRows
+from resettrace.sim.backends import BACKENDS
+from resettrace.sim.backends import motrix as motrix_mod
+from resettrace.sim.backends.motrix import MotrixBackend
+from resettrace.sim.contract import SimBackend
+from resettrace.sim.randomization import RandomizationRows
 from resettrace.tracing.session import Tracing
 
 N = 64
@@ -43,7 +43,7 @@ def off_backend():
 
 
 def test_registered_and_satisfies_contract(off_backend) -> None:
-    assert BACKENDS["motrix"] == "resettrace.backends.motrix:MotrixBackend"
+    assert BACKENDS["motrix"] == "resettrace.sim.backends.motrix:MotrixBackend"
     b = off_backend
     assert isinstance(b, MotrixBackend) and isinstance(b, SimBackend)
     assert b.name == b.info.name == "motrix"
@@ -387,7 +387,7 @@ def test_a_panic_inside_set_state_is_a_runtime_error_naming_the_call(call) -> No
 
 def test_thread_pool_is_sized_once(off_backend, caplog) -> None:
     assert motrix_mod._pool_started
-    with caplog.at_level(logging.WARNING, logger="resettrace.backends.motrix"):
+    with caplog.at_level(logging.WARNING, logger="resettrace.sim.backends.motrix"):
         motrix_mod.init_threads(NTHREAD + 5)
     assert "process-wide" in caplog.text
     with pytest.raises(ValueError, match="nthread"):
@@ -399,8 +399,8 @@ def test_thread_pool_is_sized_once(off_backend, caplog) -> None:
 CRASH_CHILD = textwrap.dedent("""
     import sys
     import numpy as np
-    from resettrace.backends import motrix
-    from resettrace.backends.motrix import MotrixBackend
+    from resettrace.sim.backends import motrix
+    from resettrace.sim.backends.motrix import MotrixBackend
 
     N = 8
     b = MotrixBackend(num_envs=N, nthread=1)

@@ -728,8 +728,8 @@ def test_the_library_imports_neither_bench_nor_the_cli() -> None:
 
 
 def test_the_contract_imports_no_backend() -> None:
-    code = ("import sys, resettrace.contract; "
-            "print([m for m in sys.modules if m.startswith('resettrace.backends')])")
+    code = ("import sys, resettrace.sim.contract; "
+            "print([m for m in sys.modules if m.startswith('resettrace.sim.backends')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={"PATH": "", "RESETTRACE": "off"})
     assert out.stdout.strip() == "[]"

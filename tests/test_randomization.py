@@ -8,7 +8,11 @@ import pytest
 import resettrace
 from helpers import stand_rows
 from resettrace import catalog as C
-from resettrace.randomization import RandomizationConfig, RandomizationPayload, RandomizationRows
+from resettrace.sim.randomization import (
+    RandomizationConfig,
+    RandomizationPayload,
+    RandomizationRows,
+)
 
 
 def _rows(k: int, rng: np.random.Generator) -> RandomizationRows:

@@ -90,7 +90,7 @@ def test_a_bad_last_row_touches_no_row(name, ids, field, match) -> None:
 
 @pytest.mark.parametrize("name", ["mujoco", "motrix"])
 def test_a_bad_randomization_payload_touches_no_row(name) -> None:
-    from resettrace.randomization import RandomizationRows
+    from resettrace.sim.randomization import RandomizationRows
 
     b = _make(name)
     b.step(np.zeros((N, b.nu)), 2)
@@ -113,7 +113,7 @@ def test_mujoco_writes_whole_fresh_state_rows() -> None:
     """After steps have filled every state component, set_state's one scatter leaves each
     reset row as a fresh engine reset followed by the qpos, qvel and ctrl writes, also
     once the scratch rows have grown."""
-    from resettrace.backends.mujoco import _STAGE_NONE
+    from resettrace.sim.backends.mujoco import _STAGE_NONE
 
     b, twin = _make("mujoco"), _make("mujoco")
     rng = np.random.default_rng(4)
@@ -247,7 +247,7 @@ def test_only_the_usual_dtypes_take_the_pass_entry_point(name, monkeypatch) -> N
     unaligned), go to the pass's entry point compiled for them (no type dispatch); arrays
     of any other numba dtype, which that entry point would misread, go through the
     dispatcher, and every route leaves the state that float64 C rows leave."""
-    from resettrace.backends import _base, _kernels
+    from resettrace.sim.backends import _base, _kernels
 
     dispatched = []
     real = _base.prepare_rows
@@ -278,7 +278,7 @@ def test_only_the_usual_dtypes_take_the_pass_entry_point(name, monkeypatch) -> N
 
 def test_mujoco_forward_falls_back_to_the_public_call() -> None:
     """Without mujoco.batch's internals, forward kinematics goes through Batch.forward."""
-    from resettrace.backends.mujoco import _STAGE_POS, forward_rows
+    from resettrace.sim.backends.mujoco import _STAGE_POS, forward_rows
 
     calls = []
 
@@ -301,7 +301,7 @@ def test_mujoco_forward_falls_back_to_the_public_call() -> None:
 def test_the_pass_refuses_engine_arrays_it_would_index_past() -> None:
     """The compiled pass writes marks and state rows by id with no bounds checks: arrays
     shorter than num_envs (or state rows of another width) are refused before it runs."""
-    from resettrace.backends._validate import OutRows, convert_rows
+    from resettrace.sim.backends._validate import OutRows, convert_rows
 
     b = _make("mujoco")
     ids = np.array([1, N - 1])
@@ -370,7 +370,7 @@ def test_a_failed_engine_write_leaves_its_rows_stale(monkeypatch) -> None:
 def test_scratch_the_pass_cannot_bind_takes_the_dispatcher(name, monkeypatch) -> None:
     """A backend whose scratch bind_pass does not bind (a user's own dtype or layout) resets
     through numba's dispatcher with the same result as the bound pass."""
-    from resettrace.backends import _base
+    from resettrace.sim.backends import _base
 
     rng = np.random.default_rng(8)
     ids = np.sort(rng.choice(N, 5, replace=False))

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from resettrace import catalog as C
-from resettrace.backends import make_backend, published
 from resettrace.bench import set_state_ab as ab
+from resettrace.sim.backends import make_backend, published
 from resettrace.tracing.recorder import Recorder
 
 N = 96

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import resettrace
-from resettrace.model_facts import DEFAULT_MODEL, control_substeps
+from resettrace.sim.model_facts import DEFAULT_MODEL, control_substeps
 
 G1 = DEFAULT_MODEL.read_text()
 
@@ -230,7 +230,7 @@ def test_clip_joints_are_mapped_by_name(tmp_path: Path) -> None:
 
     import numpy as np
 
-    from resettrace.tasks.motion import generate_clip, load_clip, save_clip
+    from resettrace.sim.tasks.motion import generate_clip, load_clip, save_clip
 
     clip = generate_clip(fps=50)
     order = list(range(clip.num_joints))[::-1]
@@ -262,7 +262,7 @@ def test_motrix_runs_mujocos_gains_and_says_which_limits_it_cannot(
     actuators whose force limit it ignores."""
     import numpy as np
 
-    from resettrace.model_facts import actuator_force_limits, actuator_gains, load_model
+    from resettrace.sim.model_facts import actuator_force_limits, actuator_gains, load_model
 
     # kv and dampratio exclude each other on MotrixSim: no kv in the top default
     xml = G1.replace('forcelimited="true" kp="40" kv="2"/>', 'forcelimited="true" kp="40"/>', 1)

@@ -36,9 +36,9 @@ from resettrace.tracing.api import (
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder, Scope
 
 if TYPE_CHECKING:
-    from resettrace.envs.np_env import NpEnv
     from resettrace.instrumentation import instrument
-    from resettrace.randomization import RandomizationConfig
+    from resettrace.sim.envs.np_env import NpEnv
+    from resettrace.sim.randomization import RandomizationConfig
     from resettrace.tracing.processor import TimingSpanProcessor
     from resettrace.tracing.session import Tracing
 
@@ -65,8 +65,9 @@ def __getattr__(name: str) -> Any:
 
 def make_backend(name: str, *, num_envs: int, model: Any = None, tracing: Tracing | None = None,
                  task: str | None = None, **options: Any) -> Any:
-    """A simulator backend (``"mujoco"``) with ``num_envs`` envs; see ``resettrace.backends``."""
-    from resettrace.backends import make_backend as _make
+    """A simulator backend (``"mujoco"``) with ``num_envs`` envs; see
+    ``resettrace.sim.backends``."""
+    from resettrace.sim.backends import make_backend as _make
 
     rec = recorder(backend=name, task=task, env_count=num_envs, tracing=tracing)
     return _make(name, num_envs=num_envs, model=model, recorder=rec, **options)
@@ -87,10 +88,10 @@ def make_env(task: str, *, backend: str = "mujoco", num_envs: int, model: Any = 
     from resettrace.extras import require
 
     require("sim", "resettrace.make_env")  # before a task or backend module loads
-    from resettrace.backends import backend_class
-    from resettrace.envs.np_env import NpEnv
-    from resettrace.randomization import RandomizationConfig, RandomizationPayload
-    from resettrace.tasks import task_class
+    from resettrace.sim.backends import backend_class
+    from resettrace.sim.envs.np_env import NpEnv
+    from resettrace.sim.randomization import RandomizationConfig, RandomizationPayload
+    from resettrace.sim.tasks import task_class
 
     task_obj = task_class(task)(**(task_options or {}))
     cls = backend_class(backend)  # unknown names fail before anything is built

@@ -32,8 +32,8 @@ import numpy as np
 
 from resettrace import catalog as C
 from resettrace.config import Config
-from resettrace.contract import MAX_ENVS
 from resettrace.record import record_of_session
+from resettrace.sim.contract import MAX_ENVS
 from resettrace.tables import exporter_outcome, format_table, write_csv, write_json
 
 log = logging.getLogger(__name__)

@@ -51,7 +51,7 @@ import numpy as np
 
 from resettrace.bench._stats import paired_ratio_ci
 from resettrace.config import Config
-from resettrace.contract import MAX_ENVS
+from resettrace.sim.contract import MAX_ENVS
 from resettrace.tables import format_table
 from resettrace.testing.receivers import ReceiverProcess
 

@@ -30,7 +30,7 @@ import numpy as np
 from resettrace import catalog as C
 from resettrace.bench.collector import render_export
 from resettrace.config import Config
-from resettrace.contract import MAX_ENVS
+from resettrace.sim.contract import MAX_ENVS
 from resettrace.tables import format_table
 from resettrace.testing.receivers import ReceiverProcess
 from resettrace.tracing.recorder import NOOP_RECORDER

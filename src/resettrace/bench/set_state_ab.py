@@ -80,8 +80,8 @@ from typing import Any
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends.published import baseline_set_state, final_state, make_floor
 from resettrace.bench._stats import paired_ratio_ci
+from resettrace.sim.backends.published import baseline_set_state, final_state, make_floor
 from resettrace.tables import format_table
 from resettrace.tracing.recorder import Recorder
 
@@ -163,7 +163,7 @@ def make_inputs(backend: Any, k: int, rng: np.random.Generator
 
 # -- the benchmark -----------------------------------------------------------------------------
 def _make_backend(name: str, num_envs: int, cfg: SetStateABConfig) -> Any:
-    from resettrace.backends import make_backend
+    from resettrace.sim.backends import make_backend
 
     options: dict[str, Any] = {} if cfg.nthread is None else {"nthread": cfg.nthread}
     return make_backend(name, num_envs=num_envs, model=cfg.model, recorder=Recorder(),

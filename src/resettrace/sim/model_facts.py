@@ -19,7 +19,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from resettrace.contract import BackendInfo
+from resettrace.sim.contract import BackendInfo
 
 log = logging.getLogger(__name__)
 

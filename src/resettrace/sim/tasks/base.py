@@ -1,4 +1,4 @@
-"""What a task provides to :class:`~resettrace.envs.np_env.NpEnv`.
+"""What a task provides to :class:`~resettrace.sim.envs.np_env.NpEnv`.
 
 A task owns the observation, reward, termination and reset-sampling logic of one
 robot task. Its methods work on any number of rows, so the same code builds the
@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from resettrace.contract import SimBackend
+from resettrace.sim.contract import SimBackend
 
 __all__ = ["Task"]
 

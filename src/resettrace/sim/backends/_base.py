@@ -11,7 +11,7 @@ qpos_convert   ``id_array`` (the ids are a 1-D integer array), the randomization
                checked, then one compiled pass (its k-row scratch views made and checked
                once per k, :meth:`RowBackend._pass_rows`; int64 ids with float64 rows,
                in any layout, go to the pass bound to that scratch,
-               :func:`~resettrace.backends._kernels.bind_pass`, other ndarrays of the
+               :func:`~resettrace.sim.backends._kernels.bind_pass`, other ndarrays of the
                right shapes through numba's dispatcher, anything else through
                ``convert_rows``): the ids checked
                sorted, unique and in range into the int32 index (unsorted ids: sorted
@@ -42,9 +42,9 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends._kernels import NO_ORDER, OK, bind_pass, prepare_rows
-from resettrace.backends._pose import PoseCache
-from resettrace.backends._validate import (
+from resettrace.sim.backends._kernels import NO_ORDER, OK, bind_pass, prepare_rows
+from resettrace.sim.backends._pose import PoseCache
+from resettrace.sim.backends._validate import (
     PASS_DTYPES,
     OutRows,
     check_pass_target,
@@ -52,9 +52,9 @@ from resettrace.backends._validate import (
     finish_pass,
     id_array,
 )
-from resettrace.contract import MAX_ENVS, BackendInfo, SetStateResult
-from resettrace.model_facts import keyframe_qpos
-from resettrace.randomization import RandomizationRows, as_rows, reorder_rows
+from resettrace.sim.contract import MAX_ENVS, BackendInfo, SetStateResult
+from resettrace.sim.model_facts import keyframe_qpos
+from resettrace.sim.randomization import RandomizationRows, as_rows, reorder_rows
 from resettrace.tracing.api import bind, current_recorder
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, NoopScope, Recorder, Scope
 

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.contract import SimBackend
-from resettrace.envs.dr import DomainRandomizationManager
-from resettrace.tasks.base import Task
+from resettrace.sim.contract import SimBackend
+from resettrace.sim.envs.dr import DomainRandomizationManager
+from resettrace.sim.tasks.base import Task
 from resettrace.tracing.api import bind, current_recorder
 from resettrace.tracing.recorder import NoopRecorder, Recorder
 

@@ -11,8 +11,8 @@ __all__ = ["BACKENDS", "backend_class", "make_backend"]
 
 #: name -> "module:Class"; modules load on first use so that ``import resettrace`` stays light.
 BACKENDS: dict[str, str] = {
-    "mujoco": "resettrace.backends.mujoco:MujocoBackend",
-    "motrix": "resettrace.backends.motrix:MotrixBackend",
+    "mujoco": "resettrace.sim.backends.mujoco:MujocoBackend",
+    "motrix": "resettrace.sim.backends.motrix:MotrixBackend",
 }
 
 

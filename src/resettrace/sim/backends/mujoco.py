@@ -32,7 +32,7 @@ refresh_pose_cache 0.0: the pass marks the rows stale; ``get_body_pose_rows`` co
 =================  ====================================================================
 
 ``reset_rand`` and ``geom_overrides`` run only with a randomization payload
-(:class:`~resettrace.randomization.RandomizationRows`); the batch then keeps
+(:class:`~resettrace.sim.randomization.RandomizationRows`); the batch then keeps
 per-env copies of those model fields. They run after the state rows are written (they
 change model fields only: ``set_const`` leaves the state rows as they were); the payload is
 validated before the pass, so a bad one leaves every row untouched.
@@ -54,23 +54,23 @@ import numpy as np
 from mujoco import batch as mj_batch
 
 from resettrace import catalog as C
-from resettrace.backends._base import (
+from resettrace.sim.backends._base import (
     KeptHandles,
     PassTarget,
     RowBackend,
     Scratch,
     check_num_envs,
 )
-from resettrace.backends._pose import PoseCache
-from resettrace.backends._validate import OutRows
-from resettrace.model_facts import (
+from resettrace.sim.backends._pose import PoseCache
+from resettrace.sim.backends._validate import OutRows
+from resettrace.sim.model_facts import (
     DEFAULT_MODEL,
     KEYFRAME,
     describe_model,
     load_model,
     robot_contact_geoms,
 )
-from resettrace.randomization import RandomizationRows
+from resettrace.sim.randomization import RandomizationRows
 from resettrace.tracing.recorder import NoopRecorder, NoopScope, Recorder, Scope
 
 log = logging.getLogger(__name__)
@@ -247,6 +247,6 @@ class MujocoBackend(RowBackend):
 
 
 if TYPE_CHECKING:  # a type checker proves this backend satisfies the contract
-    from resettrace.contract import SimBackend
+    from resettrace.sim.contract import SimBackend
 
     _check: type[SimBackend] = MujocoBackend

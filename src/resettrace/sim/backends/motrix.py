@@ -52,7 +52,7 @@ reads 0.0 and
 the overrides, under its own key.
 
 ``reset_rand`` and ``geom_overrides`` run only with a randomization payload
-(:class:`~resettrace.randomization.RandomizationRows`). ``clear_forces`` (external forces
+(:class:`~resettrace.sim.randomization.RandomizationRows`). ``clear_forces`` (external forces
 are consumed by the step that applies them: nothing is left to clear),
 ``invalidate_velocity`` (no velocity cache is exposed: the next step recomputes
 everything), ``pool_reset`` and ``state_scatter`` do not apply and are reported as 0.0.
@@ -82,11 +82,11 @@ import mujoco
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends._base import KeptHandles, RowBackend, Scratch, check_num_envs
-from resettrace.backends._pose import PoseCache
-from resettrace.backends._validate import OutRows
-from resettrace.contract import BackendInfo
-from resettrace.model_facts import (
+from resettrace.sim.backends._base import KeptHandles, RowBackend, Scratch, check_num_envs
+from resettrace.sim.backends._pose import PoseCache
+from resettrace.sim.backends._validate import OutRows
+from resettrace.sim.contract import BackendInfo
+from resettrace.sim.model_facts import (
     DEFAULT_MODEL,
     actuator_force_limits,
     actuator_gains,
@@ -97,7 +97,7 @@ from resettrace.model_facts import (
     robot_contact_geoms,
     warn_once,
 )
-from resettrace.randomization import RandomizationRows
+from resettrace.sim.randomization import RandomizationRows
 from resettrace.tracing.recorder import NoopRecorder, NoopScope, Recorder, Scope
 
 os.environ.setdefault("RUST_LOG", "error")  # before the import: silences loader warnings
@@ -276,7 +276,7 @@ class MotrixBackend(RowBackend):
 
         Options: where MotrixSim's differ from the model's ``<option>`` or it has no
         setting for one that changes the physics, a warning lists them
-        (:func:`~resettrace.model_facts.motrix_option_differences`).
+        (:func:`~resettrace.sim.model_facts.motrix_option_differences`).
 
         Gains: MotrixSim derives kd from ``dampratio`` its own way; where its kp or kd
         differ from MuJoCo's compiled values, every env gets MuJoCo's through the engine's
@@ -530,6 +530,6 @@ class MotrixBackend(RowBackend):
 
 
 if TYPE_CHECKING:  # a type checker proves this backend satisfies the contract
-    from resettrace.contract import SimBackend
+    from resettrace.sim.contract import SimBackend
 
     _check: type[SimBackend] = MotrixBackend

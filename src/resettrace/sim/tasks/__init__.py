@@ -9,8 +9,8 @@ from resettrace.registry import resolve
 __all__ = ["TASKS", "task_class"]
 
 TASKS: dict[str, str] = {
-    "g1_walk_flat": "resettrace.tasks.g1_walk_flat:G1WalkFlat",
-    "g1_motion_tracking": "resettrace.tasks.g1_motion_tracking:G1MotionTracking",
+    "g1_walk_flat": "resettrace.sim.tasks.g1_walk_flat:G1WalkFlat",
+    "g1_motion_tracking": "resettrace.sim.tasks.g1_motion_tracking:G1MotionTracking",
 }
 
 

@@ -148,13 +148,13 @@ def convert_rows(ids_in: np.ndarray, num_envs: int, ids_out: np.ndarray, qpos: o
     (``lazy``: kinematics stale; eager: they are computed next), and, given the engine's
     float64 state rows ``state`` and int32 ``warning`` counters (``out.q`` then holds whole
     state rows), ``state[ids] = out.q[:k]`` and ``warning[ids] = 0`` written. One compiled pass
-    (:mod:`resettrace.backends._kernels`), two for unsorted ids; ``ValueError`` naming
+    (:mod:`resettrace.sim.backends._kernels`), two for unsorted ids; ``ValueError`` naming
     the caller's id or row on a bad id, a wrong shape, a non-finite or (for float32
     scratch) too large value, or a base quaternion that cannot be normalised (zero, or its
     squared norm overflowing float64). ``RowBackend.set_state`` calls the
     same pass directly, its scratch checked once per k (:func:`check_pass_target`).
     """
-    from resettrace.backends import _kernels as K
+    from resettrace.sim.backends import _kernels as K
 
     k = ids_out.shape[0]
     q_in = _shaped("qpos", qpos, k, out.nq)
@@ -181,7 +181,7 @@ def check_pass_target(k: int, num_envs: int, out: OutRows, ctrl_lo: np.ndarray,
     """What the compiled pass indexes unchecked holds ``k`` rows of ``num_envs`` envs
     (``ValueError`` otherwise); ``state`` and ``warning`` as the pass takes them (the empty
     stand-ins for None)."""
-    from resettrace.backends import _kernels as K
+    from resettrace.sim.backends import _kernels as K
 
     q, oq, v, ov, c, oc = out[:6]
     if fresh.shape[0] < num_envs or stale.shape[0] < num_envs:  # the pass marks them
@@ -210,7 +210,7 @@ def finish_pass(code: int, row: int, col: int, ids_in: np.ndarray, num_envs: int
                 warning: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """After a first pass that did not return OK: unsorted ids sorted (and checked unique)
     and the pass run again with their order; a bad id or row raised as ``ValueError``."""
-    from resettrace.backends import _kernels as K
+    from resettrace.sim.backends import _kernels as K
 
     order: np.ndarray | None = None
     if code == K.UNSORTED:  # sort (and check unique) here, then the compiled pass again

@@ -118,5 +118,5 @@ def as_rows(randomization: object) -> RandomizationRows | None:
     """``randomization`` if it is ``None`` or :class:`RandomizationRows`, else ``ValueError``."""
     if randomization is None or isinstance(randomization, RandomizationRows):
         return randomization
-    raise ValueError("randomization must be a resettrace.randomization.RandomizationRows, "
+    raise ValueError("randomization must be a resettrace.sim.randomization.RandomizationRows, "
                      f"got {type(randomization).__name__}")

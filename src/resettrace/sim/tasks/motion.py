@@ -30,7 +30,7 @@ keeps a per-bin failure EMA and samples bins where episodes fail more often (the
 formula is in its docstring).
 
 The quaternion helpers here (``q*``) work on any leading shape ``(..., 4)``; the
-two-dimensional ones of :mod:`resettrace.tasks.quat` do not.
+two-dimensional ones of :mod:`resettrace.sim.tasks.quat` do not.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from resettrace.tasks.quat import (
+from resettrace.sim.tasks.quat import (
     qangle,
     qconj,
     qlog,
@@ -310,7 +310,7 @@ def generate_clip(model_path: str | os.PathLike[str] | Any = None, *, seconds: f
 
     if seconds <= 0 or fps <= 0:
         raise ValueError(f"seconds and fps must be > 0, got {seconds} and {fps}")
-    from resettrace.model_facts import keyframe_qpos, load_model
+    from resettrace.sim.model_facts import keyframe_qpos, load_model
 
     model = load_model(model_path)
     path = "the bundled G1" if model_path is None else str(model_path)

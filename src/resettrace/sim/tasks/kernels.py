@@ -12,7 +12,7 @@ Contract of :func:`walk_flat_update` (one fused pass over the envs, no temporari
 - outputs (written in place, every row): ``obs`` ``(n, 3 + 3 + 2 nj + na + 3 + 2)`` float32,
   ``reward`` ``(n,)`` float64, ``terminated`` ``(n,)`` bool.
 
-It computes exactly what :meth:`resettrace.tasks.g1_walk_flat.G1WalkFlat.update_state`
+It computes exactly what :meth:`resettrace.sim.tasks.g1_walk_flat.G1WalkFlat.update_state`
 computes with numpy, in the same floating-point operation order (float64 arithmetic, one
 rounding to float32 per observation entry; termination compares the float32 gravity z,
 as the numpy path does), so the two paths agree to float32 rounding and their
@@ -45,7 +45,7 @@ the envs and their tracked bodies, no temporaries):
   ``last_frame``), ``clip_end`` and ``failed`` ``(n,)`` bool, ``obs`` ``(n, 4 J + na + 12)``
   float32, ``reward`` ``(n,)`` float64, ``terminated`` ``(n,)`` bool.
 
-It computes what :meth:`resettrace.tasks.g1_motion_tracking.G1MotionTracking.update_state`
+It computes what :meth:`resettrace.sim.tasks.g1_motion_tracking.G1MotionTracking.update_state`
 computes with numpy (the sampler's failure feedback stays with the caller), with the numpy
 path's operation order in every arithmetic term, so the observations agree to float32
 rounding and the failure tests, which use only arithmetic, ``sqrt`` and ``abs``, give
@@ -77,7 +77,7 @@ _TWO_PI = 2.0 * np.pi
 def _rotate_inverse(w: float, x: float, y: float, z: float,
                     vx: float, vy: float, vz: float) -> tuple[float, float, float]:
     """World vector ``v`` into the frame of the wxyz quaternion; the operation order of
-    ``resettrace.tasks.quat.qrot_inv``: ``v - w t + u x t`` with ``t = 2 u x v``."""
+    ``resettrace.sim.tasks.quat.qrot_inv``: ``v - w t + u x t`` with ``t = 2 u x v``."""
     tx = 2.0 * (y * vz - z * vy)
     ty = 2.0 * (z * vx - x * vz)
     tz = 2.0 * (x * vy - y * vx)
@@ -143,7 +143,7 @@ def walk_flat_update(qpos: np.ndarray, qvel: np.ndarray, last_action: np.ndarray
 def _rotate(w: float, x: float, y: float, z: float,
             vx: float, vy: float, vz: float) -> tuple[float, float, float]:
     """``v`` rotated by the wxyz quaternion (frame to world); the operation order of
-    ``resettrace.tasks.motion.qrot``: ``v + w t + u x t`` with ``t = 2 u x v``."""
+    ``resettrace.sim.tasks.motion.qrot``: ``v + w t + u x t`` with ``t = 2 u x v``."""
     tx = 2.0 * (y * vz - z * vy)
     ty = 2.0 * (z * vx - x * vz)
     tz = 2.0 * (x * vy - y * vx)
@@ -155,7 +155,7 @@ def _rotate(w: float, x: float, y: float, z: float,
 @njit(cache=True, inline="always")
 def _qmul(aw: float, ax: float, ay: float, az: float, bw: float, bx: float, by: float,
           bz: float) -> tuple[float, float, float, float]:
-    """Hamilton product ``a b`` in the operation order of ``resettrace.tasks.motion.qmul``."""
+    """Hamilton product ``a b`` in the operation order of ``resettrace.sim.tasks.motion.qmul``."""
     return (aw * bw - ax * bx - ay * by - az * bz,
             aw * bx + ax * bw + ay * bz - az * by,
             aw * by - ax * bz + ay * bw + az * bx,
@@ -165,7 +165,7 @@ def _qmul(aw: float, ax: float, ay: float, az: float, bw: float, bx: float, by: 
 @njit(cache=True, inline="always")
 def _qangle(aw: float, ax: float, ay: float, az: float, bw: float, bx: float, by: float,
             bz: float) -> float:
-    """Rotation angle between ``a`` and ``b`` as ``resettrace.tasks.motion.qangle``."""
+    """Rotation angle between ``a`` and ``b`` as ``resettrace.sim.tasks.motion.qangle``."""
     dw, dx, dy, dz = _qmul(aw, -ax, -ay, -az, bw, bx, by, bz)
     return 2.0 * math.atan2(math.sqrt(dx * dx + dy * dy + dz * dz), abs(dw))
 

@@ -9,7 +9,7 @@ keyframe with xy and yaw noise and base velocity noise.
 
 ``update_state`` has two implementations that compute the same observation, reward and
 termination: numpy (the default) and a fused numba kernel
-(:func:`resettrace.tasks.kernels.walk_flat_update`), chosen per env with
+(:func:`resettrace.sim.tasks.kernels.walk_flat_update`), chosen per env with
 ``use_numba=True`` (``make_env("g1_walk_flat", ..., task_options={"use_numba": True})``).
 With numba on, ``bind`` validates the state views once and compiles the kernel there, so
 no compile lands in a timed step; numba is imported only then. The reset rows'
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from resettrace.contract import SimBackend
-from resettrace.tasks._common import G1Task, check_array
-from resettrace.tasks.quat import qmul, qrot_inv, yaw_quat
+from resettrace.sim.contract import SimBackend
+from resettrace.sim.tasks._common import G1Task, check_array
+from resettrace.sim.tasks.quat import qmul, qrot_inv, yaw_quat
 
 __all__ = ["G1WalkFlat", "WalkFlatConfig"]
 
@@ -97,7 +97,7 @@ class G1WalkFlat(G1Task):
         """Check the kernel's inputs and compile it (or load it from numba's on-disk cache)
         now, on scratch outputs laid out like NpEnv's buffers, which do not exist yet; the
         first timed step then runs compiled code."""
-        from resettrace.tasks.kernels import walk_flat_update
+        from resettrace.sim.tasks.kernels import walk_flat_update
 
         assert self.backend is not None
         n = self.backend.num_envs

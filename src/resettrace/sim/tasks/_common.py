@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from resettrace.contract import SimBackend
-from resettrace.model_facts import control_substeps
+from resettrace.sim.contract import SimBackend
+from resettrace.sim.model_facts import control_substeps
 
 __all__ = ["G1Task", "check_array"]
 

@@ -39,7 +39,7 @@ Termination (``terminated``):
   termination, but it is not a failure (the sampler does not count it and no
   penalty applies). ``max_episode_steps`` still truncates long clips.
 
-Reset: a start frame from :class:`~resettrace.tasks.motion.MotionSampler`; the root
+Reset: a start frame from :class:`~resettrace.sim.tasks.motion.MotionSampler`; the root
 pose and velocity of the clip's root body (``body_names[0]``, the pelvis) at that
 frame, the clip's joint positions and velocities, plus uniform noise: root position
 per axis, root rotation ``Rz(yaw) Ry(pitch) Rx(roll)`` applied on the left, root
@@ -55,7 +55,7 @@ are fresh from ``set_state``.
 
 ``update_state`` has two implementations that compute the same frames, observation, reward
 and terminations: numpy (the default) and a fused numba kernel
-(:func:`resettrace.tasks.kernels.motion_tracking_update`), chosen with ``use_numba=True``
+(:func:`resettrace.sim.tasks.kernels.motion_tracking_update`), chosen with ``use_numba=True``
 (``make_env("g1_motion_tracking", ..., task_options={"use_numba": True})``). With numba on,
 ``bind`` validates the clip and state arrays once and compiles the kernel there, so no
 compile lands in a timed step; numba is imported only then. The sampler's failure feedback
@@ -73,9 +73,9 @@ from typing import Any
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.contract import SimBackend
-from resettrace.tasks._common import G1Task, check_array
-from resettrace.tasks.motion import (
+from resettrace.sim.contract import SimBackend
+from resettrace.sim.tasks._common import G1Task, check_array
+from resettrace.sim.tasks.motion import (
     MotionClip,
     MotionSampler,
     generate_clip,
@@ -101,7 +101,7 @@ _Vec3 = tuple[float, float, float]
 class MotionTrackingConfig:
     #: the reference clip; None with no ``clip_path``: :func:`generate_clip` at the control rate
     clip: MotionClip | None = None
-    #: a user clip ``.npz`` (see :mod:`resettrace.tasks.motion`); exclusive with ``clip``
+    #: a user clip ``.npz`` (see :mod:`resettrace.sim.tasks.motion`); exclusive with ``clip``
     clip_path: str | Path | None = None
     #: start-frame sampling: "adaptive", "uniform" or "start"
     sampler: str = "adaptive"
@@ -258,7 +258,7 @@ class G1MotionTracking(G1Task):
         """Check the kernel's fixed inputs (clip, per-env bookkeeping) and compile it (or
         load it from numba's on-disk cache) now, on scratch outputs laid out like NpEnv's
         buffers, which do not exist yet; the first timed step then runs compiled code."""
-        from resettrace.tasks.kernels import motion_tracking_update
+        from resettrace.sim.tasks.kernels import motion_tracking_update
 
         assert self.backend is not None
         clip, n, nj = self.clip, self.backend.num_envs, self.num_joints

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.contract import SetStateResult, SimBackend
-from resettrace.randomization import RandomizationPayload, RandomizationRows
-from resettrace.tasks.base import Task
+from resettrace.sim.contract import SetStateResult, SimBackend
+from resettrace.sim.randomization import RandomizationPayload, RandomizationRows
+from resettrace.sim.tasks.base import Task
 from resettrace.tracing.api import current_recorder
 from resettrace.tracing.recorder import NoopRecorder, Recorder
 

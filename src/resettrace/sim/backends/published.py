@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.backends._validate import check_ids, check_rows, normalise_quat_into
+from resettrace.sim.backends._validate import check_ids, check_rows, normalise_quat_into
 
 __all__ = ["baseline_set_state", "make_floor", "final_state"]
 
@@ -86,7 +86,7 @@ def _motrix_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> 
 
 
 def _mujoco_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> None:
-    from resettrace.backends.mujoco import _STAGE_NONE
+    from resettrace.sim.backends.mujoco import _STAGE_NONE
 
     rec, b = be.recorder, be.batch
     with rec.scope(C.SET_STATE_MASK):
@@ -160,7 +160,7 @@ def make_floor(backend: Any, env_ids: np.ndarray, qpos: np.ndarray, qvel: np.nda
             sub.actuator_ctrls = ce
 
         return motrix_floor
-    from resettrace.backends.mujoco import forward_rows, state_columns
+    from resettrace.sim.backends.mujoco import forward_rows, state_columns
 
     b, m = backend.batch, backend.model
     cq, cv, cc = state_columns(m)

@@ -1,0 +1,92 @@
+"""The layout's rule (docs/layout.md), read from every module's imports: the tracer never
+imports the reference path (``resettrace.sim``) or the benchmarks (``resettrace.bench``) but
+where a public call or a ``bench`` command loads them, the reference path never imports the
+benchmarks, and no tracer module imports an extra's package at its top (``import
+resettrace`` and tracing stay light: ``pip install resettrace`` has none of them)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from resettrace.extras import EXTRAS
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "resettrace"
+#: tracer modules that may load the reference path or a benchmark inside a function
+LOADERS = {"resettrace/__init__.py": "make_env and make_backend",
+           "resettrace/cli.py": "the bench commands"}
+HEAVY = {m for mods in EXTRAS.values() for m in mods}
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """Every module the file imports: ``(name, at the top)``; at the top means outside
+    any function and outside ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
+    out: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            here = top
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                here = False
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                here = False
+            if isinstance(child, ast.Import):
+                out.extend((a.name, here) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                out.append((child.module, here))
+                if child.module == "resettrace":  # from resettrace import sim
+                    out.extend((f"resettrace.{a.name}", here) for a in child.names)
+            visit(child, here)
+
+    visit(tree, True)
+    return out
+
+
+def _part(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if parts[0] == "resettrace" and len(parts) > 1 else ""
+
+
+MODULES = sorted(p.relative_to(SRC).as_posix() for p in PKG.rglob("*.py"))
+
+
+def test_the_modules_are_found() -> None:
+    assert "resettrace/sim/backends/mujoco.py" in MODULES
+    assert "resettrace/tracing/recorder.py" in MODULES and len(MODULES) > 60
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_each_module_keeps_to_its_side_of_the_layout(module: str) -> None:
+    side = module.split("/")[1]  # sim, bench, or a tracer module / package
+    broken = []
+    for name, top in _imports(SRC / module):
+        target = _part(name)
+        if side == "sim" and target == "bench":
+            broken.append(f"{name}: the reference path never imports the benchmarks")
+        if side not in ("sim", "bench") and target in ("sim", "bench"):
+            if top or module not in LOADERS:
+                broken.append(f"{name}: the tracer never imports the reference path or "
+                              f"the benchmarks (only {', '.join(LOADERS)} load them, "
+                              "inside a function)")
+        if side not in ("sim", "bench") and top and name.partition(".")[0] in HEAVY:
+            broken.append(f"{name}: an extra's package, imported at the top of a tracer "
+                          "module")
+    assert not broken, broken
+
+
+def test_the_rule_catches_what_it_forbids(tmp_path: Path) -> None:
+    """The checker itself: imports at the top and in functions, from-imports, and
+    TYPE_CHECKING blocks, as written."""
+    f = tmp_path / "m.py"
+    f.write_text("from typing import TYPE_CHECKING\nimport scipy.stats\n"
+                 "from resettrace import sim, catalog\n"
+                 "if TYPE_CHECKING:\n    from resettrace.bench import overhead\n"
+                 "def f():\n    import mujoco\n    from resettrace.sim.envs import np_env\n")
+    got = _imports(f)
+    assert ("scipy.stats", True) in got and ("resettrace.sim", True) in got
+    assert ("resettrace.bench", False) in got and ("mujoco", False) in got
+    assert ("resettrace.sim.envs", False) in got and ("resettrace.catalog", True) in got
