@@ -90,3 +90,32 @@ def test_the_rule_catches_what_it_forbids(tmp_path: Path) -> None:
     assert ("scipy.stats", True) in got and ("resettrace.sim", True) in got
     assert ("resettrace.bench", False) in got and ("mujoco", False) in got
     assert ("resettrace.sim.envs", False) in got and ("resettrace.catalog", True) in got
+
+
+def _private_imports(path: Path) -> list[str]:
+    """``from resettrace.X import _name`` where ``_name`` is not a module: another
+    module's private name."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level \
+                and node.module.split(".")[0] == "resettrace":
+            for alias in node.names:
+                name = alias.name
+                if name.startswith("_") and not name.startswith("__"):
+                    where = SRC.joinpath(*node.module.split("."), name)
+                    if not (where.with_suffix(".py").exists() or where.is_dir()
+                            or where.parent.joinpath(name + ".c").exists()):
+                        out.append(f"{node.module}.{name}")
+    return out
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_no_module_imports_another_s_private_name(module: str) -> None:
+    assert _private_imports(SRC / module) == []
+
+
+def test_the_private_rule_catches_what_it_forbids(tmp_path: Path) -> None:
+    f = tmp_path / "m.py"
+    f.write_text("from resettrace.tracing.recorder import _ERRORS, Recorder\n"
+                 "from resettrace.tracing import _fast\nfrom resettrace import _run\n")
+    assert _private_imports(f) == ["resettrace.tracing.recorder._ERRORS"]

@@ -113,7 +113,7 @@ def test_mujoco_writes_whole_fresh_state_rows() -> None:
     """After steps have filled every state component, set_state's one scatter leaves each
     reset row as a fresh engine reset followed by the qpos, qvel and ctrl writes, also
     once the scratch rows have grown."""
-    from resettrace.sim.backends.mujoco import _STAGE_NONE
+    from resettrace.sim.backends.mujoco import STAGE_NONE
 
     b, twin = _make("mujoco"), _make("mujoco")
     rng = np.random.default_rng(4)
@@ -127,7 +127,7 @@ def test_mujoco_writes_whole_fresh_state_rows() -> None:
         assert (b._warning[ids] == 0).all()
         np.testing.assert_array_equal(np.delete(b._warning, ids, axis=0), 7)
         # the published path: the engine's reset, then each field written
-        twin.batch.reset(ids, stage=_STAGE_NONE)
+        twin.batch.reset(ids, stage=STAGE_NONE)
         tq = np.array(q)
         tq[:, 3:7] /= np.linalg.norm(tq[:, 3:7], axis=1, keepdims=True)
         twin._qpos[ids], twin._qvel[ids] = tq, v

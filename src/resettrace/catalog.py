@@ -24,7 +24,7 @@ import difflib
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,6 +206,17 @@ class Catalog:
 
     def get(self, span: str) -> Phase | None:
         return self.by_span.get(span)
+
+    @classmethod
+    def union(cls, catalogs: Iterable[Catalog]) -> Catalog:
+        """One catalog with the phases of all (the first's order, then the others' new
+        ones): the phases of several run records, read together."""
+        out = cls()
+        for cat in catalogs:
+            for p in cat:
+                if out.get(p.span) is None and (p.parent is None or out.get(p.parent)):
+                    out.register(p.span, parent=p.parent, key=p.key, gap_key=p.gap_key)
+        return out
 
     def resolve(self, phase: Phase | str) -> Phase:
         """The catalog's phase for a :class:`Phase` or a span name.

@@ -99,9 +99,7 @@ def load_runs(path: str | Path) -> list[Run]:
 
 
 def _catalog(runs: Sequence[Run]) -> Any:
-    from resettrace.analysis.fit import _union
-
-    return _union([r.catalog for r in runs if r.catalog is not None] or [C.CATALOG])
+    return C.Catalog.union([r.catalog for r in runs if r.catalog is not None] or [C.CATALOG])
 
 
 def _units(samples: Sequence[float], blocks: int) -> np.ndarray:

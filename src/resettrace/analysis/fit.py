@@ -177,16 +177,6 @@ def load_fit_inputs(paths: Sequence[str]) -> dict[str, Any]:
         n = counts[0] if isinstance(counts, list) and len(counts) == 1 else rec.num_envs
         runs.append((source, n, sums))
         catalogs.append(rec.catalog())
-    return fit_runs(runs, _union(catalogs))
-
-
-def _union(catalogs: Sequence[Any]) -> Any:
-    """One catalog with the phases of all (the first's order, then the others' new ones)."""
     from resettrace.catalog import Catalog
 
-    out = Catalog()
-    for cat in catalogs:
-        for p in cat:
-            if out.get(p.span) is None and (p.parent is None or out.get(p.parent)):
-                out.register(p.span, parent=p.parent, key=p.key, gap_key=p.gap_key)
-    return out
+    return fit_runs(runs, Catalog.union(catalogs))

@@ -5,21 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from resettrace.config import ENV_INSTRUMENT, ENV_RUN_OWNER
 from resettrace.instrumentation import run
-from resettrace.instrumentation.patching import _HOOK, _findable, _Installed, _warn_unpatched
-from resettrace.instrumentation.run import _run_worker, _spec_failed
-from resettrace.instrumentation.spec import (
-    InstrumentError,
-    _attributes,
-    _register,
-    _sections,
-    _targets,
-    named,
-)
+from resettrace.instrumentation.patching import HOOK, Installed, findable
+from resettrace.instrumentation.run import is_run_worker, spec_failed
+from resettrace.instrumentation.spec import InstrumentError, check, named
 
 log = logging.getLogger("resettrace.instrumentation")
 
@@ -78,20 +71,15 @@ def _install(spec: Mapping[str, Any] | str | os.PathLike[str], *, strict: bool,
 
 def _install_spec(spec: Mapping[str, Any] | str | os.PathLike[str], *, strict: bool,
                   from_env: bool) -> Callable[[], None]:
-    data = _sections(spec)
-    attributes = _attributes(data.get("attributes", {}))
-    raw_phases, raw_targets = data.get("phases", []), data.get("instrument", {})
-    spans = [str(p.get("span")) for p in raw_phases if isinstance(p, Mapping)] \
-        if isinstance(raw_phases, Sequence) and not isinstance(raw_phases, str) else []
     # everything that can be checked is checked before anything is registered or patched
-    for tgt in _targets(raw_targets, spans):
-        if tgt.module not in sys.modules and not _findable(tgt.module):
+    checked = check(spec)
+    for tgt in checked.targets:
+        if tgt.module not in sys.modules and not findable(tgt.module):
             if strict:
                 raise InstrumentError(f"instrument target {tgt.name!r}: no module named "
                                       f"{tgt.module!r}")
-    _register(raw_phases)
-    targets = _targets(raw_targets)
-    installed = _Installed(attributes, from_env=from_env)
+    targets = checked.register()
+    installed = Installed(checked.attributes, from_env=from_env)
     try:
         # after every check: looking up a module never imports it, but a module may be
         # loaded meanwhile, so which ones are is only known now
@@ -115,14 +103,7 @@ def _install_spec(spec: Mapping[str, Any] | str | os.PathLike[str], *, strict: b
         raise
     installed.set_attributes()
     if later:
-        with _HOOK._lock:
-            for tgt in later:
-                _HOOK.pending.setdefault(tgt.module, []).append((tgt, installed))
-            if _HOOK not in sys.meta_path:
-                sys.meta_path.insert(0, _HOOK)
-                from resettrace.tracing import lifecycle
-
-                lifecycle.at_exit("instrumentation", _warn_unpatched)
+        HOOK.patch_when_imported(later, installed)
     return installed.undo
 
 
@@ -153,13 +134,13 @@ def instrument_from_env(environ: Mapping[str, str] | None = None) -> Callable[[]
         run.env_spec_path = path
         # the first process is the program; the ones it starts (workers, subprocesses,
         # from other folders) never fail over a module they cannot find
-        strict = not _run_worker()
+        strict = not is_run_worker()
         if not os.environ.get(ENV_RUN_OWNER, "").strip():
             os.environ[ENV_RUN_OWNER] = str(os.getpid())
         try:
             _FROM_ENV = _install(path, strict=strict, from_env=True)
         except InstrumentError as e:
-            _spec_failed(str(e))
+            spec_failed(str(e))
     return _FROM_ENV
 
 

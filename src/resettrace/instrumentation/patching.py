@@ -9,11 +9,11 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from resettrace.instrumentation.run import _run_worker, _spec_failed
+from resettrace.instrumentation.run import is_run_worker, spec_failed
 from resettrace.instrumentation.spec import InstrumentError, Target
 from resettrace.tracing.api import traced
 from resettrace.tracing.session import add_default_attributes
@@ -111,7 +111,7 @@ class _ImportHook(importlib.abc.MetaPathFinder):
     """Patches targets of modules that are imported after the spec was installed."""
 
     def __init__(self) -> None:
-        self.pending: dict[str, list[tuple[Target, _Installed]]] = {}
+        self.pending: dict[str, list[tuple[Target, Installed]]] = {}
         #: modules with pending targets whose import raised, and what it raised
         self.failed_imports: dict[str, str] = {}
         #: code to run when a module is imported (:func:`when_imported`)
@@ -135,6 +135,18 @@ class _ImportHook(importlib.abc.MetaPathFinder):
             return None
         spec.loader = _Loader(spec.loader, self)
         return spec
+
+    def patch_when_imported(self, targets: Sequence[Target], installed: Installed) -> None:
+        """Patch ``targets`` (of ``installed``) when their modules are imported; those
+        never imported are said at exit (:func:`warn_unpatched`)."""
+        with self._lock:
+            for tgt in targets:
+                self.pending.setdefault(tgt.module, []).append((tgt, installed))
+            if self not in sys.meta_path:
+                sys.meta_path.insert(0, self)
+        from resettrace.tracing import lifecycle
+
+        lifecycle.at_exit("instrumentation", warn_unpatched)  # (once, however often given)
 
     def failed(self, name: str, error: BaseException) -> None:
         with self._lock:
@@ -168,14 +180,14 @@ class _ImportHook(importlib.abc.MetaPathFinder):
                 owner.patch(tgt, target_module)
             except InstrumentError as e:
                 if owner.from_env:
-                    _spec_failed(str(e))
+                    spec_failed(str(e))
                 with self._lock:
                     self.pending.setdefault(name, []).extend(
                         (t, o) for t, o in waiting if not o.done)
                 raise
 
 
-_HOOK = _ImportHook()
+HOOK = _ImportHook()
 
 
 def _run_callback(callback: Callable[[ModuleType], None], module: ModuleType) -> None:
@@ -197,23 +209,23 @@ def when_imported(module: str, callback: Callable[[ModuleType], None]) -> Callab
     if loaded is not None and not getattr(loaded.__spec__, "_initializing", False):
         _run_callback(callback, loaded)
         return lambda: None
-    with _HOOK._lock:
-        _HOOK.callbacks.setdefault(module, []).append(callback)
-        if _HOOK not in sys.meta_path:
-            sys.meta_path.insert(0, _HOOK)
+    with HOOK._lock:
+        HOOK.callbacks.setdefault(module, []).append(callback)
+        if HOOK not in sys.meta_path:
+            sys.meta_path.insert(0, HOOK)
 
     def undo() -> None:
-        with _HOOK._lock:
-            waiting = _HOOK.callbacks.get(module, [])
+        with HOOK._lock:
+            waiting = HOOK.callbacks.get(module, [])
             if callback in waiting:
                 waiting.remove(callback)
                 if not waiting:
-                    del _HOOK.callbacks[module]
+                    del HOOK.callbacks[module]
 
     return undo
 
 
-class _Installed:
+class Installed:
     """What one ``instrument()`` call installed: patches, pending targets, attributes."""
 
     def __init__(self, attributes: dict[str, Any], *, from_env: bool = False) -> None:
@@ -222,7 +234,7 @@ class _Installed:
         self._unset_attributes: Callable[[], None] = lambda: None
         self.done = False
         #: installed from ``RESETTRACE_INSTRUMENT``: a target that fails later ends the
-        #: process with one line (:func:`_spec_failed`)
+        #: process with one line (:func:`spec_failed`)
         self.from_env = from_env
 
     def set_attributes(self) -> None:
@@ -240,15 +252,15 @@ class _Installed:
         for p in reversed(self.patches):
             p.undo()
         self.patches.clear()
-        with _HOOK._lock:
-            for name in list(_HOOK.pending):
-                _HOOK.pending[name] = [(t, o) for t, o in _HOOK.pending[name] if o is not self]
-                if not _HOOK.pending[name]:
-                    del _HOOK.pending[name]
+        with HOOK._lock:
+            for name in list(HOOK.pending):
+                HOOK.pending[name] = [(t, o) for t, o in HOOK.pending[name] if o is not self]
+                if not HOOK.pending[name]:
+                    del HOOK.pending[name]
         self._unset_attributes()
 
 
-def _findable(module: str) -> bool:
+def findable(module: str) -> bool:
     """Whether ``module`` can be imported, found without importing anything.
 
     Searched on ``sys.path`` plus the folder Python adds for the main script, which is
@@ -291,19 +303,19 @@ def _findable(module: str) -> bool:
 def untraced_targets() -> list[str]:
     """The instrument targets of this process whose module was never imported, so never
     traced (a run record lists them: a job says the ones no process imported)."""
-    with _HOOK._lock:  # (a module whose import raised is said by the process itself)
-        return sorted(t.name for m, ts in _HOOK.pending.items() for t, _ in ts
-                      if m not in _HOOK.failed_imports)
+    with HOOK._lock:  # (a module whose import raised is said by the process itself)
+        return sorted(t.name for m, ts in HOOK.pending.items() for t, _ in ts
+                      if m not in HOOK.failed_imports)
 
 
-def _warn_unpatched() -> None:
+def warn_unpatched() -> None:
     from resettrace.record import run_main_process
 
-    if _run_worker():
+    if is_run_worker():
         return  # a helper process of a ``resettrace run`` command: its main one speaks
-    with _HOOK._lock:
-        waiting = {m: sorted(t.name for t, _ in ts) for m, ts in _HOOK.pending.items()}
-        failed = dict(_HOOK.failed_imports)
+    with HOOK._lock:
+        waiting = {m: sorted(t.name for t, _ in ts) for m, ts in HOOK.pending.items()}
+        failed = dict(HOOK.failed_imports)
     names = untraced_targets()
     if names and run_main_process():
         names = []  # its record lists them: the job says the ones no process imported

@@ -18,7 +18,7 @@ log = logging.getLogger("resettrace.instrumentation")
 env_spec_path = ""
 
 
-def _spec_failed(message: str) -> NoReturn:
+def spec_failed(message: str) -> NoReturn:
     """End the process over a spec from ``RESETTRACE_INSTRUMENT`` that cannot be installed:
     one line on stderr, exit code 2, no exit hooks (no stats summary saying that nothing
     ran), wherever it happens (start-up, or a module imported later on any thread)."""
@@ -34,7 +34,7 @@ def _spec_failed(message: str) -> NoReturn:
 
 
 # -- the processes of a ``resettrace run`` ----------------------------------------------------
-def _run_worker() -> bool:
+def is_run_worker() -> bool:
     """Whether this process was started by the main process of a ``resettrace run``
     (a multiprocessing worker, its resource tracker, a subprocess, a fork)."""
     owner = os.environ.get(ENV_RUN_OWNER, "").strip()
@@ -60,11 +60,8 @@ def check_spec(spec: Mapping[str, Any] | str | os.PathLike[str]) -> int:
     """Parse a spec (a mapping, a TOML path, an instrumentation's name, or several of
     those comma-separated) and register its phases without patching anything; the
     target count (what ``resettrace run`` does before it starts the command)."""
-    from resettrace.instrumentation.spec import _attributes, _register, _sections, _targets
+    from resettrace.instrumentation.spec import check
 
     if isinstance(spec, str) and "," in spec and not os.path.exists(spec):
         return sum(check_spec(x.strip()) for x in spec.split(",") if x.strip())
-    data = _sections(spec)
-    _attributes(data.get("attributes", {}))
-    _register(data.get("phases", []))
-    return len(_targets(data.get("instrument", {})))
+    return len(check(spec).register())

@@ -96,6 +96,34 @@ def named(spec: Any) -> Any:
     return inst
 
 
+@dataclass(frozen=True)
+class CheckedSpec:
+    """A spec parsed and checked, with nothing registered or patched yet: its
+    ``[attributes]`` and its targets (checked against the catalog and the spec's own
+    phases); :meth:`register` registers the phases and resolves the targets."""
+
+    attributes: dict[str, Any]
+    targets: list[Target]
+    phases: Any  # the spec's [[phases]], as written
+    instrument: Any  # its [instrument] table, as written
+
+    def register(self) -> list[Target]:
+        """Register the spec's phases; its targets, resolved against them."""
+        _register(self.phases)
+        return _targets(self.instrument)
+
+
+def check(spec: Mapping[str, Any] | str | os.PathLike[str]) -> CheckedSpec:
+    """Parse and check a spec (a mapping, a TOML path or an instrumentation's name):
+    :class:`InstrumentError` naming the first problem, before anything is registered."""
+    data = _sections(spec)
+    attributes = _attributes(data.get("attributes", {}))
+    raw_phases, raw_targets = data.get("phases", []), data.get("instrument", {})
+    spans = [str(p.get("span")) for p in raw_phases if isinstance(p, Mapping)] \
+        if isinstance(raw_phases, Sequence) and not isinstance(raw_phases, str) else []
+    return CheckedSpec(attributes, _targets(raw_targets, spans), raw_phases, raw_targets)
+
+
 def _sections(spec: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
     inst = named(spec)
     data = inst.spec() if inst is not None else load_spec(spec)

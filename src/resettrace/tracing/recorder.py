@@ -78,7 +78,7 @@ F = RECORD_FIELDS
 _LAST_END = R_END - F
 
 #: exception type names by error code (code 0: no error); append-only
-_ERROR_NAMES: list[str] = [""]
+ERROR_NAMES: list[str] = [""]
 _ERROR_CODES: dict[str, int] = {}
 
 _NOTED: set[str] = set()
@@ -112,13 +112,13 @@ def error_code(name: str) -> int:
     """The code of an exception type name (assigned on first use)."""
     code = _ERROR_CODES.get(name)
     if code is None:
-        code = _ERROR_CODES[name] = len(_ERROR_NAMES)
-        _ERROR_NAMES.append(name)
+        code = _ERROR_CODES[name] = len(ERROR_NAMES)
+        ERROR_NAMES.append(name)
     return code
 
 
 def error_name(code: int) -> str:
-    return _ERROR_NAMES[code] if 0 < code < len(_ERROR_NAMES) else f"error {code}"
+    return ERROR_NAMES[code] if 0 < code < len(ERROR_NAMES) else f"error {code}"
 
 
 #: the largest count a record holds: records pack as int64

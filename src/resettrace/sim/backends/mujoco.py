@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MujocoBackend", "load_model", "DEFAULT_MODEL", "KEYFRAME"]
 
-_STAGE_NONE = int(mujoco.mjtStage.mjSTAGE_NONE)
+STAGE_NONE = int(mujoco.mjtStage.mjSTAGE_NONE)
 _STAGE_POS = int(mujoco.mjtStage.mjSTAGE_POS)
 
 
@@ -133,7 +133,7 @@ class MujocoBackend(RowBackend):
         self._warning = b.warning
         # the state row of a freshly reset env: writing it equals Batch.reset(stage=NONE)
         probe = mj_batch.Batch(m, 1, nthread=1)
-        probe.reset(stage=_STAGE_NONE)
+        probe.reset(stage=STAGE_NONE)
         self._template = np.array(probe.state[0])
         del probe
         # reset rows are built whole (the template, qpos, qvel and ctrl in their columns)

@@ -86,7 +86,7 @@ def _motrix_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> 
 
 
 def _mujoco_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> None:
-    from resettrace.sim.backends.mujoco import _STAGE_NONE
+    from resettrace.sim.backends.mujoco import STAGE_NONE
 
     rec, b = be.recorder, be.batch
     with rec.scope(C.SET_STATE_MASK):
@@ -103,7 +103,7 @@ def _mujoco_baseline(be: Any, env_ids: Any, qpos: Any, qvel: Any, rand: Any) -> 
     if not ids.size:
         return
     with rec.scope(C.SET_STATE_DATA_RESET):
-        b.reset(_as_ids(rows), stage=_STAGE_NONE)
+        b.reset(_as_ids(rows), stage=STAGE_NONE)
     if rand is not None and not rand.empty:
         be._randomize(rec, ids, rand)
     with rec.scope(C.SET_STATE_SET_DOF_POS):

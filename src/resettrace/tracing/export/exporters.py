@@ -42,7 +42,7 @@ from resettrace.config import (
     EndpointRefused,
     sdk_environ,
 )
-from resettrace.tracing.export.file_formats import _FileExporter, _span_attributes
+from resettrace.tracing.export.file_formats import FileExporter, record_span_attributes
 from resettrace.tracing.export.records import Slot, TextTemplates, Traces
 from resettrace.tracing.layout import R_ERROR, R_PARENT, R_PHASE
 
@@ -72,7 +72,7 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
 _RESOURCE_KEYS = ("service.name", "host.name", "process.pid", ATTR_WORKER_RANK)
 
 
-class JsonLinesSpanExporter(_FileExporter):
+class JsonLinesSpanExporter(FileExporter):
     """Spans as JSON lines, written in complete lines: a write that fails (a full disk)
     is counted as not delivered and truncated away, so the file always ends on a whole
     line. The file belongs to one process (see :func:`resettrace.outputs.open_output`)."""
@@ -104,7 +104,7 @@ def _jsonl_trace(traces: Traces, rows: list[list[int]], counts: list[int], slot:
              "parent_id": slot.text(f"s{r[R_PARENT]}") if r[R_PARENT] >= 0 else None,
              "start_ns": slot.number(f"b{i}"), "end_ns": slot.number(f"e{i}"),
              "status": "ERROR" if r[R_ERROR] else "UNSET",
-             "attributes": _span_attributes(traces, r, counts[i], slot.number(f"c{i}")),
+             "attributes": record_span_attributes(traces, r, counts[i], slot.number(f"c{i}")),
              "resource": resource}
         lines.append(json.dumps(d, separators=(",", ":"), default=str) + "\n")
     return "".join(lines)

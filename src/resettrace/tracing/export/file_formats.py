@@ -4,7 +4,7 @@ Jaeger UI JSON (JSON lines are in :mod:`resettrace.tracing.export.exporters`).
 Every file exporter takes SDK spans (``export``) and whole traces given as records
 (``export_traces``: the export process's path, see
 :mod:`resettrace.tracing.export.records`), and writes the same bytes for both. They share
-one contract (:class:`_FileExporter`):
+one contract (:class:`FileExporter`):
 
 * The file (and its parent folders) is created, emptied, on the first ``export()``; that
   first call writes at once, so an unwritable path is reported by the first export. The
@@ -125,7 +125,7 @@ def write_all(f: IO[bytes], data: bytes) -> None:
         view = view[n:]
 
 
-class _FileExporter(SpanExporter):
+class FileExporter(SpanExporter):
     """Appends spans to one file in robust, complete writes.
 
     Subclasses set ``kind`` (their format, :mod:`resettrace.outputs`), implement
@@ -312,7 +312,7 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str).encode()
 
 
-class ChromeTraceSpanExporter(_FileExporter):
+class ChromeTraceSpanExporter(FileExporter):
     """Writes spans as Chrome trace events, loadable in Perfetto (see the module docstring)."""
 
     kind = outputs.PERFETTO
@@ -442,7 +442,7 @@ def _perfetto_trace(traces: Traces, rows: list[list[int]], counts: list[int],
     for i in reversed(range(len(rows))):  # in the order SDK spans end: children first
         r = rows[i]
         name = src.span_name(r[R_PHASE])
-        args = {k: _json_value(v) for k, v in _span_attributes(traces, r, counts[i],
+        args = {k: _json_value(v) for k, v in record_span_attributes(traces, r, counts[i],
                                                                slot.number(f"c{i}")).items()}
         if r[R_ERROR]:
             args["status"] = StatusCode.ERROR.name
@@ -452,7 +452,7 @@ def _perfetto_trace(traces: Traces, rows: list[list[int]], counts: list[int],
     return b",\n".join(out).decode()
 
 
-def _span_attributes(traces: Traces, row: list[int], count: int, count_value: Any
+def record_span_attributes(traces: Traces, row: list[int], count: int, count_value: Any
                      ) -> dict[str, Any]:
     """A span's attributes as :func:`~resettrace.tracing.materialise.build_spans` sets
     them: the recorder's, its reset count (``count_value`` when it has one), and on a
@@ -497,7 +497,7 @@ def otlp_json_ids_to_hex(request: dict[str, Any]) -> dict[str, Any]:
     return request
 
 
-class OtlpJsonSpanExporter(_FileExporter):
+class OtlpJsonSpanExporter(FileExporter):
     """Writes spans as OTLP-JSON lines, loadable in Jaeger's UI (see the module docstring)."""
 
     kind = outputs.OTLP_JSON
@@ -597,7 +597,7 @@ def _jaeger_tag(key: str, value: Any) -> dict[str, Any]:
     return {"key": key, "type": "string", "value": str(_json_value(value))}
 
 
-class JaegerJsonSpanExporter(_FileExporter):
+class JaegerJsonSpanExporter(FileExporter):
     """Writes Jaeger UI JSON: ``{"data": [{traceID, spans, processes}, ...]}``.
 
     Jaeger's UI loads such a file with its JSON upload and converts it in the browser, so
@@ -706,7 +706,7 @@ def _jaeger_trace(traces: Traces, rows: list[list[int]], counts: list[int], slot
         r = rows[i]
         tags = [{"key": k, "type": "int64", "value": slot.number(f"c{i}")} if v is _COUNT
                 else _jaeger_tag(k, v)
-                for k, v in _span_attributes(traces, r, counts[i], _COUNT).items()]
+                for k, v in record_span_attributes(traces, r, counts[i], _COUNT).items()]
         if r[R_ERROR]:
             tags.append(_jaeger_tag("error", True))
             description = src.error_name(r[R_ERROR])

@@ -58,7 +58,7 @@ from resettrace.tracing.export.protocol import (
 )
 from resettrace.tracing.layout import R_END, RECORD_FIELDS
 from resettrace.tracing.recorder import (
-    _ERROR_NAMES,
+    ERROR_NAMES,
     Record,
     Recorder,
     Trace,
@@ -347,7 +347,7 @@ class ProcessExporter:
         if not held:
             return
         self._held = []
-        if self._errors_sent < len(_ERROR_NAMES):
+        if self._errors_sent < len(ERROR_NAMES):
             self._send_error_names()
         if self._phases_sent < len(self._catalog):
             self._send_phases()
@@ -413,9 +413,9 @@ class ProcessExporter:
                 self._held_key = 0  # a later recorder at this address is not this one
 
     def _send_error_names(self) -> None:
-        while self._errors_sent < len(_ERROR_NAMES):
+        while self._errors_sent < len(ERROR_NAMES):
             code = self._errors_sent
-            self._frame(frame(Kind.ERROR, code, rest=_ERROR_NAMES[code].encode()), 0,
+            self._frame(frame(Kind.ERROR, code, rest=ERROR_NAMES[code].encode()), 0,
                         force=True)
             self._errors_sent += 1
 
