@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from resettrace.catalog import ATTR_EXPORT_DROPPED, INSTRUMENTATION_SCOPE
 from resettrace.tracing.export.otlp_wire import WireEncoder
 from resettrace.tracing.layout import RECORD_FIELDS
-from resettrace.tracing.materialise import build_spans
+from resettrace.tracing.spans import build_spans
 
 RECORDS = [  # env_step > physics, reset_done(k=3) > dr_reset > set_state (error) > mask
     [0, -1, 1_000, 90_000, -1, 0],

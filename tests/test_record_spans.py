@@ -23,7 +23,7 @@ from resettrace.config import Config
 from resettrace.testing.receivers import GrpcReceiver
 from resettrace.tracing.export.exporters import make_exporter
 from resettrace.tracing.export.records import SpanSource, TraceQueue, Traces
-from resettrace.tracing.materialise import build_spans
+from resettrace.tracing.spans import build_spans
 from resettrace.tracing.session import Tracing
 
 FORMATS = ("file", "perfetto", "otlp-json", "jaeger-json")

@@ -34,6 +34,7 @@ from resettrace.tracing.api import (
     use_tracing,
 )
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder, Scope
+from resettrace.version import __version__
 
 if TYPE_CHECKING:
     from resettrace.instrumentation import instrument
@@ -47,7 +48,6 @@ __all__ = ["CATALOG", "Catalog", "Config", "NOOP_RECORDER", "NoopRecorder", "Pha
            "get_tracing", "instrument", "make_backend", "make_env", "recorder",
            "register_phase", "stats", "traced", "use_tracing", "write_run", "read_record",
            "RunRecord", "__version__"]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:

@@ -38,7 +38,7 @@ from typing import Any
 
 from resettrace.config import ENV_RANK, ENV_WORKER_RANK, NUMBERS
 
-__all__ = ["Identity", "identity", "remember_launcher"]
+__all__ = ["Identity", "identity", "parent_pid", "remember_launcher"]
 
 
 @dataclass(frozen=True)
@@ -168,3 +168,12 @@ def identity(rank: int, environ: Mapping[str, str] | None = None) -> Identity:
     if worker:
         return Identity(f"rank {rank}", "multiprocessing", rank)
     return Identity(f"rank {rank}", None, rank)
+
+
+def parent_pid() -> int:
+    """The pid of the process that started this one: a multiprocessing worker's parent
+    (a forkserver's worker too, whose operating-system parent is the fork server), else
+    the operating system's parent."""
+    mp = sys.modules.get("multiprocessing")
+    parent = mp.parent_process() if mp is not None else None
+    return int(parent.pid) if parent is not None and parent.pid else os.getppid()

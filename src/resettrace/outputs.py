@@ -60,14 +60,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from resettrace.tables import CSV_COLUMNS
-
 log = logging.getLogger(__name__)
+
+#: the header row of timing.csv (:func:`resettrace.tables.write_csv`), by which a file there
+#: is recognised as resettrace's
+CSV_COLUMNS = ("key", "count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms", "total_ms",
+               "share_of_parent")
 
 __all__ = ["OutputKind", "OutputRefused", "open_output", "write_output", "output_path",
            "claim_output", "release_claims",
            "SPANS_JSONL", "PERFETTO", "OTLP_JSON", "JAEGER_JSON", "JSON", "CSV", "REPORT_HTML",
-           "WORKER_LOG", "SPAN_KINDS", "JSON_MARKER", "worker_log_header", "expand_path"]
+           "WORKER_LOG", "SPAN_KINDS", "JSON_MARKER", "CSV_COLUMNS", "worker_log_header",
+           "expand_path"]
 
 #: bytes read from an existing file to recognise it
 HEAD_BYTES = 1 << 16

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from resettrace.config import ENV_RUN_ID, ENV_RUN_JSON
+from resettrace.version import __version__
 
 log = logging.getLogger("resettrace")
 
@@ -369,7 +370,6 @@ def record_of_session(session: Any, *, kind: str = "process",
     """The record of ``session``'s statistics now (its queued spans aggregated first).
     ``snapshot``: a record of a process still running (``complete`` false), made cheaply
     for :func:`keep_record_current`: percentiles from the buckets, no samples."""
-    import resettrace
     from resettrace import catalog as C
     from resettrace.launcher import identity
 
@@ -416,7 +416,7 @@ def record_of_session(session: Any, *, kind: str = "process",
         world_size=who.world_size, complete=not snapshot,
         snapshot_at=time.time() if snapshot else None,
         period_s=_SNAP["period"] or None,
-        start=started, wall_s=wall_s, version=resettrace.__version__,
+        start=started, wall_s=wall_s, version=__version__,
         run_id=os.environ.get(ENV_RUN_ID) or None,
         phases=phases_of(stats, session.catalog), stats=stats,
         dist={k: d.as_dict() for k, d in dists.items()},
@@ -1113,7 +1113,6 @@ def _write_exit_record() -> None:
 def _write_untraced(template: str) -> None:
     """The record of a run's main process that recorded nothing: who it was and the
     instrument targets it never imported."""
-    import resettrace
     from resettrace.tables import write_json
 
     if "resettrace.instrumentation.patching" not in sys.modules:
@@ -1129,7 +1128,7 @@ def _write_untraced(template: str) -> None:
     who = identity(rank)
     rec = RunRecord(command=list(sys.argv), host=socket.gethostname(), pid=os.getpid(),
                     rank=who.rank, identity=who.identity, launcher=who.launcher,
-                    world_size=who.world_size, version=resettrace.__version__,
+                    world_size=who.world_size, version=__version__,
                     run_id=os.environ.get(ENV_RUN_ID) or None,
                     extra={"untraced": untraced})
     try:

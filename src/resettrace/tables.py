@@ -17,13 +17,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from resettrace import outputs
+from resettrace.outputs import CSV_COLUMNS
+from resettrace.version import __version__
+
 __all__ = ["format_table", "write_json", "write_csv", "STAT_FIELDS",
            "exporter_outcome"]
 
 
-STAT_FIELDS = ("count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms", "total_ms")
-#: the header row of timing.csv
-CSV_COLUMNS = ("key",) + STAT_FIELDS + ("share_of_parent",)
+STAT_FIELDS = CSV_COLUMNS[1:-1]  # (count ... total_ms: timing.csv's header, outputs')
 
 
 def _cell(v: Any) -> str:
@@ -53,8 +55,6 @@ def write_json(path: Path, payload: Mapping[str, Any], *, compact: bool = False)
     """Write ``payload`` as JSON, ``"resettrace": VERSION`` first; the path written.
     ``compact``: on one line (CPython's C encoder: about 5x less CPU than indented, for a
     record written every few seconds beside the training)."""
-    from resettrace import __version__, outputs
-
     doc = {outputs.JSON_MARKER: __version__, **payload}
     text = json.dumps(doc, allow_nan=False, default=_json_default,
                       **({"separators": (",", ":")} if compact else {"indent": 1}))
@@ -69,8 +69,6 @@ def _json_default(o: Any) -> Any:
 
 def write_csv(path: Path, stats: Mapping[str, Mapping[str, Any]]) -> Path:
     """Write the per-key stats as CSV (timing.csv); the path written."""
-    from resettrace import outputs
-
     buf = io.StringIO(newline="")
     w = csv.writer(buf)
     w.writerow(CSV_COLUMNS)

@@ -44,6 +44,7 @@ from resettrace.catalog import (
     span_attributes,
 )
 from resettrace.config import DEFAULT_EXPORTERS, Config
+from resettrace.launcher import parent_pid
 from resettrace.tracing import lifecycle
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder, default_changed
 
@@ -455,17 +456,6 @@ def _env_count(value: Any) -> int | None:
     """An env count attribute as a count of envs (a positive int), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
         else None
-
-
-def parent_pid() -> int:
-    """The pid of the process that started this one: a multiprocessing worker's parent
-    (a forkserver's worker too, whose operating-system parent is the fork server), else
-    the operating system's parent."""
-    import sys
-
-    mp = sys.modules.get("multiprocessing")
-    parent = mp.parent_process() if mp is not None else None
-    return int(parent.pid) if parent is not None and parent.pid else os.getppid()
 
 
 def _jsonable(config: Config) -> dict[str, Any]:

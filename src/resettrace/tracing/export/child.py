@@ -268,7 +268,7 @@ class _Child:
                 run[3].append(n)
                 return
             records = np.frombuffer(data, dtype="<i8").reshape(n, RECORD_FIELDS).tolist()
-            from resettrace.tracing.materialise import build_spans
+            from resettrace.tracing.spans import build_spans
 
             build_spans(self.tracer, records, attrs, offset, self.error_name,
                         self.span_name, {ATTR_EXPORT_DROPPED: dropped})

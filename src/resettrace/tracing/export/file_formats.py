@@ -454,7 +454,7 @@ def _perfetto_trace(traces: Traces, rows: list[list[int]], counts: list[int],
 
 def record_span_attributes(traces: Traces, row: list[int], count: int, count_value: Any
                      ) -> dict[str, Any]:
-    """A span's attributes as :func:`~resettrace.tracing.materialise.build_spans` sets
+    """A span's attributes as :func:`~resettrace.tracing.spans.build_spans` sets
     them: the recorder's, its reset count (``count_value`` when it has one), and on a
     root the trace's root attributes."""
     attrs = dict(traces.attrs)
@@ -539,7 +539,7 @@ class OtlpJsonSpanExporter(FileExporter):
         from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
         from resettrace.catalog import INSTRUMENTATION_SCOPE
-        from resettrace.tracing.materialise import build_spans
+        from resettrace.tracing.spans import build_spans
 
         ended: list[ReadableSpan] = []
 

@@ -169,7 +169,7 @@ class ProcessExporter:
     def _start(self) -> None:
         if self._forked:  # a forked worker: its rank is found now, when it first exports
             from resettrace.config import process_rank
-            from resettrace.tracing.session import parent_pid
+            from resettrace.launcher import parent_pid
 
             self._settings["resource"] = dict(
                 self._settings["resource"],
