@@ -41,8 +41,10 @@ test: $(STAMP) system-deps docs
 	$(BIN)/python -m pytest -q examples/own_env
 	$(BIN)/python -m pytest -q -p no:cacheprovider --markdown-docs README.md docs
 
-# the docs site (mkdocs, material theme) into build/site; a broken link or page fails it
+# the docs site (mkdocs, material theme) into build/site, configuration.md's table of
+# variables generated first; a broken link or page fails it
 docs: $(STAMP)
+	$(BIN)/python -m resettrace.settings docs/configuration.md  # (its table of variables)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: $(STAMP)

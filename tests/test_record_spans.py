@@ -23,8 +23,8 @@ from resettrace.config import Config
 from resettrace.testing.receivers import GrpcReceiver
 from resettrace.tracing.export.exporters import make_exporter
 from resettrace.tracing.export.records import SpanSource, TraceQueue, Traces
-from resettrace.tracing.spans import build_spans
 from resettrace.tracing.session import Tracing
+from resettrace.tracing.spans import build_spans
 
 FORMATS = ("file", "perfetto", "otlp-json", "jaeger-json")
 OFFSET = 1_700_000_000_000_000_000

@@ -446,8 +446,11 @@ def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id:
 
 def build_parser() -> argparse.ArgumentParser:
     from resettrace.bench.export import DEFAULT_CANDIDATES, EXPORTING
+    from resettrace.settings import help_text
 
-    p = argparse.ArgumentParser(prog="resettrace", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="resettrace", description=__doc__.split("\n\n")[0],
+                                epilog=help_text(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench",

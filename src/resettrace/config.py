@@ -1,85 +1,9 @@
 """Configuration: explicit arguments > ``RESETTRACE_*`` / ``OTEL_*`` variables > defaults.
 
-Variables read (all optional):
-
-``RESETTRACE``
-    ``off`` (default): no recording, ``set_state`` returns ``None``.
-    ``timing``: aggregate phase timings (set_state returns its timing dict).
-    ``trace``: aggregate and export every phase as an OpenTelemetry span.
-``RESETTRACE_EXPORTER``
-    Comma-separated span sinks for ``trace`` mode: ``otlp`` (OTLP to a collector),
-    ``file:PATH`` (JSON lines, one span per line), ``perfetto:PATH`` (Chrome trace
-    JSON for Perfetto / chrome://tracing), ``otlp-json:PATH`` (OTLP-JSON, which
-    Jaeger's UI sends to a running Jaeger to convert), ``jaeger-json:PATH`` (Jaeger UI
-    JSON: opens in Jaeger's UI with no server) or ``memory`` (tests). Paths may hold
-    ``{pid}`` and ``{rank}``. Default ``file:resettrace-spans.jsonl``
-    (none when spans go to a tracer provider passed in code). An item named twice is
-    used once (with a warning); two file kinds given one path are an error.
-``RESETTRACE_SAMPLE``
-    ``all`` (default) or ``slowest:W``: export only the trace with the slowest
-    ``reset_done`` of each window of W traces. Cannot be combined with
-    ``RESETTRACE_SAMPLE_EVERY`` > 1. Timing statistics always see every trace.
-``RESETTRACE_HANDLE_SIGTERM``
-    ``1`` (default): in ``trace`` mode, flush spans on SIGTERM before the process
-    ends (only when no other SIGTERM handler is installed).
-``RESETTRACE_METRICS``
-    ``otlp``, ``prometheus``, ``prometheus:PORT`` or ``prometheus:HOST:PORT``
-    (comma-separated). The Prometheus endpoint binds ``127.0.0.1`` unless a host is
-    given. Each process serves its own: the first to bind PORT (default 9464) gets it,
-    every other one a port the OS chooses (said in one line); PORT ``0``: every process
-    on a port the OS chooses.
-``RESETTRACE_PROMETHEUS_SD``
-    A folder where each process serving Prometheus metrics lists its endpoint, a
-    Prometheus ``file_sd`` file of its own (``resettrace-HOST-PID.json``), removed when
-    it stops serving. Default: none.
-``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
-    Collector endpoint for ``otlp``. Default ``http://localhost:4317`` (gRPC) or
-    ``http://localhost:4318/v1/traces`` (HTTP; the generic variable is a base URL to
-    which ``/v1/traces`` is appended, the ``TRACES`` one is used as it is). For gRPC a
-    ``HOST:PORT`` without a scheme is allowed (as the OpenTelemetry specification
-    allows it): it means TLS unless ``OTEL_EXPORTER_OTLP_(TRACES_)INSECURE`` is
-    ``true``. An endpoint that cannot be used is never replaced by another one: the
-    ``otlp`` exporter then sends nothing and counts its spans as failed, saying why.
-``OTEL_EXPORTER_OTLP_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``
-    ``grpc`` (default) or ``http/protobuf``.
-``OTEL_EXPORTER_OTLP_COMPRESSION`` / ``OTEL_EXPORTER_OTLP_TRACES_COMPRESSION``
-    ``none`` (default), ``gzip`` or ``deflate``.
-``OTEL_SDK_DISABLED``
-    ``true`` turns ``trace`` into ``timing`` (no span is built).
-``RESETTRACE_SPAN_ENCODER``
-    ``records`` (default): the export process writes every format from the records;
-    ``sdk``: it builds SDK spans first (the reference, for comparison).
-``OTEL_SERVICE_NAME``
-    ``service.name`` of exported spans. Default ``resettrace``.
-
-Numbers, each with its valid range (:data:`NUMBERS`):
-
-=================================  =======================================  ===========
-variable                           meaning                                  range
-=================================  =======================================  ===========
-``RESETTRACE_SAMPLE_EVERY``        export 1 trace in K (default 1)          1 - 2**31-1
-``RESETTRACE_MAX_SAMPLES``         samples kept per key for percentiles     1 - 10**8
-                                   (default 100000)
-``RESETTRACE_QUEUE_SIZE``          traces waiting for export (4096)         1 - 10**7
-``RESETTRACE_AGGREGATE_QUEUE``     traces waiting for the aggregation       1 - 10**8
-                                   thread (100000); beyond it traces are
-                                   dropped and counted
-``RESETTRACE_SHUTDOWN_TIMEOUT``    seconds for the final flush (2)          0.001 - 3600
-``RESETTRACE_RECORD_PERIOD``       seconds between snapshots of a process's 0 - 86400
-                                   run record (5; 0: only at exit)
-``RESETTRACE_JOB_WAIT``            seconds ``resettrace run`` waits for     0 - 86400
-                                   members still running (10)
-``RESETTRACE_WORKER_RANK``         this worker's rank (else ``RANK``, else  0 - 2**31-1
-                                   ``SLURM_PROCID``, 0)
-``OTEL_EXPORTER_OTLP_TIMEOUT``     seconds one OTLP export may take (2;     0.001 - 3600
-                                   ``..._TRACES_TIMEOUT`` wins)
-``OTEL_EXPORTER_OTLP_METRICS_``    seconds one metrics push may take        0.001 - 3600
-``TIMEOUT``                        (default: the OTLP timeout)
-``OTEL_METRIC_EXPORT_INTERVAL``    ms between OTLP metric pushes (60000)    1 - 86400000
-``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans per export call (512)              1 - 65536
-``OTEL_BSP_SCHEDULE_DELAY``        ms a span waits at most for its export   0 - 3600000
-                                   call (1000)
-=================================  =======================================  ===========
+The variables, what each takes, its default and (a number) its valid range are listed
+once, in :data:`resettrace.settings.SETTINGS`, from which docs/configuration.md's table and
+``resettrace --help``'s list are generated; the ranges are :data:`NUMBERS`' and
+:data:`NUMBERS_OF_RUNS`'.
 
 A malformed value (not a number, not finite, out of range, or not one of the choices) is
 logged as a warning naming the variable and the value used instead, once per process
