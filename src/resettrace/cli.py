@@ -428,7 +428,7 @@ def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id:
             print(f"resettrace run: {_write_error(job_path, e)}", file=sys.stderr)
             code = code or 2
     if summary:
-        from resettrace.analysis.tables import render_job
+        from resettrace.analysis.job_lines import render_job
 
         print("\n" + render_job(job), file=sys.stderr)
         if written is not None:

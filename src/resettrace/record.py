@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from resettrace.config import ENV_RUN_ID, ENV_RUN_JSON
+from resettrace.outputs import expand_path
 from resettrace.version import __version__
 
 log = logging.getLogger("resettrace")
@@ -457,14 +458,9 @@ def write_run(path: str | os.PathLike[str], session: Any = None, **what: Any) ->
     from resettrace.tracing.api import get_tracing
 
     session = get_tracing() if session is None else session
-    target = expand(str(path), pid=os.getpid(), rank=session.worker_rank)
+    target = expand_path(str(path), pid=os.getpid(), rank=session.worker_rank)
     return write_json(Path(target), record_of_session(session, **what).to_json(),
                       compact=bool(what.get("snapshot")))
-
-
-def expand(path: str, *, pid: int, rank: int) -> str:
-    """``path`` with ``{pid}`` and ``{rank}`` filled in."""
-    return path.replace("{pid}", str(pid)).replace("{rank}", str(rank))
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -1132,7 +1128,7 @@ def _write_untraced(template: str) -> None:
                     run_id=os.environ.get(ENV_RUN_ID) or None,
                     extra={"untraced": untraced})
     try:
-        write_json(Path(expand(template, pid=os.getpid(), rank=rank)), rec.to_json())
+        write_json(Path(expand_path(template, pid=os.getpid(), rank=rank)), rec.to_json())
     except (OSError, ValueError) as e:
         print(f"resettrace: the run record was not written: {e}", file=sys.stderr)
 

@@ -78,18 +78,6 @@ def write_csv(path: Path, stats: Mapping[str, Mapping[str, Any]]) -> Path:
     return outputs.write_output(path, outputs.CSV, buf.getvalue().encode())
 
 
-def render_stats(stats: Mapping[str, Any], title: str = "resettrace stats") -> str:
-    """A table of per-key stats (``KeyStats`` or their dicts) in the stats' order."""
-    rows = []
-    for key, s in stats.items():
-        d = s if isinstance(s, Mapping) else s.as_dict()
-        share = d.get("share_of_parent")
-        rows.append([key, d["count"], d["mean_ms"], d["p50_ms"], d["p90_ms"], d["p99_ms"],
-                     d["total_ms"], float("nan") if share is None else 100.0 * share])
-    return format_table(title, ["key", "count", "mean", "p50", "p90", "p99", "total",
-                                "% of parent"], rows)
-
-
 def exporter_outcome(e: Mapping[str, Any], dropped: int = 0) -> str:
     """What became of one exporter's spans, in words: delivered, and of the rest how many
     failed (timed out among them), were cut off by the deadline, or dropped."""

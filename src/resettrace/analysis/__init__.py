@@ -4,7 +4,7 @@
 - :mod:`~resettrace.analysis.report`: ``resettrace report RUN``, one HTML file;
 - :mod:`~resettrace.analysis.merge`: ``resettrace merge RUN...``, many workers as one job;
 - :mod:`~resettrace.analysis.fit`: ``resettrace fit RUN...``, the cost model of each phase;
-- :mod:`~resettrace.analysis.tables`: the text tables they share.
+- :mod:`~resettrace.analysis.job_lines`: the text tables they share.
 
 Each reads any run record: a collector ``timing.json`` (also one written before records
 had a format), a ``resettrace run`` job or process record, ``resettrace.write_run``'s, the

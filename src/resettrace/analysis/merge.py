@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from resettrace.analysis.tables import render_job
+from resettrace.analysis.job_lines import render_job
 from resettrace.record import RunRecord, merge_records, read_records
 
 __all__ = ["merge_runs", "load_runs", "render_merge"]

@@ -27,7 +27,7 @@ The page holds:
   per-phase deltas with their intervals, coloured by verdict.
 
 Keys that never took time (a phase that never ran, or one at 0.0 ms in every call, as most
-of set_state's phases in a run without randomization; :func:`~resettrace.analysis.tables.ran`)
+of set_state's phases in a run without randomization; :func:`~resettrace.analysis.job_lines.ran`)
 are left out of the tree, the tables, the charts and the compare section, and each says how
 many it left out.
 
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from resettrace import catalog as C
-from resettrace.analysis.tables import ran
+from resettrace.analysis.job_lines import ran
 from resettrace.extras import require
 from resettrace.record import RecordError, RunRecord, read_record
 

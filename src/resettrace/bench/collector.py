@@ -121,7 +121,7 @@ def planned_outputs(cfg: CollectorConfig, run_cfg: Config, *, report: bool = Fal
     (:mod:`resettrace.outputs`): checked before the work that fills them."""
     from resettrace import outputs
     from resettrace.config import DEFAULT_EXPORTERS
-    from resettrace.tracing.export.exporters import expand_path
+    from resettrace.outputs import expand_path
 
     files: list[tuple[str | Path, Any]] = []
     if cfg.out:

@@ -1,7 +1,7 @@
 """Tracing core: hot-path recorder, timing processor, span materialiser, exporters.
 
 Only the recorder and the session are imported here; the OpenTelemetry SDK parts
-(:mod:`.processor`, :mod:`.materialise`, the export wing :mod:`.export`) load when a
+(:mod:`.processor`, :mod:`.materializer`, the export wing :mod:`.export`) load when a
 session that needs them is created.
 """
 

@@ -9,7 +9,7 @@ out :data:`~resettrace.tracing.recorder.NOOP_RECORDER`. ``timing`` adds a
   a child process (:mod:`resettrace.tracing.export`): the training process
   only packs each trace into a pipe;
 - ``memory`` and a caller's ``tracer_provider`` get SDK spans built on a background
-  thread of this process (:mod:`resettrace.tracing.materialise`). resettrace never
+  thread of this process (:mod:`resettrace.tracing.materializer`). resettrace never
   shuts a provider down that it did not create, and installs no global provider.
 
 Sessions that export spans are flushed (within ``shutdown_timeout_s``) at normal
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from resettrace.tracing.aggregate import Aggregator, KeyStats
     from resettrace.tracing.export.parent import ProcessExporter
-    from resettrace.tracing.materialise import SpanMaterializer
+    from resettrace.tracing.materializer import SpanMaterializer
     from resettrace.tracing.sampling import TraceSampler
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class Tracing:
             tracer_provider = self._make_provider(local)
             self._owns_provider = True
         if tracer_provider is not None:
-            from resettrace.tracing.materialise import SpanMaterializer
+            from resettrace.tracing.materializer import SpanMaterializer
 
             self._provider = tracer_provider
             self.materializer = SpanMaterializer(tracer_provider, queue_size=cfg.queue_size,

@@ -1,6 +1,6 @@
 """Records as OpenTelemetry SDK spans: one span per record, with its exact times, its
 parent, its reset count and its error; the in-process materializer
-(:mod:`resettrace.tracing.materialise`) and the export process
+(:mod:`resettrace.tracing.materializer`) and the export process
 (:mod:`resettrace.tracing.export`) both build spans with :func:`build_spans`."""
 
 from __future__ import annotations

@@ -165,11 +165,6 @@ class MotionClip:
         return dataclasses.replace(self, joint_pos=self.joint_pos[:, cols],
                                    joint_vel=self.joint_vel[:, cols], joint_names=tuple(joints))
 
-    @property
-    def duration(self) -> float:
-        """Seconds from the first to the last frame."""
-        return (self.num_frames - 1) / self.fps
-
     def validate(self) -> MotionClip:
         """Raise ``ValueError`` naming the first problem: fps, shapes, finiteness, unit quats."""
         if not np.isfinite(self.fps) or self.fps <= 0.0:

@@ -42,7 +42,11 @@ from resettrace.config import (
     EndpointRefused,
     sdk_environ,
 )
-from resettrace.tracing.export.file_formats import FileExporter, record_span_attributes
+from resettrace.tracing.export.file_formats import (
+    FileExporter,
+    nothing_to_commit,
+    record_span_attributes,
+)
 from resettrace.tracing.export.records import Slot, TextTemplates, Traces
 from resettrace.tracing.layout import R_ERROR, R_PARENT, R_PHASE
 
@@ -84,12 +88,13 @@ class JsonLinesSpanExporter(FileExporter):
     def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
         data = "".join(json.dumps(span_to_dict(s), separators=(",", ":"), default=str) + "\n"
                        for s in spans).encode()
-        return data, _nothing
+        return data, nothing_to_commit
 
     def _encode_traces(self, batch: Sequence[Traces]) -> tuple[bytes, Callable[[], None]]:
         if self._templates is None:
             self._templates = TextTemplates(_jsonl_trace)
-        return "".join(text for _, _, text in self._templates.traces(batch)).encode(), _nothing
+        text = "".join(text for _, _, text in self._templates.traces(batch))
+        return text.encode(), nothing_to_commit
 
 
 def _jsonl_trace(traces: Traces, rows: list[list[int]], counts: list[int], slot: Slot) -> str:
@@ -110,13 +115,6 @@ def _jsonl_trace(traces: Traces, rows: list[list[int]], counts: list[int], slot:
     return "".join(lines)
 
 
-def _nothing() -> None:
-    return None
-
-
-expand_path = outputs.expand_path
-
-
 def make_exporter(spec: str, config: Config | None = None, *, pid: int | None = None,
                   rank: int | None = None) -> SpanExporter:
     """An exporter from one ``RESETTRACE_EXPORTER`` item (already validated by Config).
@@ -129,7 +127,7 @@ def make_exporter(spec: str, config: Config | None = None, *, pid: int | None = 
     if rank is None:
         rank = config.worker_rank if config is not None else 0
     if arg:
-        arg = expand_path(arg, pid=pid, rank=rank)
+        arg = outputs.expand_path(arg, pid=pid, rank=rank)
     if kind == "file":
         return JsonLinesSpanExporter(arg, pid=pid)
     if kind == "memory":

@@ -520,17 +520,17 @@ class OtlpJsonSpanExporter(FileExporter):
 
     def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[bytes, Callable[[], None]]:
         line = _dumps(otlp_json_ids_to_hex(self._request(spans))) + b"\n"
-        return line, _nothing
+        return line, nothing_to_commit
 
     def _encode_traces(self, batch: Sequence[Traces]) -> tuple[bytes, Callable[[], None]]:
         texts = [text for _, _, text in self._templates.traces(batch)]
         if not texts:
-            return b"", _nothing
+            return b"", nothing_to_commit
         source = batch[0].source
         if self._frame is None or self._frame[0] != id(source):
             self._frame = (id(source), *self._around_spans(batch[0]))
         _, head, tail = self._frame
-        return head + ",".join(texts).encode() + tail, _nothing
+        return head + ",".join(texts).encode() + tail, nothing_to_commit
 
     def _sample(self, traces: Traces, rows: list[list[int]]) -> list[ReadableSpan]:
         """SDK spans of one trace of ``traces`` (``rows``), built as the export process
@@ -579,7 +579,8 @@ class OtlpJsonSpanExporter(FileExporter):
         return ",".join(_dumps(span).decode() for span in spans)
 
 
-def _nothing() -> None:
+def nothing_to_commit() -> None:
+    """The commit step of a write that changes no exporter state."""
     return None
 
 
