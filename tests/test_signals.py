@@ -214,7 +214,7 @@ def test_resettrace_run_writes_its_summary_and_stats_on_sigterm(tmp_path: Path) 
 
 
 def test_held_signals_wait_for_the_block_and_go_to_the_users_handler_after() -> None:
-    from resettrace.tracing.session import holding_signals
+    from resettrace.tracing.exits import holding_signals
 
     seen: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
@@ -229,7 +229,7 @@ def test_held_signals_wait_for_the_block_and_go_to_the_users_handler_after() -> 
 
 
 def test_an_ignored_signal_stays_ignored_while_held() -> None:
-    from resettrace.tracing.session import holding_signals
+    from resettrace.tracing.exits import holding_signals
 
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -244,7 +244,7 @@ def test_an_ignored_signal_stays_ignored_while_held() -> None:
 def test_a_second_signal_while_held_ends_the_process_at_once() -> None:
     script = textwrap.dedent("""
         import os, signal, sys, time
-        from resettrace.tracing.session import holding_signals
+        from resettrace.tracing.exits import holding_signals
         with holding_signals() as held:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
@@ -265,10 +265,10 @@ import multiprocessing as mp, os, sys
 def work(_):
     import resettrace
     from resettrace import catalog as C
-    from resettrace.tracing import session
+    from resettrace.tracing import exits
     with resettrace.current_recorder().scope(C.DR_RESET, 1):
         pass
-    return session._WATCH["pid"] == os.getpid()
+    return exits._WATCH["pid"] == os.getpid()
 
 if __name__ == "__main__":
     with mp.get_context(sys.argv[1]).Pool(1) as pool:

@@ -40,7 +40,8 @@ log = logging.getLogger("resettrace")
 def _collector(args: argparse.Namespace) -> int:
     from resettrace.bench import collector
     from resettrace.bench.collector import CollectorConfig, StopRequest, progress_printer
-    from resettrace.tracing.session import Tracing, holding_signals
+    from resettrace.tracing.exits import holding_signals
+    from resettrace.tracing.session import Tracing
 
     try:
         if args.config is not None:  # a worker of --workers: its job's config, as it is

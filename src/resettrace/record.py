@@ -1007,7 +1007,7 @@ def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
     spawn), and never when it recorded nothing. Once it records (its first session, or
     one inherited over a fork), SIGTERM ends it through its exit hooks (a pool's
     ``terminate()`` too), and a worker's SIGTERM is watched for
-    (:func:`resettrace.tracing.session.watch_sigterm`); a process that never records
+    (:func:`resettrace.tracing.exits.watch_sigterm`); a process that never records
     keeps the default action, so it ends at once, as it would without resettrace. True
     when arranged."""
     env = os.environ if environ is None else environ
@@ -1040,7 +1040,7 @@ def arrange_exit_record(environ: Mapping[str, str] | None = None) -> bool:
 def _on_session(session: Any) -> None:
     """A session was made in a process that writes its record: SIGTERM must now end it
     through its exit hooks (where the record is written)."""
-    from resettrace.tracing.session import install_sigterm_exit, watch_sigterm
+    from resettrace.tracing.exits import install_sigterm_exit, watch_sigterm
 
     if session.config.enabled:
         from resettrace.launcher import remember_launcher
@@ -1076,7 +1076,7 @@ def _arm_worker(_token: Any) -> None:
 def _write_exit_record() -> None:
     """Write this process's record (once), if its default session recorded anything."""
     from resettrace.tracing.api import default_session
-    from resettrace.tracing.session import holding_signals
+    from resettrace.tracing.exits import holding_signals
 
     if _EXIT["written"] == os.getpid():
         return
