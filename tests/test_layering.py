@@ -17,7 +17,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "resettrace"
 #: tracer modules that may load the reference path or a benchmark inside a function
 LOADERS = {"resettrace/__init__.py": "make_env and make_backend",
-           "resettrace/cli.py": "the bench commands"}
+           "resettrace/cli/__init__.py": "the bench commands' parser",
+           "resettrace/cli/bench.py": "the bench commands",
+           "resettrace/cli/collector.py": "bench collector",
+           "resettrace/cli/common.py": "the bench commands"}
 HEAVY = {m for mods in EXTRAS.values() for m in mods}
 
 
