@@ -239,7 +239,7 @@ def test_identity_comes_from_the_launcher(env: dict[str, str],
 
 
 def test_a_bad_record_period_is_said_once_and_the_default_used() -> None:
-    code = ("import logging, resettrace.record as r\n"
+    code = ("import logging, resettrace.exit_record as r\n"
             "print(r.record_period(), r.record_period())\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=clean_env(RESETTRACE_RECORD_PERIOD="soon"), timeout=120)
@@ -290,11 +290,11 @@ def test_no_snapshot_is_being_written_while_the_process_forks() -> None:
     import os
     import threading
 
-    from resettrace import record
+    from resettrace import exit_record
 
     lock = threading.Lock()
-    saved = dict(record._SNAP)
-    record._SNAP.update(pid=os.getpid(), lock=lock)
+    saved = dict(exit_record._SNAP)
+    exit_record._SNAP.update(pid=os.getpid(), lock=lock)
     holding, forking, released = threading.Event(), threading.Event(), threading.Event()
 
     def writer() -> None:  # a snapshot being written
@@ -318,7 +318,7 @@ def test_no_snapshot_is_being_written_while_the_process_forks() -> None:
         lock.release()
     finally:
         t.join()
-        record._SNAP.update(saved)
+        exit_record._SNAP.update(saved)
 
 
 TORCH_DIST = """

@@ -113,7 +113,7 @@ def make_env(task: str, *, backend: str = "mujoco", num_envs: int, model: Any = 
 
 if os.environ.get(ENV_RUN_JSON, "").strip():
     # asked for: this process writes its run record at exit
-    from resettrace.record import arrange_exit_record
+    from resettrace.exit_record import arrange_exit_record
 
     arrange_exit_record()
 

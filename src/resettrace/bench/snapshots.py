@@ -56,7 +56,7 @@ class SnapshotConfig:
 def run_snapshots(cfg: SnapshotConfig, progress: Callable[[str], None] | None = None
                   ) -> dict[str, Any]:
     import resettrace
-    from resettrace import record
+    from resettrace import exit_record
     from resettrace.config import ENV_RUN_JSON
     from resettrace.tracing.session import Tracing
 
@@ -74,12 +74,12 @@ def run_snapshots(cfg: SnapshotConfig, progress: Callable[[str], None] | None = 
     with tempfile.TemporaryDirectory(prefix="resettrace-snapshots-") as tmp:
         path = Path(tmp) / "run.{pid}.json"
         os.environ[ENV_RUN_JSON] = str(path)
-        record._SNAP.update(pid=os.getpid(), lock=threading.Lock())
+        exit_record._SNAP.update(pid=os.getpid(), lock=threading.Lock())
 
         def block(mode: str) -> float:
             stop = threading.Event()
             thread = threading.Thread(  # the process's snapshot thread, its CPU measured
-                target=record._snapshots, args=(session, cfg.period, stop, cpu), daemon=True)
+                target=exit_record._snapshots, args=(session, cfg.period, stop, cpu), daemon=True)
             if mode == "on":
                 thread.start()
             step: list[float] = []
@@ -109,7 +109,7 @@ def run_snapshots(cfg: SnapshotConfig, progress: Callable[[str], None] | None = 
             files = sorted(Path(tmp).glob("run.*.json"))
             size = files[0].stat().st_size if files else 0
         finally:
-            record._SNAP.update(pid=None, lock=None)
+            exit_record._SNAP.update(pid=None, lock=None)
             if saved is None:
                 os.environ.pop(ENV_RUN_JSON, None)
             else:

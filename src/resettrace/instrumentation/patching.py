@@ -309,7 +309,7 @@ def untraced_targets() -> list[str]:
 
 
 def warn_unpatched() -> None:
-    from resettrace.record import run_main_process
+    from resettrace.exit_record import run_main_process
 
     if is_run_worker():
         return  # a helper process of a ``resettrace run`` command: its main one speaks

@@ -48,7 +48,7 @@ def arrange_run(environ: Mapping[str, str] | None = None) -> None:
     environment), and its run record is written at exit (:func:`resettrace.record.
     arrange_exit_record`)."""
     from resettrace.config import process_rank
-    from resettrace.record import arrange_exit_record
+    from resettrace.exit_record import arrange_exit_record
 
     if not os.environ.get(ENV_RUN_OWNER, "").strip():
         os.environ[ENV_RUN_OWNER] = str(os.getpid())

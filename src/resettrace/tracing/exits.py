@@ -126,9 +126,18 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     # exit hooks flush. A second SIGTERM kills at once. A signal that lands inside a call
     # that must not be cut in two (a trace handed to the sinks, the export queue's
     # bookkeeping) is taken again once that call is done.
-    if lifecycle.inside_uncut(frame) and _take_again_later(signum):
-        return
+    if lifecycle.inside_uncut(frame):
+        since = _AGAIN["since"] = _AGAIN["since"] or time.monotonic()
+        if time.monotonic() - since < _AGAIN_GIVE_UP_S and _take_again_later(signum):
+            return
+        # put off for seconds (a recording signal handler and a full pipe can keep the
+        # main thread inside hand-overs at every try): a process that will not end is
+        # worse than the trace under way, which may be left uncounted
+        log.warning("resettrace: SIGTERM taken inside a trace hand-over after %.1f s of "
+                    "waiting for one to end; the spans it held may be left uncounted",
+                    time.monotonic() - since)
     _AGAIN["delay_s"] = _AGAIN_FIRST_S
+    _AGAIN["since"] = 0.0
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if _leaving(frame):
         # A multiprocessing worker already leaving (a pool's terminate() comes just as its
@@ -143,7 +152,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 #: each time it is put off again, up to the last
 _AGAIN_FIRST_S = 0.001
 _AGAIN_LAST_S = 0.05
-_AGAIN: dict[str, Any] = {"pending": False, "delay_s": _AGAIN_FIRST_S}
+#: a SIGTERM put off this long is taken even inside a hand-over
+_AGAIN_GIVE_UP_S = 2.0
+_AGAIN: dict[str, Any] = {"pending": False, "delay_s": _AGAIN_FIRST_S, "since": 0.0}
 
 
 def _take_again_later(signum: int) -> bool:

@@ -67,7 +67,7 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 #: called with every enabled session made in this process, once it is set up (the run
-#: record's exit arrangement: :func:`resettrace.record.arrange_exit_record`)
+#: record's exit arrangement: :func:`resettrace.exit_record.arrange_exit_record`)
 ON_SESSION: list[Callable[[Tracing], None]] = []
 
 
