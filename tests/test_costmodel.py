@@ -111,7 +111,7 @@ def test_the_processor_fits_every_call_of_real_traces(clock: FakeClock) -> None:
             if k:
                 with rec.scope(C.RESET_DONE, k):
                     clock.now += 50_000 + 3_000 * k
-    sums = session.processor.fit_sums()  # type: ignore[union-attr]
+    sums = session.aggregator.fit_sums()  # type: ignore[union-attr]
     f = sums[C.RESET_DONE.key].fit()
     assert f.a_ms == pytest.approx(0.05, abs=1e-9) and f.b_ms == pytest.approx(0.003, abs=1e-9)
     assert f.r2 == pytest.approx(1.0) and not f.fixed

@@ -65,7 +65,7 @@ def test_a_shut_down_session_keeps_no_traces_and_the_exporter_no_recorders(
     assert proc is not None and len(proc._rids) <= 1 and len(proc._sent_attrs) <= 1
     survivor = session.recorder()
     session.shutdown()
-    processor = session.processor
+    processor = session.aggregator
     assert processor is not None
     seen = processor.traces_seen
     for _ in range(2000):  # an env that outlives its session

@@ -138,7 +138,7 @@ def test_prometheus_metrics_without_the_extra_warn_naming_it_and_training_goes_o
         rec = session.recorder(backend="plain", task="t", env_count=2)
         with rec.scope(C.SET_STATE, 1):
             pass
-        assert session.processor.stats()[C.SET_STATE.key].count == 1
+        assert session.aggregator.stats()[C.SET_STATE.key].count == 1
     finally:
         session.shutdown()
     said = [r.getMessage() for r in caplog.records if "prometheus" in r.getMessage()]

@@ -414,7 +414,7 @@ def test_a_port_held_by_another_program_is_said_in_one_line_and_served_elsewhere
             for _ in range(5):
                 with rec.scope(C.RESET_DONE, 2):
                     pass
-            session.processor.force_flush()  # type: ignore[union-attr]
+            session.aggregator.force_flush()  # type: ignore[union-attr]
             text = _scrape(served)
             assert f'process_pid="{os.getpid()}"' in text
             assert [x for x in text.splitlines() if x.startswith("resettrace_resets_total{")

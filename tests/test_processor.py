@@ -452,7 +452,7 @@ def test_a_full_aggregation_queue_drops_and_counts_traces_exactly(
     session = Tracing(Config.from_env({"RESETTRACE": "timing",
                                        "RESETTRACE_AGGREGATE_QUEUE": "1500"}))
     assert session.config.aggregate_queue == 1500
-    agg = session.processor
+    agg = session.aggregator
     assert agg is not None
     rec = session.recorder()
 

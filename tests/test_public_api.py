@@ -45,8 +45,8 @@ def session(catalog: C.Catalog) -> Iterator[Tracing]:
     s = Tracing(Config(mode="timing"), catalog=catalog)
     yield s
     s.shutdown()
-    assert s.processor is not None
-    s.processor.shutdown()
+    assert s.aggregator is not None and s.processor is s.aggregator  # (its former name)
+    s.aggregator.shutdown()
 
 
 # -- the open catalog ------------------------------------------------------------------------
@@ -149,8 +149,8 @@ def test_a_refused_registration_leaves_trace_export_whole(tmp_path: Path, kind: 
             with rec.scope(C.DR_RESET_PLAN):
                 pass
     session.shutdown()  # raised UnicodeEncodeError
-    assert session.processor is not None
-    session.processor.shutdown()
+    assert session.aggregator is not None
+    session.aggregator.shutdown()
     names = _exported_names(out, kind)
     assert names.count("dr_reset") == 40 and names.count("dr_reset.plan") == 40
     report = session.export_report()
@@ -451,9 +451,9 @@ def test_bind_nests_objects_with_their_own_recorders_into_one_trace(session: Tra
             assert resettrace.current_recorder() is backend_rec
         assert resettrace.current_recorder() is env_rec
     assert resettrace.current_recorder(backend_rec) is backend_rec
-    assert session.processor is not None
-    session.processor.force_flush()
-    assert session.processor.traces_seen == 1  # set_state inside dr_reset, not apart
+    assert session.aggregator is not None
+    session.aggregator.force_flush()
+    assert session.aggregator.traces_seen == 1  # set_state inside dr_reset, not apart
     with pytest.raises(TypeError):
         resettrace.bind("not a recorder")  # type: ignore[arg-type]
 
@@ -480,16 +480,16 @@ def test_scopes_on_another_recorder_join_the_open_trace(session: Tracing,
         timing = reset([1, 2, 3])
         assert resettrace.current_recorder() is session.thread_recorder()
     assert timing["set_state_forward_kinematic_ms"] == 2.0
-    assert session.processor is not None
-    session.processor.force_flush()
-    assert session.processor.traces_seen == 1
+    assert session.aggregator is not None
+    session.aggregator.force_flush()
+    assert session.aggregator.traces_seen == 1
     st = session.stats()
     assert st["dr_reset_total_ms"].total_ms == 3.0
     assert st["dr_reset_internal_gap_ms"].total_ms == 1.0  # set_state is dr_reset's child
     # alone, the backend's recorder opens its own trace
     Backend().set_state([0])
-    session.processor.force_flush()
-    assert session.processor.traces_seen == 2
+    session.aggregator.force_flush()
+    assert session.aggregator.traces_seen == 2
 
 
 def test_current_recorder_defaults_to_the_sessions_thread_recorder(session: Tracing) -> None:
@@ -513,9 +513,9 @@ def test_bundled_env_nests_a_backend_with_its_own_recorder(session: Tracing) -> 
     done[[1, 5]] = True
     env.reset_done(done)
     env.close()
-    assert session.processor is not None
-    session.processor.force_flush()
-    assert session.processor.traces_seen == 1
+    assert session.aggregator is not None
+    session.aggregator.force_flush()
+    assert session.aggregator.traces_seen == 1
     st = session.stats()
     assert st["dr_reset_set_state_ms"].count == 1 and st["reset_done_count"].mean_ms == 2.0
 
@@ -697,8 +697,8 @@ def test_phase_registered_after_the_session_started_exports(tmp_path: Path,
             with rec.scope(late):
                 pass
     session.shutdown()
-    assert session.processor is not None
-    session.processor.shutdown()
+    assert session.aggregator is not None
+    session.aggregator.shutdown()
     names = [json.loads(line)["name"] for line in out.read_text().splitlines()]
     assert names.count("dr_reset.terrain_sample") == 3 and names.count("dr_reset") == 4
     assert session.export_report()["spans_not_delivered"] == 0
@@ -775,7 +775,7 @@ def test_a_second_exit_neither_ends_the_trace_early_nor_loses_it(session: Tracin
         rec.scope(C.PHYSICS).__enter__()
         clock.now += 4 * MS
     st = session.stats()
-    assert session.processor is not None and session.processor.traces_seen == 1
+    assert session.aggregator is not None and session.aggregator.traces_seen == 1
     assert st["env_step_total_ms"].total_ms == 7.0 and st["physics_ms"].total_ms == 4.0
     assert st["env_step_other_ms"].total_ms == 0.0
 
@@ -797,9 +797,9 @@ def test_a_scope_never_exited_does_not_grow_the_trace_forever(
         with rec.scope(C.APPLY_ACTION):
             pass
     assert len(rec._records) <= 50
-    assert session.processor is not None
-    session.processor.force_flush()
-    assert session.processor.traces_seen >= 3
+    assert session.aggregator is not None
+    session.aggregator.force_flush()
+    assert session.aggregator.traces_seen >= 3
 
 
 def test_an_env_with_the_noop_recorder_records_nothing_anywhere() -> None:
@@ -845,7 +845,7 @@ def test_trace_shapes_and_open_sdk_parents_stay_bounded(session: Tracing) -> Non
                     pass
             with rec.scope(C.SET_STATE):
                 pass
-    proc = session.processor
+    proc = session.aggregator
     assert proc is not None
     st = proc.stats()
     assert st["dr_reset_total_ms"].count == 399 and st["dr_reset_plan_ms"].count == sum(
@@ -876,8 +876,8 @@ def test_attributes_set_after_the_first_trace_reach_the_span_file(tmp_path: Path
     with rec.scope(C.ENV_STEP):
         pass
     session.shutdown()
-    assert session.processor is not None
-    session.processor.shutdown()
+    assert session.aggregator is not None
+    session.aggregator.shutdown()
     spans = [json.loads(line) for line in out.read_text().splitlines()]
     assert [s["attributes"].get(C.ATTR_ENV_COUNT) for s in spans] == [None, 4096]
 
@@ -1076,7 +1076,7 @@ def test_a_record_that_is_not_ints_costs_no_other_trace(tmp_path: Path) -> None:
     out = tmp_path / "spans.jsonl"
     session = Tracing(Config(mode="trace", exporters=(f"file:{out}",)))
     rec = session.recorder()
-    assert session.processor is not None and session.process is not None
+    assert session.aggregator is not None and session.process is not None
     for i in range(40):
         with rec.scope(C.ENV_STEP):
             with rec.scope(C.RESET_DONE, 2):
@@ -1084,7 +1084,7 @@ def test_a_record_that_is_not_ints_costs_no_other_trace(tmp_path: Path) -> None:
         if i % 10 == 5:
             bad = [list(r) for r in rec._last]
             bad[1][R_COUNT] = [np.array([True, False]), 2.5, 2**63, 10**400][i // 10]
-            session.processor.on_trace(bad)
+            session.aggregator.on_trace(bad)
             session.process.on_trace(bad, rec)
     st = session.stats()
     assert st["env_step_total_ms"].count == 44  # the bad ones aggregate, without a count

@@ -97,7 +97,7 @@ def _write_snapshot(session: Any) -> None:
         if _EXIT["written"] == os.getpid() or _SNAP["pid"] != os.getpid():
             return  # the record of its exit is written (or being written): the last word
         template = os.environ.get(ENV_RUN_JSON, "").strip()
-        proc = session.processor
+        proc = session.aggregator
         if not template or session.closed or proc is None or not proc.totals() or \
                 _jobs_path_not_mine(template):
             return

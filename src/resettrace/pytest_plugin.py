@@ -82,8 +82,8 @@ class ResettraceCapture:
 
     def clear(self) -> None:
         """Forget everything recorded so far (e.g. after a warm-up)."""
-        if self.session.processor is not None:
-            self.session.processor.clear()
+        if self.session.aggregator is not None:
+            self.session.aggregator.clear()
 
     def __repr__(self) -> str:
         return f"ResettraceCapture(keys={list(self.session.stats())})"
@@ -136,9 +136,9 @@ def resettrace(request: pytest.FixtureRequest) -> Iterator[ResettraceCapture]:
             results[request.node.nodeid] = record.to_json()
     finally:
         session.shutdown()
-        if session.processor is not None:
+        if session.aggregator is not None:
             # Tracing.shutdown leaves the timing processor's aggregation thread running
-            session.processor.shutdown()
+            session.aggregator.shutdown()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -374,7 +374,7 @@ def record_of_session(session: Any, *, kind: str = "process",
     from resettrace import catalog as C
     from resettrace.launcher import identity
 
-    proc = session.processor
+    proc = session.aggregator
     if proc is not None:
         proc.force_flush()
     dists = session.distributions()

@@ -273,7 +273,7 @@ def run_numba_ab(cfg: CollectorConfig, tracing: Any,
             for name in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
                 envs[name].step(actions)
         for session in sessions.values():
-            session.processor.clear()  # statistics of the timed steps only
+            session.aggregator.clear()  # statistics of the timed steps only
         wall = dict.fromkeys(VARIANTS, 0.0)
         resets = dict.fromkeys(VARIANTS, 0)
         done_mismatch_steps = 0
@@ -303,7 +303,7 @@ def run_numba_ab(cfg: CollectorConfig, tracing: Any,
         for env in envs.values():
             env.close()
     for session in sessions.values():
-        session.processor.force_flush()
+        session.aggregator.force_flush()
     per_variant: dict[str, dict[str, Any]] = {}
     for name in VARIANTS:
         st = sessions[name].stats()

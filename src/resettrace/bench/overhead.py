@@ -299,7 +299,7 @@ def _render_trace_cpu(cpu: dict[str, float]) -> str:
 
 def _scopes_per_reset(session: Any) -> int:
     """Scopes per reset_done: every trace of this benchmark is one reset_done."""
-    proc = session.processor
+    proc = session.aggregator
     proc.force_flush()
     return round(proc.records_seen / max(1, proc.traces_seen))
 

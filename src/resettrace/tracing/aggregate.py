@@ -85,7 +85,10 @@ DEFAULT_MAX_PENDING = 100_000
 
 @dataclass(frozen=True)
 class KeyStats:
-    """Statistics of one timing key over a run (milliseconds, or envs for counts)."""
+    """Statistics of one key over a run: milliseconds for a timing key. A count key
+    (``reset_done_count``: the envs each ``reset_done`` reset) keeps the same fields in
+    envs: ``mean_ms`` is then envs per call and ``total_ms`` the envs reset in all (the
+    fields keep their names: they are the run record's and timing.csv's columns)."""
 
     count: int
     mean_ms: float

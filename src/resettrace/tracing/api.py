@@ -231,7 +231,7 @@ def recording() -> Recorder | None:
     rec = _get_current()
     if rec is None:
         session = _default
-        if session is not None and session.processor is None:
+        if session is not None and session.aggregator is None:
             return None
         rec = current_recorder()
     return rec if rec.enabled else None
@@ -404,7 +404,7 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
             if rec is None:
                 epoch = _default_epoch() if _tell_default else 0  # (before the session is read)
                 session = _default
-                if session is not None and session.processor is None:
+                if session is not None and session.aggregator is None:
                     if _tell_default:
                         _remember_default(None, epoch)
                     return fn(*args, **kwargs)  # tracing off, nothing bound: the fast path

@@ -161,7 +161,7 @@ class MetricsExport:
     def __init__(self, processor: Aggregator | None, config: Config,
                  resource: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
                  label: Callable[[str], str] | None = None) -> None:
-        self.processor = processor
+        self.aggregator = processor
         self.config = config
         self._resource = resource if callable(resource) else None
         self.resource = dict(resource() if callable(resource) else resource)
@@ -212,7 +212,7 @@ class MetricsExport:
 
     def _phases(self) -> Iterator[tuple[str, Distribution, tuple[int, float, float]]]:
         """(span name, buckets, exact (count, total, max)) of every timed phase with calls."""
-        proc = self.processor
+        proc = self.aggregator
         if proc is None:
             return
         dists = proc.distributions()
@@ -223,7 +223,7 @@ class MetricsExport:
             yield proc.catalog.label(key), dist, totals[key]
 
     def _counters(self) -> tuple[int, int]:
-        proc = self.processor
+        proc = self.aggregator
         if proc is None:
             return 0, 0
         totals = proc.totals()

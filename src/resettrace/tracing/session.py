@@ -1,4 +1,4 @@
-"""One tracing session: config, the timing processor, and span export when asked.
+"""One tracing session: config, the aggregator of its timings, and span export when asked.
 
 ``Tracing(config)`` with mode ``off`` imports nothing from OpenTelemetry and hands
 out :data:`~resettrace.tracing.recorder.NOOP_RECORDER`. ``timing`` adds a
@@ -114,7 +114,7 @@ def attribute_problem(attributes: Mapping[Any, Any]) -> str | None:
 class Tracing:
     """Owns the sinks that recorders feed. Thread-safe to read stats from.
 
-    ``catalog``: the phases its recorders, processor and exporters know (default: the
+    ``catalog``: the phases its recorders, aggregator and exporters know (default: the
     process's :data:`~resettrace.catalog.CATALOG`, which phases registered later join).
     """
 
@@ -123,7 +123,8 @@ class Tracing:
         self.config = config if config is not None else Config.from_env()
         self.catalog = CATALOG if catalog is None else catalog
         self._local = threading.local()
-        self.processor: Aggregator | None = None
+        #: the statistics of its recorders' traces (None when off)
+        self.aggregator: Aggregator | None = None
         self.materializer: SpanMaterializer | None = None
         self.process: ProcessExporter | None = None
         self.sampler: TraceSampler | None = None
@@ -153,7 +154,7 @@ class Tracing:
         say_if_not_built()
 
         # the aggregation engine alone: a session aggregates records, no SDK span
-        self.processor = Aggregator(max_samples=self.config.max_samples, catalog=self.catalog,
+        self.aggregator = Aggregator(max_samples=self.config.max_samples, catalog=self.catalog,
                                     max_pending=self.config.aggregate_queue)
         for hook in ON_SESSION:
             hook(self)
@@ -163,7 +164,7 @@ class Tracing:
             from resettrace.tracing.metrics import MetricsExport
 
             # the resource as a callable: a forked worker asks it again for its own rank
-            self.metrics = MetricsExport(self.processor, self.config,
+            self.metrics = MetricsExport(self.aggregator, self.config,
                                          self.resource_attributes, self.label)
             if not self.config.exports_spans:
                 register_exit_hooks(self)  # the last push at exit
@@ -251,6 +252,11 @@ class Tracing:
     def tracer_provider(self) -> Any:
         return self._provider
 
+    @property
+    def processor(self) -> Aggregator | None:
+        """The former name of :attr:`aggregator` (it is no span processor)."""
+        return self.aggregator
+
     def recorder(self, *, backend: str | None = None, task: str | None = None,
                  env_count: int | None = None, attributes: Mapping[str, Any] | None = None
                  ) -> Recorder | NoopRecorder:
@@ -266,13 +272,13 @@ class Tracing:
         """
         given = span_attributes({**(attributes or {}), **{
             k: v for k, v in ((ATTR_BACKEND, backend), (ATTR_TASK, task)) if v is not None}})
-        if self.processor is None or self._closed:
+        if self.aggregator is None or self._closed:
             return NOOP_RECORDER
         attrs: dict[str, Any] = dict(_DEFAULT_ATTRIBUTES)
         attrs.update(given)
         if env_count is not None:
             attrs[ATTR_ENV_COUNT] = int(env_count)
-        sinks: list[Any] = [self.processor]
+        sinks: list[Any] = [self.aggregator]
         if self.sampler is not None:
             # a sampler that keeps every trace is left out: its sinks get them directly
             # (the export's compiled queue, no call per trace)
@@ -330,29 +336,29 @@ class Tracing:
 
     # -- results ------------------------------------------------------------------------------
     def stats(self) -> dict[str, KeyStats]:
-        return {} if self.processor is None else self.processor.stats()
+        return {} if self.aggregator is None else self.aggregator.stats()
 
     def samples(self) -> dict[str, list[float]]:
-        return {} if self.processor is None else self.processor.samples()
+        return {} if self.aggregator is None else self.aggregator.samples()
 
     def distributions(self) -> dict[str, Any]:
         """Per key, every call's value in mergeable exponential buckets (as in
         ``timing.json``'s ``dist``; :mod:`resettrace.distribution`)."""
-        return {} if self.processor is None else self.processor.distributions()
+        return {} if self.aggregator is None else self.aggregator.distributions()
 
     def cost_model(self, *, fit: bool = True) -> dict[str, Any]:
         """Per key, the fit ``ms = a + b * k`` over its calls (:mod:`resettrace.costmodel`):
         the ``model`` section of ``timing.json`` (``fit`` false: its sums only)."""
         from resettrace.costmodel import model_section
 
-        return model_section({} if self.processor is None else self.processor.fit_sums(),
+        return model_section({} if self.aggregator is None else self.aggregator.fit_sums(),
                              fit=fit)
 
     @property
     def dropped_traces(self) -> int:
         """Traces never aggregated: they came while ``aggregate_queue`` traces waited for
         the aggregation thread (``RESETTRACE_AGGREGATE_QUEUE``); the statistics miss them."""
-        return 0 if self.processor is None else self.processor.dropped_traces
+        return 0 if self.aggregator is None else self.aggregator.dropped_traces
 
     @property
     def dropped_spans(self) -> int:
@@ -391,8 +397,8 @@ class Tracing:
         timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         ok = True
-        if self.processor is not None:
-            self.processor.force_flush()
+        if self.aggregator is not None:
+            self.aggregator.force_flush()
         if self.materializer is not None:
             ok = self.materializer.flush(timeout)
         if self._provider is not None and hasattr(self._provider, "force_flush"):
@@ -413,8 +419,8 @@ class Tracing:
         default_changed()  # the compiled traced calls ask again (it records nothing more)
         if self.sampler is not None:
             self.sampler.close()
-        if self.processor is not None:
-            self.processor.shutdown()
+        if self.aggregator is not None:
+            self.aggregator.shutdown()
         if self.materializer is not None:
             self.materializer.close(timeout)
         if self.process is not None:
