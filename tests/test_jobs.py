@@ -231,7 +231,7 @@ def test_ranks_a_launchers_world_names_but_no_process_wrote_are_said(tmp_path: P
 ])
 def test_identity_comes_from_the_launcher(env: dict[str, str],
                                           expected: tuple[Any, ...]) -> None:
-    from resettrace.config import process_rank
+    from resettrace.launcher import process_rank
 
     rank = process_rank(env, publish=False)
     who = identity(rank, env)

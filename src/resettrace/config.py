@@ -107,7 +107,7 @@ DEFAULT_OTLP_ENDPOINT = {"grpc": "http://localhost:4317",
 
 _INT_MAX = 2**31 - 1
 #: a numeric setting longer than this is refused unread (no valid one comes close)
-_MAX_NUMBER_TEXT = 64
+MAX_NUMBER_TEXT = 64
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class Number:
         number of any length is refused, never an ``OverflowError``)."""
         text = raw.strip()
         bad = f"is not valid ({_fmt(self.low)} - {_fmt(self.high)})"
-        if len(text) > _MAX_NUMBER_TEXT:
+        if len(text) > MAX_NUMBER_TEXT:
             return None, bad
         try:
             value: float = int(text) if self.kind is int else float(text)
@@ -361,7 +361,7 @@ class Config:
             "exporters": _exporters(env, d.exporters),
             "service_name": env.get(ENV_SERVICE_NAME, "").strip() or d.service_name,
             "sample_slowest_window": _slowest(env),
-            "worker_rank": process_rank(environ),
+            "worker_rank": _process_rank(environ),
             "handle_sigterm": _flag(env, (ENV_HANDLE_SIGTERM,), d.handle_sigterm),
             "otlp_protocol": _choice(env, ENV_OTLP_PROTOCOL, OTLP_PROTOCOLS, d.otlp_protocol,
                                      lower=False),
@@ -624,7 +624,7 @@ def sdk_environment_problems(env: Mapping[str, str] | None = None
     for name in ENV_SPAN_LIMITS:
         check(name, lambda raw: None if raw.strip().lower() == "unset" or (
             raw.strip().isascii() and raw.strip().isdigit()
-            and len(raw.strip()) <= _MAX_NUMBER_TEXT) else
+            and len(raw.strip()) <= MAX_NUMBER_TEXT) else
             f"={_shown(raw)} is not a non-negative integer or 'unset'; using the default")
     for name in _CREDENTIAL_PROVIDERS:
         check(name, lambda raw: None if (bad := _credential_provider_problem(raw)) is None
@@ -778,104 +778,10 @@ def _slowest(env: Mapping[str, str]) -> int | None:
 #: ``RANK:IDENTITY:GIVEN`` (its rank, its multiprocessing identity as dotted numbers, and
 #: the rank text it was given, if any)
 ENV_PARENT_RANK = "RESETTRACE_PARENT_RANK"
-#: a multiprocessing worker's rank: parent rank x this + its worker number
-WORKER_RANK_BASE = 1000
+def _process_rank(environ: Mapping[str, str] | None) -> int:
+    from resettrace.launcher import process_rank  # (launcher reads config: not at the top)
 
-
-def _given_text(env: Mapping[str, str]) -> str:
-    for name in ENV_RANK:
-        raw = env.get(name, "").strip()
-        if raw:
-            return f"{name}={raw}"
-    return ""
-
-
-def _identity() -> tuple[int, ...]:
-    """This process's multiprocessing identity: () for a main process, (n,) for the n-th
-    worker its parent started, (n, m) for a worker of that worker, ..."""
-    import sys
-
-    mp = sys.modules.get("multiprocessing")
-    if mp is None:
-        return ()
-    return tuple(getattr(mp.current_process(), "_identity", ()) or ())
-
-
-def _start_text() -> str:
-    """The rank text this process started with (what its parent handed down): the
-    environment at the fork (when resettrace was loaded before it), else the one the
-    process was started with (``/proc/self/environ``), else the current one."""
-    if _AT_FORK[0] == os.getpid():
-        return _AT_FORK[1]
-    try:
-        with open("/proc/self/environ", "rb") as f:
-            items = f.read().split(b"\0")
-    except OSError:
-        return _given_text(os.environ)
-    start = {}
-    for item in items:
-        name, sep, value = item.partition(b"=")
-        if sep:
-            start[name.decode(errors="replace")] = value.decode(errors="replace")
-    return _given_text(start)
-
-
-_AT_FORK: list[Any] = [None, ""]  # (pid, rank text) of a forked process, at the fork
-
-
-def _remember_at_fork() -> None:
-    _AT_FORK[:] = [os.getpid(), _given_text(os.environ)]
-
-
-os.register_at_fork(after_in_child=_remember_at_fork)
-
-
-def process_rank(env: Mapping[str, str] | None = None, *, publish: bool | None = None) -> int:
-    """This process's rank, by one rule:
-
-    1. a rank given to it (``RESETTRACE_WORKER_RANK``, else ``RANK``): a main process's, or
-       a multiprocessing worker's when it is not the one the worker started with (a worker
-       inherits its parent's environment: setting the variable in the worker gives it);
-    2. a multiprocessing worker (fork, forkserver, spawn; ``concurrent.futures``, a
-       Gymnasium ``AsyncVectorEnv``) with no rank of its own: parent rank x 1000 + its
-       worker number (1, 2, 3, ... in the order the parent started workers; a worker of a
-       worker: (parent rank x 1000 + n) x 1000 + m). The parent's rank is the one it
-       published in ``RESETTRACE_PARENT_RANK`` when it resolved its own, else the rank it
-       was given, else 0;
-    3. else 0.
-
-    ``publish`` (default: when ``env`` is this process's environment) puts the result in
-    ``RESETTRACE_PARENT_RANK`` for the workers this process starts.
-    """
-    own = env is None
-    env = os.environ if env is None else env
-    given = env_worker_rank(env)
-    text = _given_text(env)
-    identity = _identity() if own else ()
-    rank = 0 if given is None else given
-    if identity and (given is None or text == _start_text()):  # nothing of its own
-        base = 0 if given is None else given
-        ancestry: tuple[int, ...] = ()
-        try:
-            p_rank, p_id, _ = env.get(ENV_PARENT_RANK, "").split(":", 2)
-            if len(p_rank) + len(p_id) > 4 * _MAX_NUMBER_TEXT:
-                raise ValueError(p_rank)
-            published = (int(p_rank), tuple(int(x) for x in p_id.split(".") if x))
-        except ValueError:
-            published = None
-        if published is not None and identity[:len(published[1])] == published[1] \
-                and len(identity) > len(published[1]):
-            base, ancestry = published
-        rank = base
-        for n in identity[len(ancestry):]:
-            rank = rank * WORKER_RANK_BASE + n
-        if NUMBERS["worker_rank"].problem(rank):
-            log.warning("the worker rank rule gives %d (workers nested %d deep): out of "
-                        "range; using 0", rank, len(identity))
-            rank = 0
-    if own if publish is None else publish:
-        os.environ[ENV_PARENT_RANK] = f"{rank}:{'.'.join(map(str, identity))}:{text}"
-    return rank
+    return process_rank(environ)
 
 
 def env_worker_rank(env: Mapping[str, str] | None = None) -> int | None:

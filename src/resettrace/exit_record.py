@@ -238,9 +238,8 @@ def _write_untraced(template: str) -> None:
 
     if "resettrace.instrumentation.patching" not in sys.modules:
         return
-    from resettrace.config import process_rank
     from resettrace.instrumentation.patching import untraced_targets
-    from resettrace.launcher import identity
+    from resettrace.launcher import identity, process_rank
 
     untraced = untraced_targets()
     if not untraced:

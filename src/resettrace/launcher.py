@@ -23,22 +23,33 @@ a multiprocessing worker        ``rank R`` (parent rank x   -
 anything else                   ``rank 0``                  -
 ==============================  ==========================  ===============================
 
-The rank is :func:`resettrace.config.process_rank` (the span attribute
+The rank is :func:`resettrace.launcher.process_rank` (the span attribute
 ``resettrace.worker.rank``, ``{rank}`` in paths); a Ray actor's record has its RLlib worker
 index as its rank, else none (its actor id tells it apart).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from resettrace.config import ENV_RANK, ENV_WORKER_RANK, NUMBERS
+from resettrace.config import (
+    ENV_PARENT_RANK,
+    ENV_RANK,
+    ENV_WORKER_RANK,
+    MAX_NUMBER_TEXT,
+    NUMBERS,
+    env_worker_rank,
+)
 
-__all__ = ["Identity", "identity", "parent_pid", "remember_launcher"]
+log = logging.getLogger("resettrace.config")  # (the rank rule's lines, as before)
+
+__all__ = ["Identity", "identity", "parent_pid", "process_rank", "remember_launcher",
+           "WORKER_RANK_BASE"]
 
 
 @dataclass(frozen=True)
@@ -146,7 +157,7 @@ def _torch_distributed() -> Identity | None:
 
 def identity(rank: int, environ: Mapping[str, str] | None = None) -> Identity:
     """This process's identity (the module docstring's rules); ``rank`` is its resolved
-    rank (:func:`resettrace.config.process_rank`)."""
+    rank (:func:`resettrace.launcher.process_rank`)."""
     env = os.environ if environ is None else environ
     group = _remembered(_TORCH_FOUND, _torch_distributed)
     if group is not None:
@@ -177,3 +188,102 @@ def parent_pid() -> int:
     mp = sys.modules.get("multiprocessing")
     parent = mp.parent_process() if mp is not None else None
     return int(parent.pid) if parent is not None and parent.pid else os.getppid()
+
+
+# -- the rank rule ------------------------------------------------------------------------------
+#: a multiprocessing worker's rank: parent rank x this + its worker number
+WORKER_RANK_BASE = 1000
+
+
+def _given_text(env: Mapping[str, str]) -> str:
+    for name in ENV_RANK:
+        raw = env.get(name, "").strip()
+        if raw:
+            return f"{name}={raw}"
+    return ""
+
+
+def _identity() -> tuple[int, ...]:
+    """This process's multiprocessing identity: () for a main process, (n,) for the n-th
+    worker its parent started, (n, m) for a worker of that worker, ..."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return ()
+    return tuple(getattr(mp.current_process(), "_identity", ()) or ())
+
+
+def _start_text() -> str:
+    """The rank text this process started with (what its parent handed down): the
+    environment at the fork (when resettrace was loaded before it), else the one the
+    process was started with (``/proc/self/environ``), else the current one."""
+    if _AT_FORK[0] == os.getpid():
+        return _AT_FORK[1]
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return _given_text(os.environ)
+    start = {}
+    for item in items:
+        name, sep, value = item.partition(b"=")
+        if sep:
+            start[name.decode(errors="replace")] = value.decode(errors="replace")
+    return _given_text(start)
+
+
+_AT_FORK: list[Any] = [None, ""]  # (pid, rank text) of a forked process, at the fork
+
+
+def _remember_at_fork() -> None:
+    _AT_FORK[:] = [os.getpid(), _given_text(os.environ)]
+
+
+os.register_at_fork(after_in_child=_remember_at_fork)
+
+
+def process_rank(env: Mapping[str, str] | None = None, *, publish: bool | None = None) -> int:
+    """This process's rank, by one rule:
+
+    1. a rank given to it (``RESETTRACE_WORKER_RANK``, else ``RANK``): a main process's, or
+       a multiprocessing worker's when it is not the one the worker started with (a worker
+       inherits its parent's environment: setting the variable in the worker gives it);
+    2. a multiprocessing worker (fork, forkserver, spawn; ``concurrent.futures``, a
+       Gymnasium ``AsyncVectorEnv``) with no rank of its own: parent rank x 1000 + its
+       worker number (1, 2, 3, ... in the order the parent started workers; a worker of a
+       worker: (parent rank x 1000 + n) x 1000 + m). The parent's rank is the one it
+       published in ``RESETTRACE_PARENT_RANK`` when it resolved its own, else the rank it
+       was given, else 0;
+    3. else 0.
+
+    ``publish`` (default: when ``env`` is this process's environment) puts the result in
+    ``RESETTRACE_PARENT_RANK`` for the workers this process starts.
+    """
+    own = env is None
+    env = os.environ if env is None else env
+    given = env_worker_rank(env)
+    text = _given_text(env)
+    identity = _identity() if own else ()
+    rank = 0 if given is None else given
+    if identity and (given is None or text == _start_text()):  # nothing of its own
+        base = 0 if given is None else given
+        ancestry: tuple[int, ...] = ()
+        try:
+            p_rank, p_id, _ = env.get(ENV_PARENT_RANK, "").split(":", 2)
+            if len(p_rank) + len(p_id) > 4 * MAX_NUMBER_TEXT:
+                raise ValueError(p_rank)
+            published = (int(p_rank), tuple(int(x) for x in p_id.split(".") if x))
+        except ValueError:
+            published = None
+        if published is not None and identity[:len(published[1])] == published[1] \
+                and len(identity) > len(published[1]):
+            base, ancestry = published
+        rank = base
+        for n in identity[len(ancestry):]:
+            rank = rank * WORKER_RANK_BASE + n
+        if NUMBERS["worker_rank"].problem(rank):
+            log.warning("the worker rank rule gives %d (workers nested %d deep): out of "
+                        "range; using 0", rank, len(identity))
+            rank = 0
+    if own if publish is None else publish:
+        os.environ[ENV_PARENT_RANK] = f"{rank}:{'.'.join(map(str, identity))}:{text}"
+    return rank

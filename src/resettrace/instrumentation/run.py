@@ -47,8 +47,8 @@ def arrange_run(environ: Mapping[str, str] | None = None) -> None:
     is not), its rank is resolved now (before the command's code changes the
     environment), and its run record is written at exit (:func:`resettrace.record.
     arrange_exit_record`)."""
-    from resettrace.config import process_rank
     from resettrace.exit_record import arrange_exit_record
+    from resettrace.launcher import process_rank
 
     if not os.environ.get(ENV_RUN_OWNER, "").strip():
         os.environ[ENV_RUN_OWNER] = str(os.getpid())

@@ -206,9 +206,9 @@ class Tracing:
     @property
     def worker_rank(self) -> int:
         """This process's rank: the config's, or in a worker that inherited the session
-        over a fork, the worker's own (:func:`resettrace.config.process_rank`)."""
+        over a fork, the worker's own (:func:`resettrace.launcher.process_rank`)."""
         if self._pid != os.getpid():
-            from resettrace.config import process_rank
+            from resettrace.launcher import process_rank
 
             self._pid, self._rank = os.getpid(), process_rank()
             self.started_at, self.started_monotonic = time.time(), time.monotonic()

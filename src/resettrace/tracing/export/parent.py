@@ -168,8 +168,7 @@ class ProcessExporter:
     # -- child process ----------------------------------------------------------------------
     def _start(self) -> None:
         if self._forked:  # a forked worker: its rank is found now, when it first exports
-            from resettrace.config import process_rank
-            from resettrace.launcher import parent_pid
+            from resettrace.launcher import parent_pid, process_rank
 
             self._settings["resource"] = dict(
                 self._settings["resource"],
