@@ -18,11 +18,11 @@ from resettrace import catalog as C
 from resettrace.cli import main
 from resettrace.config import Config
 from resettrace.distribution import RELATIVE_ERROR, Distribution, relative_error
+from resettrace.merging import merge_records
 from resettrace.record import (
     MAX_RECORD_SAMPLES,
     RecordError,
     RunRecord,
-    merge_records,
     read_record,
     read_records,
     record_files,

@@ -153,7 +153,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if workeroutput is not None:  # an xdist worker: the controller writes the file
         workeroutput["resettrace"] = json.dumps(results)
         return
-    from resettrace.record import RunRecord, merge_records
+    from resettrace.merging import merge_records
+    from resettrace.record import RunRecord
     from resettrace.tables import write_json
 
     merged: dict[str, Any] = {}

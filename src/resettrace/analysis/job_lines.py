@@ -46,7 +46,7 @@ def _p(stats: Mapping[str, Any], key: str, field: str = "p50_ms") -> float:
 
 
 def _percentile_note(job: RunRecord) -> str:
-    """How the job's percentiles were had (:func:`resettrace.record.merge_records`)."""
+    """How the job's percentiles were had (:func:`resettrace.merging.merge_records`)."""
     err = job.extra.get("relative_error")
     exact = job.extra.get("exact_percentiles")
     shown = ran(job.stats)

@@ -10,7 +10,7 @@ given twice is refused; two processes that claim one identity (two "rank 0": the
 of two jobs?) are refused unless ``allow_duplicates``, which merges them and lists them in
 the job (``extra["duplicates"]``).
 
-Merged per key (:func:`resettrace.record.merge_records`): counts and totals add, the max
+Merged per key (:func:`resettrace.merging.merge_records`): counts and totals add, the max
 is the largest, the mergeable buckets (``dist``, :mod:`resettrace.distribution`) add.
 p50 / p90 / p99 follow the one rule every resettrace percentile follows (numpy's linear
 definition): exact from every call's value when each run kept all of its samples of the
@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from resettrace.analysis.job_lines import render_job
-from resettrace.record import RunRecord, merge_records, read_records
+from resettrace.merging import merge_records
+from resettrace.record import RunRecord, read_records
 
 __all__ = ["merge_runs", "load_runs", "render_merge"]
 

@@ -155,7 +155,7 @@ def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id:
     """Merge the records this run's processes wrote (waiting for members still running),
     write the job's, print the summary."""
     from resettrace.job import gather_members, members_line, untraced_in_job
-    from resettrace.record import merge_records
+    from resettrace.merging import merge_records
 
     found, notes = gather_members(template, job_path, run_id)
     untraced = untraced_in_job(found)
