@@ -109,7 +109,8 @@ class RunRecord:
     rank: int | None = None
     #: who this process is in its job, from what launched it (``rank 3``, ``ray actor
     #: 5f0c...``, ``rllib worker 2``, ``ray actor 5f0c..., rank 1``: :mod:`resettrace.
-    #: launcher`): two members of one job never share it unawares (:func:`~resettrace.merging.duplicates`)
+    #: launcher`): two members of one job never share it unawares
+    #: (:func:`~resettrace.merging.duplicates`)
     identity: str | None = None
     #: what launched it (``resettrace``, ``torchrun``, ``slurm``, ``ray``, ``rllib``,
     #: ``multiprocessing``; None: a main process nothing named)

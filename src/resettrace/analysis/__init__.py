@@ -2,9 +2,9 @@
 
 - :mod:`~resettrace.analysis.compare`: ``resettrace compare BASE NEW``, per-key verdicts;
 - :mod:`~resettrace.analysis.report`: ``resettrace report RUN``, one HTML file;
-- :mod:`~resettrace.analysis.merge`: ``resettrace merge RUN...``, many workers as one job;
 - :mod:`~resettrace.analysis.fit`: ``resettrace fit RUN...``, the cost model of each phase;
-- :mod:`~resettrace.analysis.job_lines`: the text tables they share.
+- :mod:`~resettrace.analysis.job_lines`: the text tables they share (and ``resettrace
+  merge``'s, whose rules are :mod:`resettrace.merging`'s).
 
 Each reads any run record: a collector ``timing.json`` (also one written before records
 had a format), a ``resettrace run`` job or process record, ``resettrace.write_run``'s, the

@@ -75,6 +75,11 @@ def _member_name(m: Mapping[str, Any]) -> str:
     return str(who) if who else f"rank {m.get('rank')}"
 
 
+def render_merge(job: RunRecord | dict[str, Any]) -> str:
+    """``resettrace merge``'s output: :func:`render_job` of the job (or of its JSON)."""
+    return render_job(job if isinstance(job, RunRecord) else RunRecord.from_json(job))
+
+
 def render_job(job: RunRecord) -> str:
     """A job (a merged record): one line per process (its rank or identity, pid, env steps,
     env/s, reset share and the p50 of its main phases), the merged line, then the merged

@@ -61,7 +61,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from resettrace.analysis.merge import load_runs, merge_runs, render_merge
+    from resettrace.analysis.job_lines import render_merge
+    from resettrace.merging import load_runs, merge_runs
 
     def merged() -> dict[str, Any]:
         job = merge_runs(load_runs(args.runs), allow_mixed=args.allow_mixed,

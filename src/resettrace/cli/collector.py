@@ -132,7 +132,8 @@ def collector_workers(args: argparse.Namespace, cfg: Any) -> int:
     setting reaches it."""
     import subprocess
 
-    from resettrace.analysis.merge import load_runs, merge_runs, render_merge
+    from resettrace.analysis.job_lines import render_merge
+    from resettrace.merging import load_runs, merge_runs
 
     if not args.out:
         print("resettrace: --workers writes OUT/rank<r>/ and OUT/merged.json: give --out",
