@@ -47,9 +47,13 @@ docs: $(STAMP)
 	$(BIN)/python -m resettrace.settings docs/configuration.md  # (its table of variables)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
+# ruff, mypy, and the layout's rules (the tracer never imports sim/ or bench/ but where a
+# call loads them, no extra's package at a tracer module's top, no private name imported
+# across modules: tests/test_layering.py)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples
 	$(BIN)/mypy src
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_layering.py
 
 bench-overhead: $(STAMP)
 	$(BIN)/resettrace bench overhead --json out/overhead.json
