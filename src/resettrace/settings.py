@@ -189,4 +189,8 @@ if __name__ == "__main__":  # pragma: no cover
     import sys
 
     for name in sys.argv[1:]:
-        write_docs(name)
+        try:
+            write_docs(name)
+        except (OSError, ValueError) as e:
+            print(f"resettrace.settings: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
