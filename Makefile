@@ -49,7 +49,7 @@ docs: $(STAMP)
 
 # ruff, mypy, and the layout's rules (the tracer never imports sim/ or bench/ but where a
 # call loads them, no extra's package at a tracer module's top, no private name imported
-# across modules: tests/test_layering.py)
+# across modules, no import circle, docs/layout.md names every module: tests/test_layering.py)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples
 	$(BIN)/mypy src

@@ -7,6 +7,7 @@ resettrace`` and tracing stay light: ``pip install resettrace`` has none of them
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,104 @@ def test_the_private_rule_catches_what_it_forbids(tmp_path: Path) -> None:
     f.write_text("from resettrace.tracing.recorder import _ERRORS, Recorder\n"
                  "from resettrace.tracing import _fast\nfrom resettrace import _run\n")
     assert _private_imports(f) == ["resettrace.tracing.recorder._ERRORS"]
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports when it runs: at its top or inside a
+    function (not under ``if TYPE_CHECKING:``); ``from a.b import c`` names ``a.b.c`` when
+    that is a module, else ``a.b`` (the compiled part, ``_fast``, is a module of its own
+    that imports none of the package's)."""
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        hidden = {id(n) for node in ast.walk(tree)
+                  if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                  for n in ast.walk(node)}
+        out = graph[name] = set()
+        for node in ast.walk(tree):
+            if id(node) in hidden:
+                continue
+            if isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name in files)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    where = root.joinpath(*sub.split("."))
+                    if where.with_suffix(".c").exists() or any(
+                            where.parent.glob(f"{a.name}.*.so")):
+                        continue  # the compiled part: a module of its own, no Python
+                    out.add(sub if sub in files else node.module)
+        out &= files.keys() - {name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each strongly connected set of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm (the package is a few levels deep)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            ring = []
+            while True:
+                w = stack.pop()
+                ring.append(w)
+                if w == v:
+                    break
+            if len(ring) > 1:
+                found.append(sorted(ring))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_even_through_a_function() -> None:
+    """Modules import downwards only: no circle of imports, counting those made inside a
+    function (a lazy import is still a tie: what it reaches needs the importer back)."""
+    graph = _import_graph(SRC)
+    assert "resettrace.tracing.recorder" in graph["resettrace.tracing.aggregate"]
+    assert _circles(graph) == []
+
+
+def test_the_circle_rule_catches_a_circle_through_a_function(tmp_path: Path) -> None:
+    pkg = tmp_path / "resettrace"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from resettrace.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from resettrace.c import x\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nimport resettrace.a\n"
+                              "if TYPE_CHECKING:\n    from resettrace.d import y\n")
+    (pkg / "d.py").write_text("import resettrace.c\n")
+    assert _circles(_import_graph(tmp_path)) == [
+        ["resettrace.a", "resettrace.c", "resettrace.sub.b"]]
+
+
+def test_the_layout_names_every_module() -> None:
+    """docs/layout.md's tree names every module and package of the source (a module by
+    its name, a package by ``name/``): a module added, moved or renamed shows there."""
+    doc = (SRC.parent / "docs" / "layout.md").read_text()
+    words = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", doc))
+    missing = [m for m in MODULES
+               if Path(m).stem not in ("__init__", "__main__") and Path(m).stem not in words]
+    missing += [f"{p.relative_to(SRC).as_posix()}/" for p in PKG.rglob("*")
+                if p.is_dir() and p.name != "__pycache__" and f"{p.name}/" not in doc]
+    assert missing == []

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import re
 import threading
@@ -34,6 +33,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from resettrace.catalog import span_attributes
+from resettrace.envvars import (
+    INT_MAX,
+    MAX_NUMBER_TEXT,
+    Number,
+    first_set,
+    fmt_number,
+    shown,
+    warn_env,
+)
+from resettrace.launcher import WORKER_RANK, process_rank
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +55,6 @@ ENV_MAX_SAMPLES = "RESETTRACE_MAX_SAMPLES"
 ENV_QUEUE_SIZE = "RESETTRACE_QUEUE_SIZE"
 ENV_AGGREGATE_QUEUE = "RESETTRACE_AGGREGATE_QUEUE"
 ENV_SHUTDOWN_TIMEOUT = "RESETTRACE_SHUTDOWN_TIMEOUT"
-ENV_WORKER_RANK = "RESETTRACE_WORKER_RANK"
 ENV_HANDLE_SIGTERM = "RESETTRACE_HANDLE_SIGTERM"
 ENV_METRICS = "RESETTRACE_METRICS"
 #: the folder of the Prometheus ``file_sd`` files of the processes that serve metrics
@@ -67,7 +75,6 @@ ENV_OTLP_TIMEOUT = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIM
 ENV_OTLP_INSECURE = ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE")
 ENV_OTLP_COMPRESSION = ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
                         "OTEL_EXPORTER_OTLP_COMPRESSION")
-ENV_RANK = (ENV_WORKER_RANK, "RANK", "SLURM_PROCID")
 #: a run record path for every process (``{pid}``, ``{rank}``), written at exit
 ENV_RUN_JSON = "RESETTRACE_RUN_JSON"
 #: seconds between the snapshots of a process's run record (0: only at exit)
@@ -105,73 +112,15 @@ DEFAULT_EXPORTERS = ("file:resettrace-spans.jsonl",)
 DEFAULT_OTLP_ENDPOINT = {"grpc": "http://localhost:4317",
                          "http/protobuf": "http://localhost:4318/v1/traces"}
 
-_INT_MAX = 2**31 - 1
-#: a numeric setting longer than this is refused unread (no valid one comes close)
-MAX_NUMBER_TEXT = 64
-
-
-@dataclass(frozen=True)
-class Number:
-    """A numeric setting: its variables (the first set wins), type, valid range and the
-    factor from the variable's unit to the field's (ms -> s: 0.001)."""
-
-    env: tuple[str, ...]
-    kind: type
-    low: float
-    high: float
-    scale: float = 1.0
-
-    def problem(self, value: float) -> str | None:
-        """Why ``value`` (in the field's unit) is not valid, or ``None``. Exact for an int
-        of any size (never converted to a float, which overflows past 1e308)."""
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or (
-                self.kind is int and isinstance(value, float) and not value.is_integer()):
-            return f"must be {'an integer' if self.kind is int else 'a number'}"
-        if isinstance(value, float) and not math.isfinite(value):
-            return "must be a finite number"
-        lo, hi = self.low * self.scale, self.high * self.scale
-        if not lo <= value <= hi:
-            return f"must be in {_fmt(lo)} - {_fmt(hi)}"
-        return None
-
-    def parse(self, raw: str) -> tuple[Any, str | None]:
-        """The value of the variable text ``raw`` in the field's unit, or ``None`` and
-        why not: every numeric setting is read here, bounded before any arithmetic (a
-        number of any length is refused, never an ``OverflowError``)."""
-        text = raw.strip()
-        bad = f"is not valid ({_fmt(self.low)} - {_fmt(self.high)})"
-        if len(text) > MAX_NUMBER_TEXT:
-            return None, bad
-        try:
-            value: float = int(text) if self.kind is int else float(text)
-        except ValueError:
-            try:
-                value = float(text)  # "1e3" or "2.0" for an integer setting
-            except ValueError:
-                return None, "is not a number"
-        if isinstance(value, float) and not math.isfinite(value):
-            return None, bad
-        if not self.low <= value <= self.high:  # in the variable's unit: exact for ints
-            return None, bad
-        value = value * self.scale if self.scale != 1.0 else value
-        if self.problem(value) is not None:  # 2.5 for an integer setting
-            return None, bad
-        return self.kind(value), None
-
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
 #: every numeric field of :class:`Config`, with its variables and valid range
 NUMBERS: dict[str, Number] = {
-    "sample_every": Number((ENV_SAMPLE_EVERY,), int, 1, _INT_MAX),
-    "sample_slowest_window": Number((), int, 1, _INT_MAX),
+    "sample_every": Number((ENV_SAMPLE_EVERY,), int, 1, INT_MAX),
+    "sample_slowest_window": Number((), int, 1, INT_MAX),
     "max_samples": Number((ENV_MAX_SAMPLES,), int, 1, 10**8),
     "queue_size": Number((ENV_QUEUE_SIZE,), int, 1, 10**7),
     "aggregate_queue": Number((ENV_AGGREGATE_QUEUE,), int, 1, 10**8),
     "shutdown_timeout_s": Number((ENV_SHUTDOWN_TIMEOUT,), float, 1e-3, 3600.0),
-    "worker_rank": Number(ENV_RANK, int, 0, _INT_MAX),
+    "worker_rank": WORKER_RANK,
     "otlp_timeout_s": Number(ENV_OTLP_TIMEOUT, float, 1e-3, 3600.0),
     "metrics_timeout_s": Number((ENV_METRICS_TIMEOUT,), float, 1e-3, 3600.0),
     "metrics_interval_s": Number((ENV_METRIC_INTERVAL,), float, 1.0, 86_400_000.0, 1e-3),
@@ -201,7 +150,7 @@ def run_number(name: str, environ: Mapping[str, str] | None = None) -> float:
         return default
     value, problem = number.parse(raw)
     if problem is not None:
-        _warn(env, "%s=%s %s; using the default %g", var, _shown(raw), problem, default)
+        warn_env(env, "%s=%s %s; using the default %g", var, shown(raw), problem, default)
         return default
     return float(value)
 
@@ -361,7 +310,7 @@ class Config:
             "exporters": _exporters(env, d.exporters),
             "service_name": env.get(ENV_SERVICE_NAME, "").strip() or d.service_name,
             "sample_slowest_window": _slowest(env),
-            "worker_rank": _process_rank(environ),
+            "worker_rank": process_rank(environ),
             "handle_sigterm": _flag(env, (ENV_HANDLE_SIGTERM,), d.handle_sigterm),
             "otlp_protocol": _choice(env, ENV_OTLP_PROTOCOL, OTLP_PROTOCOLS, d.otlp_protocol,
                                      lower=False),
@@ -384,7 +333,7 @@ class Config:
         if unknown:
             raise TypeError(f"unknown config option(s): {', '.join(sorted(unknown))}")
         if values["mode"] == "trace" and env.get(ENV_SDK_DISABLED, "").strip().lower() == "true":
-            _warn(env, "%s=true: tracing mode 'trace' runs as 'timing' (no spans built)",
+            warn_env(env, "%s=true: tracing mode 'trace' runs as 'timing' (no spans built)",
                   ENV_SDK_DISABLED)
             values["mode"] = "timing"
         return cls(**values)
@@ -470,7 +419,7 @@ def _metrics(env: Mapping[str, str]) -> tuple[str, ...]:
     for spec in (x.strip() for x in raw.split(",") if x.strip()):
         problem = metrics_problem(spec)
         if problem:
-            _warn(env, "%s: ignoring %s: %s", ENV_METRICS, _shown(spec), problem)
+            warn_env(env, "%s: ignoring %s: %s", ENV_METRICS, shown(spec), problem)
             continue
         good.append(spec)
     return tuple(good)
@@ -587,7 +536,7 @@ def sdk_environment_problems(env: Mapping[str, str] | None = None
     def number(field: str, default: Any) -> Callable[[str], str | None]:
         def problem(raw: str) -> str | None:
             bad = NUMBERS[field].parse(raw)[1]
-            return None if bad is None else (f"={_shown(raw)} {bad}; using the default "
+            return None if bad is None else (f"={shown(raw)} {bad}; using the default "
                                              f"{_default_text(default, NUMBERS[field])}")
         return problem
 
@@ -595,7 +544,7 @@ def sdk_environment_problems(env: Mapping[str, str] | None = None
         def problem(raw: str) -> str | None:
             if raw.strip().lower() in choices:
                 return None
-            return f"={_shown(raw)} is not one of {', '.join(choices)}; using the default " \
+            return f"={shown(raw)} is not one of {', '.join(choices)}; using the default " \
                    f"{default!r}"
         return problem
 
@@ -613,22 +562,22 @@ def sdk_environment_problems(env: Mapping[str, str] | None = None
         check(name, choice(OTLP_COMPRESSIONS, d.otlp_compression))
     for name in _otlp_vars("INSECURE"):
         check(name, lambda raw: None if raw.strip().lower() in _FLAG_WORDS else
-              f"={_shown(raw)} is not a boolean; using the default None")
+              f"={shown(raw)} is not a boolean; using the default None")
     for what in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE"):
         for name in _otlp_vars(what):
             check(name, lambda raw: None if (bad := _file_problem(raw)) is None else
-                  f"={_shown(raw)} {bad}; it is not used")
+                  f"={shown(raw)} {bad}; it is not used")
     check(ENV_GRPC_RETRYABLE, lambda raw: None if all(
         c.strip().upper() in _GRPC_CODES for c in raw.split(",") if c.strip()) else
-        f"={_shown(raw)} is not a list of gRPC status codes; using the default")
+        f"={shown(raw)} is not a list of gRPC status codes; using the default")
     for name in ENV_SPAN_LIMITS:
         check(name, lambda raw: None if raw.strip().lower() == "unset" or (
             raw.strip().isascii() and raw.strip().isdigit()
             and len(raw.strip()) <= MAX_NUMBER_TEXT) else
-            f"={_shown(raw)} is not a non-negative integer or 'unset'; using the default")
+            f"={shown(raw)} is not a non-negative integer or 'unset'; using the default")
     for name in _CREDENTIAL_PROVIDERS:
         check(name, lambda raw: None if (bad := _credential_provider_problem(raw)) is None
-              else f"={_shown(raw)} {bad}; it is not used")
+              else f"={shown(raw)} {bad}; it is not used")
     return out
 
 
@@ -641,7 +590,7 @@ def sdk_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     for name, said in sdk_environment_problems():
         out.pop(name, None)
         if said is not None:
-            _warn(os.environ, "%s%s", name, said)
+            warn_env(os.environ, "%s%s", name, said)
     return out
 
 
@@ -669,24 +618,16 @@ def sdk_environ() -> Iterator[None]:
                 os.environ.setdefault(name, raw)
 
 
-def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str | None]:
-    for name in names:
-        raw = env.get(name)
-        if raw is not None and raw.strip():
-            return name, raw.strip()
-    return names[-1], None
-
-
 def _choice(env: Mapping[str, str], names: str | tuple[str, ...], choices: tuple[str, ...],
             default: str, *, lower: bool = True) -> str:
-    name, raw = _first(env, (names,) if isinstance(names, str) else names)
+    name, raw = first_set(env, (names,) if isinstance(names, str) else names)
     if raw is None:
         return default
     value = raw.lower() if lower else raw
     if names == ENV_MODE and value in ("0", "false", "no"):
         value = "off"
     if value not in choices:
-        _warn(env, "%s=%s is not one of %s; using the default %r", name, _shown(raw),
+        warn_env(env, "%s=%s is not one of %s; using the default %r", name, shown(raw),
               ", ".join(choices), default)
         return default
     return value
@@ -697,59 +638,31 @@ def env_number(env: Mapping[str, str], name: str, default: Any) -> Any:
     that is set, in the field's unit; ``default`` (with a warning naming the variable,
     the range and the value used) when it is malformed or out of range."""
     number = NUMBERS[name]
-    var, raw = _first(env, number.env)
+    var, raw = first_set(env, number.env)
     if raw is None:
         return default
     value, problem = number.parse(raw)
     if problem is not None:
-        _warn(env, "%s=%s %s; using the default %s", var, _shown(raw), problem,
+        warn_env(env, "%s=%s %s; using the default %s", var, shown(raw), problem,
               _default_text(default, number))
         return default
     return value
 
 
-#: the warnings about this process's environment given so far: each is given once
-_REPORTED: set[str] = set()
-_REPORTED_LOCK = threading.Lock()
-
-
-def _warn(env: Mapping[str, str], msg: str, *args: Any, level: int = logging.WARNING) -> None:
-    """Log ``msg % args``: once per process when ``env`` is the process's environment
-    (every reader of a setting may read it again: one bad setting is still one line)."""
-    if env is os.environ:
-        text = msg % args
-        with _REPORTED_LOCK:
-            if text in _REPORTED:
-                return
-            _REPORTED.add(text)
-    log.log(level, msg, *args)
-
-
-def say_once(msg: str, *args: Any, level: int = logging.WARNING) -> None:
-    """Log ``msg % args`` about a setting of this process's environment, once per process
-    (the same text from another reader of the setting is not said again)."""
-    _warn(os.environ, msg, *args, level=level)
-
-
 class EndpointRefused(ValueError):
     """The environment named an OTLP endpoint that cannot be used: nothing is sent (said
-    once per process, by :func:`say_once`)."""
-
-
-def _shown(raw: str) -> str:
-    """``raw`` quoted for a one-line warning, cut to a readable length."""
-    return repr(raw) if len(raw) <= 40 else repr(raw[:20]) + f"... ({len(raw)} characters)"
+    once per process, by :func:`resettrace.envvars.say_once`)."""
 
 
 def _default_text(default: Any, number: Number) -> str:
-    return "(unset)" if default is None else _fmt(default / number.scale)
+    return "(unset)" if default is None else fmt_number(default / number.scale)
 
 
 _FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
 def _flag(env: Mapping[str, str], names: tuple[str, ...], default: Any) -> Any:
-    name, raw = _first(env, names)
+    name, raw = first_set(env, names)
     if raw is None:
         return default
     value = raw.lower()
@@ -757,7 +670,7 @@ def _flag(env: Mapping[str, str], names: tuple[str, ...], default: Any) -> Any:
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    _warn(env, "%s=%s is not a boolean; using the default %r", name, _shown(raw), default)
+    warn_env(env, "%s=%s is not a boolean; using the default %r", name, shown(raw), default)
     return default
 
 
@@ -768,43 +681,10 @@ def _slowest(env: Mapping[str, str]) -> int | None:
     kind, _, arg = raw.strip().partition(":")
     window, problem = NUMBERS["sample_slowest_window"].parse(arg)
     if kind != "slowest" or problem is not None:
-        _warn(env, "%s=%s is not 'all' or 'slowest:W' (W in 1 - %d); using the default "
-              "'all'", ENV_SAMPLE, _shown(raw), _INT_MAX)
+        warn_env(env, "%s=%s is not 'all' or 'slowest:W' (W in 1 - %d); using the default "
+              "'all'", ENV_SAMPLE, shown(raw), INT_MAX)
         return None
     return int(window)
-
-
-#: what a process publishes of its rank for the multiprocessing workers it starts:
-#: ``RANK:IDENTITY:GIVEN`` (its rank, its multiprocessing identity as dotted numbers, and
-#: the rank text it was given, if any)
-ENV_PARENT_RANK = "RESETTRACE_PARENT_RANK"
-def _process_rank(environ: Mapping[str, str] | None) -> int:
-    from resettrace.launcher import process_rank  # (launcher reads config: not at the top)
-
-    return process_rank(environ)
-
-
-def env_worker_rank(env: Mapping[str, str] | None = None) -> int | None:
-    """``RESETTRACE_WORKER_RANK``, else ``RANK`` (torchrun, torch.distributed), else
-    ``SLURM_PROCID`` (srun), when one holds a valid rank (0 - 2**31-1); else None. A
-    malformed ``RESETTRACE_WORKER_RANK`` is a warning naming the rank used instead; ``RANK``
-    and ``SLURM_PROCID`` belong to the launcher and are used only when valid."""
-    env = os.environ if env is None else env
-    ranks = {}
-    for name in ENV_RANK:
-        raw = env.get(name, "").strip()
-        if raw:
-            ranks[name] = NUMBERS["worker_rank"].parse(raw)[0]
-    rank = ranks.get(ENV_WORKER_RANK)
-    if rank is not None:
-        return rank
-    launcher = next((n for n in ENV_RANK[1:] if ranks.get(n) is not None), None)
-    fallback = None if launcher is None else ranks[launcher]
-    if ENV_WORKER_RANK in ranks:
-        _warn(env, "%s=%s is not a rank (an integer in 0 - %d); using %s", ENV_WORKER_RANK,
-              _shown(env[ENV_WORKER_RANK]), _INT_MAX,
-              f"{launcher}={fallback}" if launcher is not None else "the default 0")
-    return fallback
 
 
 def _otlp_endpoint(env: Mapping[str, str], protocol: str, signal: str = "traces"
@@ -814,7 +694,7 @@ def _otlp_endpoint(env: Mapping[str, str], protocol: str, signal: str = "traces"
     used: then no other endpoint is put in its place (data and credentials go only where
     they were sent)."""
     names = (f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-    name, raw = _first(env, names)
+    name, raw = first_set(env, names)
     if raw is None:
         return None, None
     problem = endpoint_problem(raw, protocol)
@@ -861,13 +741,13 @@ def _exporters(env: Mapping[str, str], default: tuple[str, ...]) -> tuple[str, .
         good.append(spec)
     unique, problems = unique_exporters(tuple(good))
     if not unique:  # one line: what was wrong, and what is used instead
-        _warn(env, "%s=%s names no usable exporter (%s); using the default %r", ENV_EXPORTER,
-              _shown(raw), "; ".join(bad) or "none named",
+        warn_env(env, "%s=%s names no usable exporter (%s); using the default %r", ENV_EXPORTER,
+              shown(raw), "; ".join(bad) or "none named",
               ",".join(default or DEFAULT_EXPORTERS))
         return default
     for problem in bad:
-        _warn(env, "%s: ignoring %s", ENV_EXPORTER, problem)
+        warn_env(env, "%s: ignoring %s", ENV_EXPORTER, problem)
     for problem in problems:  # the first of two items is kept
-        _warn(env, "%s: %s", ENV_EXPORTER,
+        warn_env(env, "%s: %s", ENV_EXPORTER,
               problem if "twice" in problem else f"{problem}: ignoring the second")
     return unique

@@ -18,7 +18,7 @@ from typing import Any
 
 from resettrace.config import ENV_RUN_ID, ENV_RUN_JSON
 from resettrace.outputs import expand_path
-from resettrace.record import RunRecord, write_run
+from resettrace.record import RunRecord, untraced_targets, write_run
 from resettrace.version import __version__
 
 log = logging.getLogger("resettrace")
@@ -86,7 +86,7 @@ def _snapshots(session: Any, period: float, stop: Any, cpu: list[float] | None =
             if cpu is not None:
                 cpu.append(time.thread_time() - t0)
         except Exception as e:  # noqa: BLE001 - a snapshot never ends the process
-            from resettrace.config import say_once
+            from resettrace.envvars import say_once
 
             say_once(f"resettrace: a snapshot of the run record was not written: {e}")
 
@@ -234,12 +234,8 @@ def _write_exit_record() -> None:
 def _write_untraced(template: str) -> None:
     """The record of a run's main process that recorded nothing: who it was and the
     instrument targets it never imported."""
-    from resettrace.tables import write_json
-
-    if "resettrace.instrumentation.patching" not in sys.modules:
-        return
-    from resettrace.instrumentation.patching import untraced_targets
     from resettrace.launcher import identity, process_rank
+    from resettrace.tables import write_json
 
     untraced = untraced_targets()
     if not untraced:

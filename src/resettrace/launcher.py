@@ -37,14 +37,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from resettrace.config import (
-    ENV_PARENT_RANK,
-    ENV_RANK,
-    ENV_WORKER_RANK,
-    MAX_NUMBER_TEXT,
-    NUMBERS,
-    env_worker_rank,
-)
+from resettrace.envvars import INT_MAX, MAX_NUMBER_TEXT, Number, shown, warn_env
+
+ENV_WORKER_RANK = "RESETTRACE_WORKER_RANK"
+#: the variables that give a process its rank, the first set wins
+ENV_RANK = (ENV_WORKER_RANK, "RANK", "SLURM_PROCID")
+#: what a process publishes of its rank for the multiprocessing workers it starts:
+#: ``RANK:IDENTITY:GIVEN`` (its rank, its multiprocessing identity as dotted numbers, and
+#: the rank text it was given, if any)
+ENV_PARENT_RANK = "RESETTRACE_PARENT_RANK"
+#: a rank's range (``Config.worker_rank``'s, :data:`resettrace.config.NUMBERS`)
+WORKER_RANK = Number(ENV_RANK, int, 0, INT_MAX)
 
 log = logging.getLogger("resettrace.config")  # (the rank rule's lines, as before)
 
@@ -72,7 +75,7 @@ _WORLD = {"resettrace": "WORLD_SIZE", "torchrun": "WORLD_SIZE", "slurm": "SLURM_
 def _count(raw: str | None) -> int | None:
     if raw is None or not raw.strip():
         return None
-    value = NUMBERS["worker_rank"].parse(raw.strip())[0]
+    value = WORKER_RANK.parse(raw.strip())[0]
     return value if isinstance(value, int) and value > 0 else None
 
 
@@ -172,7 +175,7 @@ def identity(rank: int, environ: Mapping[str, str] | None = None) -> Identity:
         return Identity(f"{found.identity}, rank {rank}", "multiprocessing", rank)
     for name in ENV_RANK:
         raw = env.get(name, "").strip()
-        if raw and NUMBERS["worker_rank"].parse(raw)[0] == rank and not worker:
+        if raw and WORKER_RANK.parse(raw)[0] == rank and not worker:
             launcher = _LAUNCHERS[name]
             world = _count(env.get(_WORLD[launcher]))
             return Identity(f"rank {rank}", launcher, rank, world)
@@ -241,6 +244,29 @@ def _remember_at_fork() -> None:
 os.register_at_fork(after_in_child=_remember_at_fork)
 
 
+def env_worker_rank(env: Mapping[str, str] | None = None) -> int | None:
+    """``RESETTRACE_WORKER_RANK``, else ``RANK`` (torchrun, torch.distributed), else
+    ``SLURM_PROCID`` (srun), when one holds a valid rank (0 - 2**31-1); else None. A
+    malformed ``RESETTRACE_WORKER_RANK`` is a warning naming the rank used instead; ``RANK``
+    and ``SLURM_PROCID`` belong to the launcher and are used only when valid."""
+    env = os.environ if env is None else env
+    ranks = {}
+    for name in ENV_RANK:
+        raw = env.get(name, "").strip()
+        if raw:
+            ranks[name] = WORKER_RANK.parse(raw)[0]
+    rank = ranks.get(ENV_WORKER_RANK)
+    if rank is not None:
+        return rank
+    launcher = next((n for n in ENV_RANK[1:] if ranks.get(n) is not None), None)
+    fallback = None if launcher is None else ranks[launcher]
+    if ENV_WORKER_RANK in ranks:
+        warn_env(env, "%s=%s is not a rank (an integer in 0 - %d); using %s", ENV_WORKER_RANK,
+                 shown(env[ENV_WORKER_RANK]), INT_MAX,
+                 f"{launcher}={fallback}" if launcher is not None else "the default 0")
+    return fallback
+
+
 def process_rank(env: Mapping[str, str] | None = None, *, publish: bool | None = None) -> int:
     """This process's rank, by one rule:
 
@@ -280,7 +306,7 @@ def process_rank(env: Mapping[str, str] | None = None, *, publish: bool | None =
         rank = base
         for n in identity[len(ancestry):]:
             rank = rank * WORKER_RANK_BASE + n
-        if NUMBERS["worker_rank"].problem(rank):
+        if WORKER_RANK.problem(rank):
             log.warning("the worker rank rule gives %d (workers nested %d deep): out of "
                         "range; using 0", rank, len(identity))
             rank = 0

@@ -33,7 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from resettrace.config import ENV_MODE, ENV_PARENT_RANK, ENV_RUN_OWNER
+from resettrace.config import ENV_MODE, ENV_RUN_OWNER
+from resettrace.launcher import ENV_PARENT_RANK
 
 __all__ = ["runtime_env", "runtime_env_hook", "ENV_NEXT_HOOK"]
 

@@ -44,7 +44,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -362,6 +362,23 @@ def phases_of(stats: Mapping[str, Any], catalog: Any = None) -> list[dict[str, A
 
 
 # -- from a session -----------------------------------------------------------------------------
+#: what tells a record the instrument targets of this process never imported (None: no
+#: instrumentation was installed); set by :mod:`resettrace.instrumentation` when it is
+_UNTRACED: list[Callable[[], list[str]]] = []
+
+
+def set_untraced_source(source: Callable[[], list[str]]) -> None:
+    """Give the records of this process the instrument targets it never imported, read
+    when a record is made (records never import the instrumentation for this)."""
+    _UNTRACED[:] = [source]
+
+
+def untraced_targets() -> list[str] | None:
+    """The instrument targets this process never imported, or None when it installed none
+    (:func:`set_untraced_source`)."""
+    return _UNTRACED[0]() if _UNTRACED else None
+
+
 def record_of_session(session: Any, *, kind: str = "process",
                       command: Sequence[str] | None = None,
                       config: Mapping[str, Any] | None = None, wall_s: float | None = None,
@@ -404,10 +421,9 @@ def record_of_session(session: Any, *, kind: str = "process",
         wall_s = time.monotonic() - session.started_monotonic
     attrs = session.resource_attributes() if hasattr(session, "resource_attributes") else {}
     extra = dict(extra)
-    if "resettrace.instrumentation.patching" in sys.modules:  # (never imported for this)
-        from resettrace.instrumentation.patching import untraced_targets
-
-        extra.setdefault("untraced", untraced_targets())
+    untraced = untraced_targets()
+    if untraced is not None:
+        extra.setdefault("untraced", untraced)
     return RunRecord(
         kind=kind, mode=session.mode,
         command=list(sys.argv if command is None else command),

@@ -29,13 +29,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from resettrace.config import (
         ENV_INSTRUMENT,
         ENV_MODE,
-        ENV_PARENT_RANK,
         ENV_RUN_ID,
         ENV_RUN_JSON,
         ENV_RUN_OWNER,
         ENV_RUN_SUMMARY,
     )
     from resettrace.instrumentation import InstrumentError, check_spec
+    from resettrace.launcher import ENV_PARENT_RANK
 
     command = list(args.cmd)
     if command and command[0] == "--":

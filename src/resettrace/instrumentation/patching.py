@@ -15,6 +15,7 @@ from typing import Any
 
 from resettrace.instrumentation.run import is_run_worker, spec_failed
 from resettrace.instrumentation.spec import InstrumentError, Target
+from resettrace.record import set_untraced_source
 from resettrace.tracing.api import traced
 from resettrace.tracing.session import add_default_attributes
 
@@ -306,6 +307,9 @@ def untraced_targets() -> list[str]:
     with HOOK._lock:  # (a module whose import raised is said by the process itself)
         return sorted(t.name for m, ts in HOOK.pending.items() for t, _ in ts
                       if m not in HOOK.failed_imports)
+
+
+set_untraced_source(untraced_targets)  # (a process's records list them)
 
 
 def warn_unpatched() -> None:

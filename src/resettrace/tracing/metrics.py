@@ -306,7 +306,8 @@ class MetricsExport:
             with sdk_environ():  # no OTEL_* variable it would fail on or print
                 self._exporter = OTLPMetricExporter(**args)
         except Exception as e:  # a bad setting: said once, training goes on
-            from resettrace.config import EndpointRefused, say_once
+            from resettrace.config import EndpointRefused
+            from resettrace.envvars import say_once
 
             if isinstance(e, EndpointRefused):  # the line the span export says too
                 say_once("resettrace: %s", e, level=logging.ERROR)

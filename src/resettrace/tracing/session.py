@@ -178,7 +178,7 @@ class Tracing:
         local = [s for s in specs if s in IN_PROCESS_EXPORTERS]
         remote = [s for s in specs if s not in IN_PROCESS_EXPORTERS]
         if cfg.otlp_refused and "otlp" in remote:  # OTLP metrics say the same line: once
-            from resettrace.config import say_once
+            from resettrace.envvars import say_once
 
             say_once("resettrace: %s", cfg.otlp_refused, level=logging.ERROR)
         if tracer_provider is None and local:
