@@ -551,7 +551,7 @@ def test_traced_counts_and_nesting(session: Tracing) -> None:
         assert count_of(np.array([True, False, True, True])) == 3  # a mask: its True
         assert count_of(np.arange(6)) == 6  # env ids: how many
         assert count_of(np.zeros((4, 3))) == 4
-        assert count_of(np.array(9)) == 9  # a 0-d array: its value
+        assert count_of(np.array(9)) == 1  # a 0-d integer array: one env id
         assert count_of(np.array(True)) == 1
 
 
@@ -991,7 +991,7 @@ def test_counts_are_read_by_one_rule(session: Tracing) -> None:
     value that is no count is left out (-1), never raised and never stored."""
     count_of = resettrace.tracing.api.count_of
     cases: list[tuple[Any, int]] = [
-        (7, 7), (0, 0), (np.int64(3), 3), (np.array(9), 9), (np.uint8(4), 4),
+        (7, 7), (0, 0), (np.int64(3), 3), (np.array(9), 1), (np.uint8(4), 4),
         (True, 1), (np.bool_(False), 0), (np.array(True), 1),
         (np.array([True, False, True]), 2), (np.zeros((2, 3), bool), 0), (np.arange(6), 6),
         ([4, 5], 2), ((1,), 1), (range(3), 3),
@@ -1145,3 +1145,76 @@ def test_attribute_values_are_carried_as_opentelemetry_types_or_refused_at_the_c
     assert node == 3 and type(node) is int
     assert last["attributes"]["mylab.late"] == 5 and "mylab.junk" not in last["attributes"]
     assert session.export_report()["spans_not_delivered"] == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_torch_and_numpy_count_alike(device: str, caplog: pytest.LogCaptureFixture) -> None:
+    """One rule for torch tensors and numpy arrays: index tensors by length, masks by their
+    True values, a 0-d id (``nonzero().squeeze()`` of one reset) as one env, never its
+    value. On an accelerator (the ``meta`` device: shapes, no data, so any read of a value
+    raises) nothing is read: ids count by length, and a mask is no count rather than a wait
+    for the device."""
+    torch = pytest.importorskip("torch")  # (the stacks extra: make test installs it)
+    count_of = resettrace.tracing.api.count_of
+    ids = torch.tensor([0, 4, 9], device=device)
+    mask = torch.tensor([True, False, True, True], device=device)
+    one = torch.tensor([False] * 4 + [True], device=device).nonzero().squeeze() \
+        if device == "cpu" else torch.tensor(4, device=device)
+    assert one.ndim == 0
+    cases = [(ids, 3), (one, 1), (torch.zeros((5, 2), dtype=torch.int32, device=device), 5),
+             (torch.tensor(2.0, device=device), -1)]
+    cases += ([(mask, 3), (torch.tensor(True), 1), (torch.tensor(7, dtype=torch.uint8), 1)]
+              if device == "cpu" else [(mask, -1)])
+    numpy_alike = {3: np.array([0, 4, 9]), 1: np.array(4)}
+    caplog.set_level(logging.WARNING, logger="resettrace")
+    for value, want in cases:
+        got = count_of(value)
+        assert got == want and type(got) is int, value
+        if want in numpy_alike and value.dtype != torch.bool:
+            assert count_of(numpy_alike[want]) == got
+    if device == "meta":
+        assert "a bool mask on meta (counting it would wait for the device)" in caplog.text
+        assert "env counts live on meta: resettrace's spans time the host" in caplog.text
+
+
+def test_none_and_the_full_slice_count_every_env(session: Tracing,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """``env_ids=None`` or ``slice(None)`` (mjlab's and Isaac Lab's "every env") counts the
+    env count: the target's ``env_count``, else the recorder's attribute; without either,
+    no count and one warning, never 0 or a guess."""
+    class Env:
+        num_envs = 6
+
+        @resettrace.traced("reset_done", count="env_ids", env_count="self.num_envs")
+        def reset(self, env_ids: object = None) -> None:
+            self.apply(env_ids)
+
+        @resettrace.traced("dr_reset", count="env_ids")
+        def apply(self, env_ids: object) -> None:
+            pass
+
+    @resettrace.traced("set_state", count="env_ids")
+    def alone(env_ids: object) -> None:
+        pass
+
+    env = Env()
+    rec = session.thread_recorder()
+    with resettrace.use_tracing(session):
+        env.reset()
+        assert [r[R_COUNT] for r in rec._last] == [6, 6]  # reset_done, dr_reset
+        env.reset(slice(None))
+        env.reset(np.array([1, 2]))
+        env.reset(slice(0, 3))  # a slice of some envs: no len(), no count
+    st = session.stats()
+    assert st["reset_done_count"].total_ms == 6 + 6 + 2 and st["reset_done_ms"].count == 4
+    assert st["dr_reset_total_ms"].count == 4  # (its count: the recorder's env count)
+    fresh = Tracing(Config(mode="timing"))
+    try:
+        caplog.set_level(logging.WARNING, logger="resettrace")
+        with resettrace.use_tracing(fresh):
+            alone(None)
+        assert "the count of 'set_state' is None or slice(None) (every env) but the env " \
+               "count is not known" in caplog.text
+        assert "reset_done_count" not in fresh.stats()
+    finally:
+        fresh.shutdown()

@@ -237,6 +237,10 @@ def recording() -> Recorder | None:
     return rec if rec.enabled else None
 
 
+#: ``slice(None)``: every env, as an ``env_ids`` argument (mjlab, Isaac Lab)
+_ALL_ENVS = slice(None)
+
+
 # -- the decorator ------------------------------------------------------------------------
 def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
                   fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -449,7 +453,30 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                           "(%s: %s); recorded without one", resolved.span,
                           type(e).__name__, e)
                 return NO_COUNT
-            return v if v.__class__ is int and 0 <= v <= MAX_COUNT else count_of(v)
+            if v.__class__ is int and 0 <= v <= MAX_COUNT:
+                return v
+            if v is None or (v.__class__ is slice and v == _ALL_ENVS):
+                return every_env(args, kwargs)
+            return count_of(v)
+
+        def every_env(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+            """The count of None or ``slice(None)`` ("every env", mjlab's and Isaac Lab's
+            env_ids): the env count, from the target's ``env_count`` or the recorder's
+            attribute; else none (one warning)."""
+            n = NO_COUNT
+            if read_envs is not None:
+                try:
+                    n = count_of(read_envs(args, kwargs))
+                except Exception:
+                    n = NO_COUNT
+            if n < 0:
+                known = getattr(current_recorder(), "attributes", {}).get(ATTR_ENV_COUNT)
+                n = known if known.__class__ is int and 0 <= known <= MAX_COUNT else NO_COUNT
+            if n < 0:
+                note_once(f"all:{resolved.span}", "the count of %r is None or slice(None) "
+                          "(every env) but the env count is not known: give the target an "
+                          "env_count; recorded without a count", resolved.span)
+            return n
 
         # the count of every call when it is one (else read per call by count_now)
         static = None if read_count is not None else NO_COUNT if fixed is None else fixed

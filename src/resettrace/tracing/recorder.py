@@ -142,31 +142,54 @@ def _int_count(n: int) -> int:
 
 
 def _array_count(value: Any) -> int:
-    """A numpy array's count: a bool mask's True values, else its length; 0-d: its int."""
+    """A numpy array's count: a bool mask's True values, else its length; 0-d: a bool is a
+    mask of one, an integer one env id (``ids.nonzero()[0].squeeze()`` of one reset)."""
     kind = value.dtype.kind
     if value.ndim:
         return int(_NUMPY[1](value)) if kind == "b" else len(value)
     if kind == "b":
         return int(bool(value))
     if kind in "iu":
-        return _int_count(int(value))
+        return 1
     return _not_a_count(f"a 0-d numpy array of {value.dtype}")
+
+
+def _device(value: Any) -> str | None:
+    """The accelerator an array lives on (``"cuda:0"``), read without touching its data;
+    None for host memory (numpy, a CPU tensor) or an array that does not say."""
+    dev = getattr(value, "device", None)
+    if dev is None or isinstance(dev, str):  # (numpy 2's ndarray.device is "cpu")
+        return None
+    kind = getattr(dev, "type", None)  # torch.device
+    if isinstance(kind, str):
+        return None if kind == "cpu" else str(dev)
+    is_cpu = getattr(dev, "is_cpu", None)  # warp.context.Device
+    if isinstance(is_cpu, bool):
+        return None if is_cpu else str(dev)
+    return str(dev) if hasattr(value, "__cuda_array_interface__") else None  # cupy's
 
 
 def count_of(value: Any) -> int:
     """The envs a count value stands for: the one rule every entry point reads a count by
     (``scope(phase, count)``, ``Scope.set_count`` and ``.count``, ``Scope.lap``,
     ``traced(count=...)``, in Python and in C), so a record holds an int, never the value.
+    numpy arrays and torch tensors (or another array with a ``dtype``) count alike:
 
-    - a bool mask (numpy or torch array, any shape) counts its True values; a bool alone
-      (Python's or numpy's) is a mask of one: 1 or 0;
-    - an int (Python's, not a bool; a numpy integer scalar; a 0-d integer array) *is* the
-      count, when in ``[0, 2**63)``;
-    - an index array (numpy or torch, 1-d or more), a list, a tuple or another sized
-      collection of env ids counts its length (its first dimension);
+    - a bool mask (any shape) counts its True values; a bool alone (Python's, numpy's, a
+      0-d bool array) is a mask of one: 1 or 0;
+    - an index array (1-d or more) counts its length (its first dimension), a list, a
+      tuple or another sized collection of env ids counts its length; a 0-d integer array
+      is one env id (``nonzero().squeeze()`` of one reset): 1;
+    - an int (Python's, not a bool; a numpy integer scalar, what ``mask.sum()`` and
+      ``len()`` give) *is* the count, when in ``[0, 2**63)``;
+    - an array on an accelerator (a CUDA tensor) is never read: counting would wait for the
+      device inside the call it times. Its length and shape are on the host, so env ids
+      and a 0-d id count as above; a bool mask there is no count (one warning: pass the
+      ids, ``mask.nonzero()``'s length, or a count);
     - anything else (a negative or too large int, a float, a 0-d float array, None, a
       string, bytes, a mapping, an object without ``len()``) is no count: ``NO_COUNT``
-      (-1), with one warning per kind. It never raises.
+      (-1), with one warning per kind. It never raises. (``traced`` reads None and
+      ``slice(None)``, "all envs", as the env count when it knows it.)
     """
     try:
         t = type(value)
@@ -188,12 +211,25 @@ def count_of(value: Any) -> int:
                 name = str(dtype)
                 kind = "b" if name == "torch.bool" else "i" if name.startswith(
                     ("torch.int", "torch.uint")) else "f"
-            if getattr(value, "ndim", 0):
+            ndim = getattr(value, "ndim", 0)
+            if t.__module__ == "numpy" and not ndim and kind in "iu":
+                return _int_count(int(value))  # a numpy integer scalar: a count
+            where = _device(value)
+            if where is not None:
+                note_once("device", "env counts live on %s: resettrace's spans time the "
+                          "host, so work launched on the device (kernels, CUDA graph "
+                          "replays) shows in the phase where the host next waits for it, "
+                          "not in the one that launched it (docs/instrument.md, \"On a "
+                          "GPU\")", where)
+                if kind == "b":
+                    return _not_a_count(f"a bool mask on {where} (counting it would wait "
+                                        "for the device)")
+            if ndim:
                 return int(value.sum()) if kind == "b" else len(value)
             if kind == "b":
                 return int(bool(value))
             if kind in "iu":
-                return _int_count(int(value))
+                return 1  # a 0-d index array: one env id
             return _not_a_count(f"a {t.__name__} of {dtype}")
         if isinstance(value, int):  # an int subclass (an IntEnum)
             return _int_count(int(value))
