@@ -18,6 +18,17 @@ $(STAMP): pyproject.toml setup.py src/resettrace/tracing/_fast.c src/resettrace/
 	$(BIN)/python -m pip install --quiet -e '.[all,dev,stacks,jobs]'
 	touch $(STAMP)
 
+# mjlab's tests: in a venv of their own (mjlab pins mujoco~=3.11, the sim extra needs MuJoCo
+# 4), the tracer core with mjlab and pytest; torch's CPU build pinned in the same install
+# (else a CUDA build of GBs): about 2.3 GB and 5 minutes the first time
+MJLAB_VENV := .venv-mjlab
+MJLAB_STAMP := $(MJLAB_VENV)/.installed
+$(MJLAB_STAMP): pyproject.toml setup.py src/resettrace/tracing/_fast.c src/resettrace/tracing/_layout.h
+	test -x $(MJLAB_VENV)/bin/python || $(PYTHON) -m venv $(MJLAB_VENV)
+	$(MJLAB_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MJLAB_VENV)/bin/python -m pip install --quiet torch==2.13.0 -e '.[mjlab]' pytest
+	touch $(MJLAB_STAMP)
+
 demo: $(STAMP)
 	RESETTRACE=trace RESETTRACE_EXPORTER=$(RESETTRACE_EXPORTER) \
 	$(BIN)/resettrace bench collector --task g1_walk_flat --backend mujoco \
@@ -35,9 +46,11 @@ system-deps:
 
 # the suite twice: with the compiled recorder, then with the pure-Python one that an install
 # without a C compiler runs (they must record the same); each in two pytest-xdist workers
-test: $(STAMP) system-deps docs
+test: $(STAMP) $(MJLAB_STAMP) system-deps docs
 	$(BIN)/python -m pytest -q -n 2
 	RESETTRACE_PURE_PYTHON=1 $(BIN)/python -m pytest -q -n 2 -p no:cacheprovider
+	$(MJLAB_VENV)/bin/python -m pytest -q -p no:cacheprovider tests_mjlab
+	RESETTRACE_PURE_PYTHON=1 $(MJLAB_VENV)/bin/python -m pytest -q -p no:cacheprovider tests_mjlab
 	$(BIN)/python -m pytest -q examples/own_env
 	$(BIN)/python -m pytest -q -p no:cacheprovider --markdown-docs README.md docs
 
@@ -51,7 +64,7 @@ docs: $(STAMP)
 # call loads them, no extra's package at a tracer module's top, no private name imported
 # across modules, no import circle, docs/layout.md names every module: tests/test_layering.py)
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff check src tests tests_mjlab examples
 	$(BIN)/mypy src
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_layering.py
 
@@ -59,4 +72,4 @@ bench-overhead: $(STAMP)
 	$(BIN)/resettrace bench overhead --json out/overhead.json
 
 clean:
-	rm -rf $(VENV) out build *.egg-info
+	rm -rf $(VENV) $(MJLAB_VENV) out build *.egg-info

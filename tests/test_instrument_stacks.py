@@ -196,7 +196,7 @@ def test_an_instrumentation_of_a_stack_that_is_not_installed_is_one_line(
 
 
 def test_an_unknown_name_lists_the_known_instrumentations() -> None:
-    with pytest.raises(InstrumentError, match="known: gymnasium, motrixlab"):
+    with pytest.raises(InstrumentError, match="known: gymnasium, mjlab, motrixlab, sb3"):
         instrument("motrixlabb")
     r = subprocess.run([sys.executable, "-m", "resettrace.cli", "run", "--instrument",
                         "motrixlabb", "--", sys.executable, "-c", "print('ran')"],

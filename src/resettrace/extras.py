@@ -13,8 +13,11 @@ extras, each named in the error of the first call that needs it:
     commands fit it).
 ``prometheus``
     prometheus-client: ``RESETTRACE_METRICS=prometheus``.
+``mjlab``
+    mjlab 1.6 (MuJoCo Warp, torch): ``resettrace bench stacks --stack mjlab`` and the
+    ``--instrument mjlab`` tests. Not beside ``sim``: mjlab pins MuJoCo 3.11.
 ``all``
-    All of them (``make demo`` and ``make test`` install it).
+    ``sim``, ``report`` and ``prometheus`` (``make demo`` and ``make test`` install it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "sim": ("mujoco", "motrixsim", "numba"),
     "report": ("scipy", "plotly"),
     "prometheus": ("prometheus_client",),
+    "mjlab": ("mjlab",),
 }
 
 

@@ -24,18 +24,23 @@ def ran(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
 
 
 def render_keys(rec: RunRecord, title: str) -> str:
-    """Per key that ran: count, mean, p50 / p90 / p99, max, total and share of parent
-    (ms; reset counts in envs), in the record's phase order, then how many were idle."""
+    """Per key that ran: count, calls per call of its parent, mean, p50 / p90 / p99, max,
+    total and share of parent (ms; reset counts in envs), in the record's phase order, then
+    how many were idle. A phase called several times under one parent (physics substeps,
+    each manager's reset) has a sample per call: "per parent" says how many."""
     stats = rec.stats
     shown = ran(stats)
+    cat = rec.catalog()
     rows = []
     for key, s in shown.items():
         share = s.get("share_of_parent")
-        rows.append([key, s["count"], s.get("mean_ms"), s.get("p50_ms"), s.get("p90_ms"),
-                     s.get("p99_ms"), s.get("max_ms"), s["total_ms"],
-                     float("nan") if share is None else 100.0 * share])
-    table = format_table(title, ["key", "count", "mean", "p50", "p90", "p99", "max", "total",
-                                 "% of parent"], rows)
+        parent = stats.get(cat.parent_key(key)) if key.endswith("_ms") else None
+        per = (s["count"] / parent["count"]) if parent and parent.get("count") else None
+        rows.append([key, s["count"], float("nan") if per is None else per, s.get("mean_ms"),
+                     s.get("p50_ms"), s.get("p90_ms"), s.get("p99_ms"), s.get("max_ms"),
+                     s["total_ms"], float("nan") if share is None else 100.0 * share])
+    table = format_table(title, ["key", "count", "per parent", "mean", "p50", "p90", "p99",
+                                 "max", "total", "% of parent"], rows)
     idle = len(stats) - len(shown)
     return table + (f"\n({idle} keys that never took time not shown)" if idle else "")
 

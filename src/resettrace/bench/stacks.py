@@ -3,7 +3,10 @@
 For each stack, one env in one process: MotrixLab, the arm ``ManagerEnv`` of
 :mod:`resettrace.bench.stack_envs.motrixlab_arm`; Gymnasium, ``Hopper-v5`` in a sync
 vector env (with random actions a hopper falls within tens of steps: resets happen at
-their own pace in each sub-env, as in training). Rounds visit the modes in a fresh
+their own pace in each sub-env, as in training); mjlab (``--stack mjlab``, in a venv with
+the ``mjlab`` extra: mjlab pins MuJoCo 3.11), a task of mjlab's own on Warp's CPU device
+(``Mjlab-Cartpole-Balance`` by default, 1 s episodes: its envs time out and reset every 50
+steps, spread out by the random actions' terminations). Rounds visit the modes in a fresh
 random order and time a block of env steps in each (random actions drawn beforehand),
 after a few untimed steps in that mode (``settle``: switching modes re-installs patches
 and brings the other session's state back into the caches, a cost a run that stays in one
@@ -43,16 +46,24 @@ __all__ = ["StacksBenchConfig", "run_stacks_bench", "render_stacks_bench", "STAC
 
 MODES = ("bare", "off", "off_aa", "timing")
 RATIOS = (("timing", "off"), ("off", "bare"), ("off_aa", "off"))
-STACKS = ("motrixlab", "gymnasium")
+STACKS = ("motrixlab", "gymnasium", "mjlab")
+#: what ``bench stacks`` measures when not told (mjlab needs a venv of its own)
+DEFAULT_STACKS = ("motrixlab", "gymnasium")
+#: the extra each stack's env needs
+STACK_EXTRA = {"motrixlab": "sim", "gymnasium": "sim", "mjlab": "mjlab"}
 
 
 @dataclass(frozen=True, kw_only=True)
 class StacksBenchConfig:
-    stacks: tuple[str, ...] = STACKS
+    stacks: tuple[str, ...] = DEFAULT_STACKS
     #: envs of the MotrixLab env (one batched env)
     motrixlab_envs: int = 1024
     #: sub-envs of the Gymnasium sync vector env
     gymnasium_envs: int = 16
+    #: envs of the mjlab env, its task, and its episodes' length (s; None: the task's)
+    mjlab_envs: int = 64
+    mjlab_task: str = "Mjlab-Cartpole-Balance"
+    mjlab_episode_s: float | None = 1.0
     rounds: int = 40
     #: env steps per timed block (None: as many as take ``block_ms``)
     block: int | None = None
@@ -71,7 +82,9 @@ class StacksBenchConfig:
         if unknown or not self.stacks:
             raise ValueError(f"--stack must be among {', '.join(STACKS)}, got "
                              f"{', '.join(unknown) or 'none'}")
-        for name in ("motrixlab_envs", "gymnasium_envs", "rounds"):
+        if self.mjlab_episode_s is not None and not self.mjlab_episode_s > 0:
+            raise ValueError(f"--mjlab-episode-s must be > 0, got {self.mjlab_episode_s}")
+        for name in ("motrixlab_envs", "gymnasium_envs", "mjlab_envs", "rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got "
                                  f"{getattr(self, name)}")
@@ -119,6 +132,34 @@ def _gymnasium(cfg: StacksBenchConfig) -> tuple[Callable[[int], None], Callable[
     return step, envs.close, f"Gymnasium Hopper-v5, sync vector env of {cfg.gymnasium_envs}"
 
 
+def _mjlab(cfg: StacksBenchConfig) -> tuple[Callable[[int], None], Callable[[], None], str]:
+    import mjlab.tasks  # noqa: F401  (registers the tasks)
+    import torch
+    from mjlab.envs import ManagerBasedRlEnv
+    from mjlab.tasks.registry import list_tasks, load_env_cfg
+
+    if cfg.mjlab_task not in list_tasks():
+        raise ValueError(f"--mjlab-task {cfg.mjlab_task!r} is not one of mjlab's tasks "
+                         f"({', '.join(list_tasks())})")
+    env_cfg = load_env_cfg(cfg.mjlab_task)
+    env_cfg.scene.num_envs = cfg.mjlab_envs
+    if cfg.mjlab_episode_s is not None:
+        env_cfg.episode_length_s = cfg.mjlab_episode_s
+    env = ManagerBasedRlEnv(env_cfg, device="cpu")
+    env.reset(seed=cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    dim = env.action_manager.total_action_dim
+    actions = [torch.rand((cfg.mjlab_envs, dim), generator=gen) * 2 - 1 for _ in range(32)]
+
+    def step(i: int) -> None:
+        env.step(actions[i % len(actions)])
+
+    return step, env.close, f"mjlab {cfg.mjlab_task}, {cfg.mjlab_envs} envs (Warp, CPU)"
+
+
+_ENVS = {"motrixlab": _motrixlab, "gymnasium": _gymnasium, "mjlab": _mjlab}
+
+
 def _one_stack(name: str, cfg: StacksBenchConfig, progress: Callable[[str], None]
                ) -> dict[str, Any]:
     import resettrace
@@ -129,7 +170,7 @@ def _one_stack(name: str, cfg: StacksBenchConfig, progress: Callable[[str], None
     undo: Callable[[], None] | None = resettrace.instrument(name)
     try:
         with resettrace.use_tracing(sessions["off"]):
-            step, close, what = (_motrixlab if name == "motrixlab" else _gymnasium)(cfg)
+            step, close, what = _ENVS[name](cfg)
         rng = np.random.default_rng(cfg.seed)
         times: dict[str, list[float]] = {m: [] for m in MODES}
         block = cfg.block or 0

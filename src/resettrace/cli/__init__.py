@@ -122,13 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_export, needs=("sim",))
 
     st = bench.add_parser("stacks", help="env step cost of each shipped instrumentation "
-                                         "(MotrixLab, Gymnasium): timing vs off vs bare")
+                                         "(MotrixLab, Gymnasium, mjlab): timing vs off vs "
+                                         "bare")
     st.add_argument("--stack", nargs="+", default=["motrixlab", "gymnasium"],
-                    metavar="NAME", help="stacks to measure (motrixlab, gymnasium)")
+                    metavar="NAME", help="stacks to measure (motrixlab, gymnasium; mjlab in a "
+                                         "venv with the mjlab extra)")
     st.add_argument("--motrixlab-envs", type=int, default=1024,
                     help="envs of the MotrixLab env")
     st.add_argument("--gymnasium-envs", type=int, default=16,
                     help="sub-envs of the Gymnasium sync vector env")
+    st.add_argument("--mjlab-envs", type=int, default=64, help="envs of the mjlab env")
+    st.add_argument("--mjlab-task", default="Mjlab-Cartpole-Balance",
+                    help="the mjlab task (one of mjlab's registered tasks)")
+    st.add_argument("--mjlab-episode-s", type=float, default=1.0,
+                    help="the mjlab task's episode length in s (resets: one per episode)")
     st.add_argument("--rounds", type=int, default=40, help="interleaved rounds")
     st.add_argument("--block", type=int, default=None,
                     help="env steps per timed block (default: as many as --block-ms takes)")
@@ -140,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="untimed steps before each timed block, in its mode")
     st.add_argument("--seed", type=int, default=0)
     st.add_argument("--json", default=None, help="write the result as JSON")
-    st.set_defaults(func=cmd_stacks, needs=("sim",))
+    st.set_defaults(func=cmd_stacks)  # (the extras of the stacks named: cmd_stacks)
 
     a = bench.add_parser("set-state-ab",
                          help="set_state: published path vs shipped path vs engine floor")

@@ -41,11 +41,21 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_stacks(args: argparse.Namespace) -> int:
-    from resettrace.bench.stacks import StacksBenchConfig, render_stacks_bench, run_stacks_bench
+    from resettrace.bench.stacks import (
+        STACK_EXTRA,
+        StacksBenchConfig,
+        render_stacks_bench,
+        run_stacks_bench,
+    )
+    from resettrace.extras import require
 
+    for stack in dict.fromkeys(args.stack):  # each named stack's extra, before any work
+        if stack in STACK_EXTRA:
+            require(STACK_EXTRA[stack], f"resettrace bench stacks --stack {stack}")
     return run_bench(args, lambda: StacksBenchConfig(
         stacks=tuple(args.stack), motrixlab_envs=args.motrixlab_envs,
-        gymnasium_envs=args.gymnasium_envs,
+        gymnasium_envs=args.gymnasium_envs, mjlab_envs=args.mjlab_envs,
+        mjlab_task=args.mjlab_task, mjlab_episode_s=args.mjlab_episode_s,
         rounds=args.rounds, block=args.block, block_ms=args.block_ms, warmup=args.warmup,
         settle=args.settle, seed=args.seed),
         run_stacks_bench, render_stacks_bench)

@@ -3,10 +3,10 @@
 ``resettrace run --instrument NAME``, ``RESETTRACE_INSTRUMENT=NAME`` and
 ``resettrace.instrument(NAME)`` take a name where they take a spec file: ``motrixlab``
 (MotrixSim's env framework, ``motrix-env-core``), ``gymnasium`` (Gymnasium vector envs
-and MuJoCo envs) and ``sb3`` (Stable-Baselines3's vector envs and MuJoCo envs) ship with
-resettrace; third parties add theirs through the entry-point
-group :data:`ENTRY_POINT_GROUP` (as ``opentelemetry-instrument`` finds instrumentors),
-each entry point naming an :class:`Instrumentation`.
+and MuJoCo envs), ``sb3`` (Stable-Baselines3's vector envs and MuJoCo envs) and ``mjlab``
+(mjlab's manager-based envs on MuJoCo Warp) ship with resettrace; third parties add theirs
+through the entry-point group :data:`ENTRY_POINT_GROUP` (as ``opentelemetry-instrument``
+finds instrumentors), each entry point naming an :class:`Instrumentation`.
 
 An instrumentation is a spec (the same dict a TOML spec file holds: attributes, phases,
 targets) plus, optionally, code of its own installed beside it (a bridge to a stack's own
@@ -31,7 +31,8 @@ ENTRY_POINT_GROUP = "resettrace.instrumentations"
 #: the shipped ones: name -> "module:attribute"
 BUILTIN = {"motrixlab": "resettrace.stacks.motrixlab:INSTRUMENTATION",
            "gymnasium": "resettrace.stacks.gymnasium:INSTRUMENTATION",
-           "sb3": "resettrace.stacks.sb3:INSTRUMENTATION"}
+           "sb3": "resettrace.stacks.sb3:INSTRUMENTATION",
+           "mjlab": "resettrace.stacks.mjlab:INSTRUMENTATION"}
 
 
 @dataclass(frozen=True)
