@@ -3,7 +3,12 @@ Jaeger UI JSON (JSON lines are in :mod:`resettrace.tracing.export.exporters`).
 
 Every file exporter takes SDK spans (``export``) and whole traces given as records
 (``export_traces``: the export process's path, see
-:mod:`resettrace.tracing.export.records`), and writes the same bytes for both. They share
+:mod:`resettrace.tracing.export.records`), and writes the same bytes for both. Each format
+has both encoders by design: SDK spans come from any tracer provider (a user's own spans
+included), records from resettrace's export process, where a trace's shape is encoded once
+and every trace of that shape fills it in: 4.9-5.7 us a span in the export process against
+40-44 us from SDK spans (``bench export``, perfetto and jaeger-json, 64 envs). The
+differential tests hold the two to the same bytes, the SDK's as the reference. They share
 one contract (:class:`FileExporter`):
 
 * The file (and its parent folders) is created, emptied, on the first ``export()``; that
