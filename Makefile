@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml setup.py src/resettrace/tracing/_fast.c src/resettrace/
 # (else a CUDA build of GBs): about 2.3 GB and 5 minutes the first time
 MJLAB_VENV := .venv-mjlab
 MJLAB_STAMP := $(MJLAB_VENV)/.installed
-$(MJLAB_STAMP): pyproject.toml setup.py src/resettrace/tracing/_fast.c src/resettrace/tracing/_layout.h
+# (after .venv: both build the same in-tree C extension)
+$(MJLAB_STAMP): pyproject.toml setup.py src/resettrace/tracing/_fast.c src/resettrace/tracing/_layout.h | $(STAMP)
 	test -x $(MJLAB_VENV)/bin/python || $(PYTHON) -m venv $(MJLAB_VENV)
 	$(MJLAB_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(MJLAB_VENV)/bin/python -m pip install --quiet torch==2.13.0 -e '.[mjlab]' pytest

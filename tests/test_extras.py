@@ -55,15 +55,14 @@ def test_a_command_without_its_extra_names_it_in_one_line(
 
 
 @pytest.mark.parametrize(("stack", "extra", "module"), [
-    ("mjlab", "mjlab", "mjlab"),  # (not in this venv: mjlab pins MuJoCo 3.11)
+    ("mjlab", "mjlab", "mjlab"),
     ("gymnasium", "sim", "mujoco"),
 ])
 def test_bench_stacks_names_the_extra_of_the_stack_it_was_given(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         tmp_path: Path, stack: str, extra: str, module: str) -> None:
     monkeypatch.chdir(tmp_path)
-    if module != "mjlab":
-        _missing(monkeypatch, module)
+    _missing(monkeypatch, module)
     assert cli.main(["bench", "stacks", "--stack", stack, "--rounds", "3"]) == 2
     assert _one_line(capsys) == (
         f"resettrace: resettrace bench stacks --stack {stack} needs resettrace's '{extra}' "

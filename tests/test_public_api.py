@@ -1148,7 +1148,8 @@ def test_attribute_values_are_carried_as_opentelemetry_types_or_refused_at_the_c
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
-def test_torch_and_numpy_count_alike(device: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_torch_and_numpy_count_alike(device: str, caplog: pytest.LogCaptureFixture,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """One rule for torch tensors and numpy arrays: index tensors by length, masks by their
     True values, a 0-d id (``nonzero().squeeze()`` of one reset) as one env, never its
     value. On an accelerator (the ``meta`` device: shapes, no data, so any read of a value
@@ -1166,24 +1167,32 @@ def test_torch_and_numpy_count_alike(device: str, caplog: pytest.LogCaptureFixtu
     cases += ([(mask, 3), (torch.tensor(True), 1), (torch.tensor(7, dtype=torch.uint8), 1)]
               if device == "cpu" else [(mask, -1)])
     numpy_alike = {3: np.array([0, 4, 9]), 1: np.array(4)}
+    monkeypatch.setattr(recorder_module, "_NOTED", set())  # surprises are logged once
     caplog.set_level(logging.WARNING, logger="resettrace")
     for value, want in cases:
         got = count_of(value)
         assert got == want and type(got) is int, value
         if want in numpy_alike and value.dtype != torch.bool:
             assert count_of(numpy_alike[want]) == got
+    # the choice a 0-d integer forces is said (torch's mask.sum() is one too)
+    assert "a count of a 0-d integer Tensor is read as one env id" in caplog.text
     if device == "meta":
         assert "a bool mask on meta (counting it would wait for the device)" in caplog.text
         assert "env counts live on meta: resettrace's spans time the host" in caplog.text
 
 
 def test_none_and_the_full_slice_count_every_env(session: Tracing,
-                                                 caplog: pytest.LogCaptureFixture) -> None:
+                                                 caplog: pytest.LogCaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """``env_ids=None`` or ``slice(None)`` (mjlab's and Isaac Lab's "every env") counts the
-    env count: the target's ``env_count``, else the recorder's attribute; without either,
-    no count and one warning, never 0 or a guess."""
+    env count: the target's ``env_count`` (a 0-d tensor there is its value: an env count is
+    never an id), else the recorder's attribute; without either, no count and one warning,
+    never 0 or a guess."""
+    torch = pytest.importorskip("torch")  # (the stacks extra: make test installs it)
+    monkeypatch.setattr(recorder_module, "_NOTED", set())  # surprises are logged once
+
     class Env:
-        num_envs = 6
+        num_envs = torch.tensor(6)
 
         @resettrace.traced("reset_done", count="env_ids", env_count="self.num_envs")
         def reset(self, env_ids: object = None) -> None:
@@ -1201,13 +1210,16 @@ def test_none_and_the_full_slice_count_every_env(session: Tracing,
     rec = session.thread_recorder()
     with resettrace.use_tracing(session):
         env.reset()
-        assert [r[R_COUNT] for r in rec._last] == [6, 6]  # reset_done, dr_reset
-        env.reset(slice(None))
+        assert [r[R_COUNT] for r in rec._last] == [6, 6]  # reset_done, dr_reset (the
+        env.reset(slice(None))  # recorder's env count, set by reset's env_count)
+        assert [r[R_COUNT] for r in rec._last] == [6, 6]
         env.reset(np.array([1, 2]))
         env.reset(slice(0, 3))  # a slice of some envs: no len(), no count
+        env.reset(slice(np.array(0), np.array(3)))  # (bounds that compare elementwise)
+        assert [r[R_COUNT] for r in rec._last] == [-1, -1]
     st = session.stats()
-    assert st["reset_done_count"].total_ms == 6 + 6 + 2 and st["reset_done_ms"].count == 4
-    assert st["dr_reset_total_ms"].count == 4  # (its count: the recorder's env count)
+    assert st["reset_done_count"].total_ms == 6 + 6 + 2 and st["reset_done_ms"].count == 5
+    assert rec.attributes[C.ATTR_ENV_COUNT] == 6
     fresh = Tracing(Config(mode="timing"))
     try:
         caplog.set_level(logging.WARNING, logger="resettrace")

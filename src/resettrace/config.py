@@ -39,10 +39,18 @@ from resettrace.envvars import (
     Number,
     first_set,
     fmt_number,
+    say_once,  # noqa: F401  (its name here too, as before)
     shown,
     warn_env,
 )
-from resettrace.launcher import WORKER_RANK, process_rank
+from resettrace.launcher import (  # noqa: F401  (the rank's names here too, as before)
+    ENV_PARENT_RANK,
+    ENV_RANK,
+    ENV_WORKER_RANK,
+    WORKER_RANK,
+    env_worker_rank,
+    process_rank,
+)
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ For each stack, one env in one process: MotrixLab, the arm ``ManagerEnv`` of
 vector env (with random actions a hopper falls within tens of steps: resets happen at
 their own pace in each sub-env, as in training); mjlab (``--stack mjlab``, in a venv with
 the ``mjlab`` extra: mjlab pins MuJoCo 3.11), a task of mjlab's own on Warp's CPU device
-(``Mjlab-Cartpole-Balance`` by default, 1 s episodes: its envs time out and reset every 50
-steps, spread out by the random actions' terminations). Rounds visit the modes in a fresh
+(``Mjlab-Cartpole-Balance`` by default, 1 s episodes: its envs time out and reset every 20
+steps of 50 ms). Rounds visit the modes in a fresh
 random order and time a block of env steps in each (random actions drawn beforehand),
 after a few untimed steps in that mode (``settle``: switching modes re-installs patches
 and brings the other session's state back into the caches, a cost a run that stays in one

@@ -21,6 +21,7 @@ or ``resettrace.instrument("mjlab")``)::
               (dr_reset_events_other_ms)    the rest of the events: the randomization
             dr_reset.managers_reset   each manager's reset(env_ids): 8 calls a reset
       env_step.forward                Simulation.forward: derived quantities of every env
+                                      (and the task's command terms' own, where they call it)
       env_step.observation            ObservationManager.compute
 
 ``reset()`` (the first reset, or one with ``auto_reset=False``) runs ``_reset_idx`` outside a
@@ -33,17 +34,18 @@ same whether 0 or all envs reset, so it is a cost of the step, not of a reset.
 
 **Per call or per step.** A phase called several times under one parent (the physics
 substeps, the action applied each substep, the managers' resets, the events' state writes)
-has one sample per call: its ``p50`` is one call's, its ``count`` the calls. The tables'
-"calls/parent" column says how many calls each parent holds.
+has one sample per call: its ``p50`` is one call's, its ``count`` the calls. The per-key
+table's "per parent" column says how many calls each parent holds.
 
 **Events by mode.** ``EventManager.apply`` in mode "reset" is ``dr_reset.events``; the step's
 events (modes "step" and "interval", a push, say) stay in ``env_step``'s gap, and so do
 their state writes (recorded only inside ``dr_reset.events``).
 
 **On a GPU** these spans time the host: a CUDA graph's replay (``wp.capture_launch``) or a
-torch op only launches work, and the work shows where the host next waits for it (the
-step's ``reset_buf.nonzero()``, in ``env_step``'s gap). The first env ids on the device say
-so in one line; see docs/instrument.md, "On a GPU".
+torch op only launches work, and the work shows where the host next waits for it: in mjlab
+1.6 the managers' resets (the termination manager's and the command terms' ``.item()``, in
+``dr_reset.managers_reset``) or the step's ``reset_buf.nonzero()`` (in ``env_step``'s gap).
+The first env ids on the device say so in one line; see docs/instrument.md, "On a GPU".
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from resettrace.tracing.recorder import (
     NoopRecorder,
     Recorder,
     count_of,
+    env_count_of,
     note_once,
 )
 
@@ -237,10 +238,6 @@ def recording() -> Recorder | None:
     return rec if rec.enabled else None
 
 
-#: ``slice(None)``: every env, as an ``env_ids`` argument (mjlab, Isaac Lab)
-_ALL_ENVS = slice(None)
-
-
 # -- the decorator ------------------------------------------------------------------------
 def _with_parents(rec: Recorder, lineage: list[Phase], phase: Phase, count: int,
                   fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -431,7 +428,7 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 c = count_now(args, kwargs)
             if read_envs is not None and ATTR_ENV_COUNT not in rec.attributes:
                 try:
-                    n = count_of(read_envs(args, kwargs))
+                    n = env_count_of(read_envs(args, kwargs))
                     if n >= 0:
                         rec.attributes[ATTR_ENV_COUNT] = n
                 except Exception as e:
@@ -455,7 +452,8 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
                 return NO_COUNT
             if v.__class__ is int and 0 <= v <= MAX_COUNT:
                 return v
-            if v is None or (v.__class__ is slice and v == _ALL_ENVS):
+            if v is None or (v.__class__ is slice and v.start is None and v.stop is None
+                             and v.step is None):
                 return every_env(args, kwargs)
             return count_of(v)
 
@@ -466,7 +464,7 @@ def traced(phase: Phase | str, *, count: str | Callable[..., Any] | int | None =
             n = NO_COUNT
             if read_envs is not None:
                 try:
-                    n = count_of(read_envs(args, kwargs))
+                    n = env_count_of(read_envs(args, kwargs))
                 except Exception:
                     n = NO_COUNT
             if n < 0:

@@ -66,7 +66,7 @@ from resettrace.tracing.layout import (
 
 __all__ = [
     "Recorder", "NoopRecorder", "NOOP_RECORDER", "Record", "Scope", "NoopScope", "TraceSink",
-    "use_clock", "note_once", "count_of",
+    "use_clock", "note_once", "count_of", "env_count_of",
 ]
 
 log = logging.getLogger("resettrace")
@@ -150,8 +150,30 @@ def _array_count(value: Any) -> int:
     if kind == "b":
         return int(bool(value))
     if kind in "iu":
+        note_once("count:0-d", "a count of a 0-d integer %s is read as one env id "
+                  "(nonzero().squeeze() of one reset), not as its value: for a count "
+                  "(torch's mask.sum() is a 0-d tensor too) pass the mask itself, or an "
+                  "int", "ndarray")
         return 1
     return _not_a_count(f"a 0-d numpy array of {value.dtype}")
+
+
+def env_count_of(value: Any) -> int:
+    """An env count (``env_count=``: the envs in the batch, never env ids): a 0-d integer
+    array or tensor is its value, when on the host (one on a device is not read); anything
+    else as :func:`count_of`."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and not getattr(value, "ndim", 1) and type(value) is not bool:
+        kind = getattr(dtype, "kind", None) or ("i" if str(dtype).startswith(
+            ("torch.int", "torch.uint")) else "")
+        if kind in ("i", "u"):
+            where = _device(value)
+            if where is not None:
+                note_once(f"env_count:{where}", "an env count on %s is not read (reading it "
+                          "would wait for the device): give it as an int", where)
+                return NO_COUNT
+            return _int_count(int(value))
+    return count_of(value)
 
 
 def _device(value: Any) -> str | None:
@@ -228,8 +250,12 @@ def count_of(value: Any) -> int:
                 return int(value.sum()) if kind == "b" else len(value)
             if kind == "b":
                 return int(bool(value))
-            if kind in "iu":
-                return 1  # a 0-d index array: one env id
+            if kind in "iu":  # a 0-d index array: one env id
+                note_once("count:0-d", "a count of a 0-d integer %s is read as one env id "
+                          "(nonzero().squeeze() of one reset), not as its value: for a "
+                          "count (torch's mask.sum() is a 0-d tensor too) pass the mask "
+                          "itself, or an int", t.__name__)
+                return 1
             return _not_a_count(f"a {t.__name__} of {dtype}")
         if isinstance(value, int):  # an int subclass (an IntEnum)
             return _int_count(int(value))
