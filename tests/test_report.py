@@ -102,6 +102,8 @@ return JSON.stringify({
   buttons: Array.from(document.querySelectorAll('#icicle .updatemenu-button'))
                 .map(b => b.textContent),
   table: pct.data[0].cells.values[0],
+  table_header: pct.data[0].header.values,
+  table_per_parent: pct.data[0].cells.values[2],
   table_title: pct.layout.title.text,
   histograms: (hist.layout.annotations || []).map(a => a.text),
   over_run: over.data.map(t => t.name),
@@ -298,6 +300,10 @@ def test_the_report_of_a_zero_code_job(tmp_path: Path, browser: Any) -> None:
     tree = _click_view(browser, "all phases")
     assert {"dr_reset_total_ms", "env_step_observe_ms"} <= set(tree["views"][1]["ids"])
     assert {"dr_reset.plan.terrain", "env_step.observe"} <= set(tree["table"])
+    # calls per call of the parent: each dr_reset has one plan, the root none
+    assert tree["table_header"][:3] == ["phase", "count", "per parent"]
+    per = dict(zip(tree["table"], tree["table_per_parent"], strict=True))
+    assert per["dr_reset"] == "-" and per["dr_reset.plan"] == "1.000", per
     for text in (tree["title"], tree["h1"], tree["facts"]):
         assert "?" not in text, text
     assert "1 process" in tree["facts"] and "train.py" in tree["h1"], tree

@@ -57,7 +57,8 @@ log = logging.getLogger("resettrace")
 
 __all__ = ["RunRecord", "RecordError", "FORMAT", "MAX_RECORD_SAMPLES", "read_record", "load_json",
            "read_records", "record_files", "record_of_session", "write_run", "identity_of",
-           "leave_out_jobs", "is_member", "name_of", "set_shares", "thin", "CONFIG_FIELDS",
+           "leave_out_jobs", "is_member", "name_of", "set_shares", "per_parent", "thin",
+           "CONFIG_FIELDS",
            "NotARecord"]
 
 #: the record's format version: 2 (1: a collector timing.json from before records)
@@ -582,6 +583,14 @@ def read_records(paths: Iterable[str | os.PathLike[str]], *, keep_jobs: bool = F
         for line in said:
             log.warning("%s", line)
     return kept
+
+
+def per_parent(stats: Mapping[str, Mapping[str, Any]], cat: Any, key: str) -> float | None:
+    """A key's calls per call of its parent phase (None: a key with no parent, or one that
+    never ran): a phase called several times under one parent has one sample per call."""
+    parent = stats.get(cat.parent_key(key)) if key.endswith("_ms") else None
+    return float(stats[key]["count"]) / parent["count"] if parent and parent.get("count") \
+        else None
 
 
 def set_shares(stats: dict[str, dict[str, Any]], cat: Any) -> None:

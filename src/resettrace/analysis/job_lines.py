@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resettrace import catalog as C
-from resettrace.record import RunRecord
+from resettrace.record import RunRecord, per_parent
 from resettrace.tables import format_table
 
 __all__ = ["render_job", "render_keys", "ran"]
@@ -34,8 +34,7 @@ def render_keys(rec: RunRecord, title: str) -> str:
     rows = []
     for key, s in shown.items():
         share = s.get("share_of_parent")
-        parent = stats.get(cat.parent_key(key)) if key.endswith("_ms") else None
-        per = (s["count"] / parent["count"]) if parent and parent.get("count") else None
+        per = per_parent(stats, cat, key)
         rows.append([key, s["count"], float("nan") if per is None else per, s.get("mean_ms"),
                      s.get("p50_ms"), s.get("p90_ms"), s.get("p99_ms"), s.get("max_ms"),
                      s["total_ms"], float("nan") if share is None else 100.0 * share])

@@ -52,7 +52,7 @@ import numpy as np
 from resettrace import catalog as C
 from resettrace.analysis.job_lines import ran
 from resettrace.extras import require
-from resettrace.record import RecordError, RunRecord, read_record
+from resettrace.record import RecordError, RunRecord, per_parent, read_record
 
 __all__ = ["build_report", "write_report", "reset_root", "CHART_IDS", "VIEWS"]
 
@@ -372,10 +372,16 @@ def _percentiles(stats: Mapping[str, Mapping[str, Any]], keys: Sequence[str], id
             return "-"
         return f"{x:,}" if col == "count" else f"{x:.4f}"
 
+    def cell_col(col: str) -> list[str]:
+        return [cell(k, col) for k in keys]
+
     share = [("-" if stats[k].get("share_of_parent") is None
               else f"{100 * float(stats[k]['share_of_parent']):.1f}") for k in keys]
-    cells = [[_t(cat.label(k)) for k in keys], *[[cell(k, c) for k in keys] for c in cols], share]
-    return go.Figure(go.Table(header={"values": ["phase", *cols, "% of parent"],
+    per = [("-" if (n := per_parent(stats, cat, k)) is None else f"{n:.3f}") for k in keys]
+    cells = [[_t(cat.label(k)) for k in keys], cell_col("count"), per,
+             *[cell_col(c) for c in cols[1:]], share]
+    return go.Figure(go.Table(header={"values": ["phase", "count", "per parent", *cols[1:],
+                                                 "% of parent"],
                                       "align": "left"},
                               cells={"values": cells, "align": "left"}),
                      layout={"title": f"per phase that ran: p50 / p90 / p99 (ms)"
