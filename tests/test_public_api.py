@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -1230,3 +1231,36 @@ def test_none_and_the_full_slice_count_every_env(session: Tracing,
         assert "reset_done_count" not in fresh.stats()
     finally:
         fresh.shutdown()
+
+
+def test_a_run_whose_counts_live_on_a_device_says_so_in_its_record_and_summary(
+        tmp_path: Path) -> None:
+    """Counts on an accelerator mean the spans time launches: the process's record lists
+    the devices, the job's too, and ``resettrace run`` says it in one line (the ``meta``
+    device: a real torch device with shapes and no data)."""
+    pytest.importorskip("torch")  # (the stacks extra: make test installs it)
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        import resettrace
+
+        @resettrace.traced("set_state", count="ids")
+        def reset(ids):
+            return None
+
+        for _ in range(3):
+            reset(torch.arange(4, device="meta"))
+    """))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RESETTRACE") or k == "RESETTRACE_PURE_PYTHON"}
+    r = subprocess.run([sys.executable, "-m", "resettrace.cli", "run", "--stats-json",
+                        "job.json", "--", sys.executable, "train.py"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["devices"] == ["meta"] and job["stats"]["dr_reset_set_state_ms"]["count"] == 3
+    (member,) = [p for p in tmp_path.glob("job.*.json")]
+    assert json.loads(member.read_text())["devices"] == ["meta"]
+    said = [line for line in r.stderr.splitlines() if "env counts lived on" in line]
+    assert said == ["resettrace run: env counts lived on meta: the spans time the host, so a "
+                    "phase that launches device work shows its launch, and the work shows "
+                    "where the host next waits for it (docs/instrument.md, \"On a GPU\")"]

@@ -273,6 +273,9 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
         extra["duplicates"] = twice
     if left_out:
         extra["left_out"] = left_out
+    devices = sorted({str(d) for r in records for d in r.extra.get("devices") or ()})
+    if devices:  # the accelerators any member's counts lived on
+        extra["devices"] = devices
     return RunRecord(
         kind="job", mode=first.mode,
         command=list(command) if command is not None else first.command,

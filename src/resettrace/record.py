@@ -51,6 +51,7 @@ from typing import Any
 
 from resettrace.config import ENV_RUN_ID
 from resettrace.outputs import expand_path
+from resettrace.tracing.recorder import DEVICES
 from resettrace.version import __version__
 
 log = logging.getLogger("resettrace")
@@ -425,6 +426,8 @@ def record_of_session(session: Any, *, kind: str = "process",
     untraced = untraced_targets()
     if untraced is not None:
         extra.setdefault("untraced", untraced)
+    if DEVICES:  # its spans time the host's launches there (docs/instrument.md)
+        extra.setdefault("devices", sorted(DEVICES))
     return RunRecord(
         kind=kind, mode=session.mode,
         command=list(sys.argv if command is None else command),

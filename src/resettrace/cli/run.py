@@ -173,6 +173,11 @@ def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id:
                   "resettrace run: no instrumented call ran", file=sys.stderr)
         return code
     job = merge_records(records, allow_mixed=True, allow_duplicates=True, command=command)
+    if job.extra.get("devices"):
+        print("resettrace run: env counts lived on " + ", ".join(job.extra["devices"])
+              + ": the spans time the host, so a phase that launches device work shows its "
+              "launch, and the work shows where the host next waits for it "
+              "(docs/instrument.md, \"On a GPU\")", file=sys.stderr)
     job.extra["incomplete"] = notes["incomplete"]
     job.extra["missing"] = notes["missing"]
     written: Path | None = None

@@ -169,11 +169,17 @@ def env_count_of(value: Any) -> int:
         if kind in ("i", "u"):
             where = _device(value)
             if where is not None:
+                DEVICES.add(where)
                 note_once(f"env_count:{where}", "an env count on %s is not read (reading it "
                           "would wait for the device): give it as an int", where)
                 return NO_COUNT
             return _int_count(int(value))
     return count_of(value)
+
+
+#: the accelerators counts were seen on in this process (``"cuda:0"``): its run record
+#: says so (``extra["devices"]``), and so does ``resettrace run``
+DEVICES: set[str] = set()
 
 
 def _device(value: Any) -> str | None:
@@ -238,6 +244,7 @@ def count_of(value: Any) -> int:
                 return _int_count(int(value))  # a numpy integer scalar: a count
             where = _device(value)
             if where is not None:
+                DEVICES.add(where)
                 note_once("device", "env counts live on %s: resettrace's spans time the "
                           "host, so work launched on the device (kernels, CUDA graph "
                           "replays) shows in the phase where the host next waits for it, "
