@@ -1180,6 +1180,11 @@ def test_torch_and_numpy_count_alike(device: str, caplog: pytest.LogCaptureFixtu
     if device == "meta":
         assert "a bool mask on meta (counting it would wait for the device)" in caplog.text
         assert "env counts live on meta: resettrace's spans time the host" in caplog.text
+        assert "meta" in recorder_module.DEVICES  # (its run record lists it)
+        pid = os.fork()  # a forked child counts on its own devices: none yet
+        if pid == 0:
+            os._exit(0 if not recorder_module.DEVICES else 3)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
 def test_none_and_the_full_slice_count_every_env(session: Tracing,

@@ -158,15 +158,25 @@ def _array_count(value: Any) -> int:
     return _not_a_count(f"a 0-d numpy array of {value.dtype}")
 
 
+def _kind(dtype: Any) -> str:
+    """A dtype's kind as numpy spells it (``b``, ``i``, ``u``, ``f``, ...): numpy's own,
+    torch's from its name (``torch.bool``, ``torch.int64``; str() of a numpy dtype is slow,
+    so numpy's ``kind`` first); other integer-free dtypes ``f``."""
+    kind = getattr(dtype, "kind", None)
+    if kind is not None:
+        return str(kind)
+    name = str(dtype)
+    return "b" if name == "torch.bool" else "i" if name.startswith(
+        ("torch.int", "torch.uint")) else "f"
+
+
 def env_count_of(value: Any) -> int:
     """An env count (``env_count=``: the envs in the batch, never env ids): a 0-d integer
     array or tensor is its value, when on the host (one on a device is not read); anything
     else as :func:`count_of`."""
     dtype = getattr(value, "dtype", None)
     if dtype is not None and not getattr(value, "ndim", 1) and type(value) is not bool:
-        kind = getattr(dtype, "kind", None) or ("i" if str(dtype).startswith(
-            ("torch.int", "torch.uint")) else "")
-        if kind in ("i", "u"):
+        if _kind(dtype) in ("i", "u"):
             where = _device(value)
             if where is not None:
                 DEVICES.add(where)
@@ -234,11 +244,7 @@ def count_of(value: Any) -> int:
             if t.__name__ == "ndarray" and t.__module__ == "numpy":  # known from now on
                 _NUMPY[:] = [t, sys.modules["numpy"].count_nonzero]
                 return _array_count(value)
-            kind = getattr(dtype, "kind", None)  # numpy's (str() of a numpy dtype is slow)
-            if kind is None:  # torch's: torch.bool, torch.int64, torch.float32, ...
-                name = str(dtype)
-                kind = "b" if name == "torch.bool" else "i" if name.startswith(
-                    ("torch.int", "torch.uint")) else "f"
+            kind = _kind(dtype)
             ndim = getattr(value, "ndim", 0)
             if t.__module__ == "numpy" and not ndim and kind in "iu":
                 return _int_count(int(value))  # a numpy integer scalar: a count
@@ -1505,6 +1511,8 @@ def _discard_open_traces() -> None:
 
 
 lifecycle.at_fork(_discard_open_traces)
+# a forked child counts on the devices it uses itself (CUDA does not survive a fork)
+lifecycle.at_fork(DEVICES.clear)
 
 
 def use_clock(clock_ns: Callable[[], int] | None) -> None:
