@@ -84,6 +84,11 @@ def test_overhead_json(tmp_path) -> None:
     assert otlp["exporters"]["otlp"]["undelivered"] == 0
     assert otlp["received_by_receiver"] == otlp["exporters"]["otlp"]["delivered"] > 0
     assert "timing_vs_off" in r.stdout and "A/A spread" in r.stdout
+    # recording and aggregation apart, each thread's CPU per trace (no bounds: a figure)
+    cpu = data["trace_cpu_us"]
+    assert {"recording", "hand_off", "aggregation", "aggregation_full"} <= set(cpu)
+    assert cpu["aggregation"] > 0 and cpu["aggregation_full"] > 0
+    assert f"aggregation {cpu['aggregation']:.2f} us while the reservoirs fill" in r.stdout
     bad = _run(["bench", "overhead", "--rounds", "2", "--repeats", "3"])
     assert bad.returncode == 2 and "--repeats" in bad.stderr
 

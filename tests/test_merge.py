@@ -61,11 +61,11 @@ def test_a_block_of_values_fills_the_buckets_that_one_value_at_a_time_fills() ->
         assert block.count == values.size
 
 
-def test_the_columns_of_a_block_fill_the_buckets_that_each_column_alone_fills() -> None:
-    """``add_columns`` counts every column of a plan's values at once (one bucket count,
-    each column's range found from its min and max); a column with a zero or a negative
-    value, a column of zeros only, columns far apart, a distribution of another scale:
-    the buckets, zeros, min and max that ``add`` of each column alone gives."""
+def test_the_rows_of_a_block_fill_the_buckets_that_each_row_alone_fills() -> None:
+    """``add_rows`` counts every row of a plan's values at once (one bucket count, each
+    row's range found from its min and max); a row with a zero or a negative value, a
+    row of zeros only, rows far apart, a distribution of another scale: the buckets,
+    zeros, min and max that ``add`` of each row alone gives."""
     rng = np.random.default_rng(9)
     m = 3000
     cols = [rng.lognormal(-2, 1.5, m), rng.lognormal(3, 0.2, m), np.zeros(m),
@@ -84,12 +84,39 @@ def test_the_columns_of_a_block_fill_the_buckets_that_each_column_alone_fills() 
             together = [Distribution(s) for s in scales]
             alone = [Distribution(s) for s in scales]
             for _ in range(2):  # and added to what a distribution holds already
-                Distribution.add_columns(together, block)
+                Distribution.add_rows(together, np.ascontiguousarray(block.T))
                 for j, d in enumerate(alone):
                     d.add(block[:, j])
             for a, b in zip(together, alone, strict=True):
                 assert (a.counts, a.zero, a.min, a.max) == (b.counts, b.zero, b.min, b.max)
                 assert a.count == 2 * len(block)
+
+
+def test_blocks_waiting_in_the_dense_span_count_as_values_added_one_by_one() -> None:
+    """``add_rows`` keeps a block's bucket counts in a span of buckets until they are read:
+    blocks below, inside and above the span so far (it grows), a block too far away for
+    it (into the dict), single values and a merge in between: the counts, count and
+    percentiles of ``add_one`` of every value."""
+    rng = np.random.default_rng(4)
+    blocks = [rng.lognormal(0, 0.3, 500), rng.lognormal(-3, 0.3, 500),
+              rng.lognormal(0, 0.1, 500), rng.lognormal(4, 0.5, 500),
+              np.full(50, 1e300), np.full(50, 1e-300), rng.lognormal(1, 1, 500)]
+    d, one = Distribution(), Distribution()
+    for i, block in enumerate(blocks):
+        Distribution.add_rows([d], block[None, :].copy())
+        for v in block.tolist():
+            one.add_one(v)
+        if i == 2:  # a read and a single value between blocks
+            assert d.count == one.count
+            d.add_one(0.5)
+            one.add_one(0.5)
+    assert d.counts == one.counts and d.count == one.count == 2601
+    assert [d.quantile(q) for q in (0.1, 0.5, 0.99)] == [one.quantile(q)
+                                                           for q in (0.1, 0.5, 0.99)]
+    merged = Distribution.merged([d, one])
+    Distribution.add_rows([d], blocks[0][None, :].copy())
+    assert merged.count == 2 * 2601 and d.count == 2601 + 500
+    assert Distribution.from_dict(d.as_dict()).counts == d.counts
 
 
 def test_the_processor_keeps_every_call_in_its_distribution(clock) -> None:  # type: ignore[no-untyped-def]

@@ -136,7 +136,7 @@ def test_a_fold_past_the_reservoir_keeps_what_the_in_order_rule_keeps() -> None:
     a.add_many(first)
     b.add_many(-first)
     seen, before = len(first), list(a.samples)
-    b.samples = array("d", [-v for v in before])  # (b: a's reservoir, negated)
+    b.samples[:] = [-v for v in before]  # (b: a's reservoir, negated; a view of it)
     gen = np.random.default_rng(11)
     state = copy.deepcopy(gen.bit_generator.state)
     draws = _Draws(gen)

@@ -67,22 +67,28 @@ class FitSums:
         self.kmax = max(self.kmax, float(k.max()))
 
     @staticmethod
-    def add_columns(sums: Sequence[FitSums], k: np.ndarray, y: np.ndarray) -> None:
-        """``sums[j].add(k, y[:, j])`` for every column ``j`` of ``y``, ``(len(k),
-        len(sums))``: the sums of ``k`` once, those of ``y`` in one pass per kind (numpy's
+    def add_rows(sums: Sequence[FitSums], k: np.ndarray, y: np.ndarray | None,
+                 sy: np.ndarray | None = None) -> None:
+        """``sums[j].add(k, y[j])`` for every row ``j`` of ``y``, ``(len(sums), len(k))``:
+        the sums of ``k`` once, those of ``y`` in one pass per kind over each row (numpy's
         own loops, not BLAS: a product this size would wake BLAS's threads, CPU taken
-        from training on the aggregation thread's behalf)."""
-        if not len(k):
+        from training on the aggregation thread's behalf). ``sy``: the rows' sums, when
+        already known; ``y`` None: rows of zeros."""
+        if not len(k) or not len(sums):
             return
         n, sk, skk = len(k), float(k.sum()), float(np.einsum("i,i->", k, k))
         kmin, kmax = float(k.min()), float(k.max())
-        sy, sky = y.sum(axis=0).tolist(), np.einsum("i,ij->j", k, y).tolist()
-        syy = np.einsum("ij,ij->j", y, y).tolist()
+        if y is None:
+            sy_ = sky = syy = [0.0] * len(sums)
+        else:
+            sy_ = (y.sum(axis=1) if sy is None else sy).tolist()
+            sky = np.einsum("ji,i->j", y, k).tolist()
+            syy = np.einsum("ji,ji->j", y, y).tolist()
         for j, s in enumerate(sums):
             s.n += n
             s.sk += sk
             s.skk += skk
-            s.sy += sy[j]
+            s.sy += sy_[j]
             s.sky += sky[j]
             s.syy += syy[j]
             s.kmin = min(s.kmin, kmin)

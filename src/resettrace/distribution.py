@@ -30,7 +30,9 @@ at scale ``s`` lies in bucket ``floor(k / 2)`` at scale ``s - 1``), whose bound
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -71,22 +73,83 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
 
 
+#: the buckets a distribution's dense span holds at most (a span of 2**16 buckets at scale 6
+#: is a factor of 2**1024: values far apart go to the dict)
+_DENSE_MAX = 1 << 16
+
+
+def _merge_counts(counts: dict[int, int], keys: list[int], many: list[int]) -> None:
+    """Add ``many[i]`` to ``counts[keys[i]]`` for each i (the loops in C: a fold adds a
+    hundred buckets a key)."""
+    if counts:
+        many = list(map(operator.add, map(counts.get, keys, itertools.repeat(0)), many))
+    counts.update(zip(keys, many, strict=True))
+
+
 class Distribution:
     """Counts per exponential bucket of one key's values (ms), mergeable by addition."""
 
-    __slots__ = ("scale", "zero", "counts", "min", "max")
+    __slots__ = ("scale", "zero", "_counts", "min", "max", "_dense", "_dense_lo")
 
     def __init__(self, scale: int = SCALE) -> None:
         if not MIN_SCALE <= scale <= MAX_SCALE:
             raise ValueError(f"scale {scale} is not between {MIN_SCALE} and {MAX_SCALE}")
         self.scale = scale
         self.zero = 0
-        self.counts: dict[int, int] = {}
+        self._counts: dict[int, int] = {}
+        # counts added a block at a time (:meth:`add_rows`) wait in one array over a span
+        # of buckets (bucket ``_dense_lo + i`` at ``i``): a fold adds each key's block in
+        # one numpy pass, and the dict takes them when read
+        self._dense: np.ndarray | None = None
+        self._dense_lo = 0
         #: the smallest positive value added (exact; inf when none)
         self.min = math.inf
         #: the largest value added (exact; -inf when none; None: not known, a
         #: distribution read from a record that did not keep it)
         self.max: float | None = -math.inf
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """The count of each bucket that holds any (bucket index: count)."""
+        if self._dense is not None:
+            self._settle()
+        return self._counts
+
+    @counts.setter
+    def counts(self, value: dict[int, int]) -> None:
+        self._dense = None
+        self._counts = value
+
+    def _settle(self) -> None:
+        """Move the counts waiting in the dense span into the dict."""
+        dense, self._dense = self._dense, None
+        if dense is not None:
+            hit = np.flatnonzero(dense)
+            _merge_counts(self._counts, (hit + self._dense_lo).tolist(), dense[hit].tolist())
+
+    def _add_dense(self, lo: int, n: np.ndarray) -> None:
+        """Add ``n[i]`` to bucket ``lo + i``'s count (in the dense span, which grows to
+        hold them up to :data:`_DENSE_MAX` buckets; beyond it, into the dict)."""
+        dense = self._dense
+        if dense is None:
+            if len(n) <= _DENSE_MAX:
+                self._dense, self._dense_lo = n.astype(np.int64), lo
+                return
+        else:
+            a, b = self._dense_lo, self._dense_lo + len(dense)
+            if lo >= a and lo + len(n) <= b:
+                dense[lo - a:lo - a + len(n)] += n
+                return
+            a2, b2 = min(a, lo), max(b, lo + len(n))
+            if b2 - a2 <= _DENSE_MAX:
+                grown = np.zeros(b2 - a2, dtype=np.int64)
+                grown[a - a2:b - a2] = dense
+                grown[lo - a2:lo - a2 + len(n)] += n
+                self._dense, self._dense_lo = grown, a2
+                return
+            self._settle()
+        hit = np.flatnonzero(n)
+        _merge_counts(self._counts, (hit + lo).tolist(), n[hit].tolist())
 
     @property
     def count(self) -> int:
@@ -122,53 +185,50 @@ class Distribution:
             counts[k] = counts.get(k, 0) + c
 
     @staticmethod
-    def add_columns(dists: Sequence[Distribution], values: np.ndarray,
-                    lows: np.ndarray | None = None, tops: np.ndarray | None = None) -> None:
-        """``dists[j].add(values[:, j])`` for every column ``j`` of a ``(n, len(dists))``
-        array (``lows``, ``tops``: its columns' min and max, when already known): the same
-        counts, zeros, min and max. The columns of positive values (a phase's durations)
-        are counted together, in one bucket count, each bucket range found from its
-        column's min and max; a column of zeros (a closed account's phase that did not run)
-        is a count of zeros; any other column goes through :meth:`add`."""
-        m, width = values.shape
+    def add_rows(dists: Sequence[Distribution], values: np.ndarray,
+                 lows: np.ndarray | None = None, tops: np.ndarray | None = None) -> None:
+        """``dists[j].add(values[j])`` for every row ``j`` of a ``(len(dists), n)`` array
+        (``lows``, ``tops``: its rows' min and max, when already known): the same counts,
+        zeros, min and max. The rows of positive values (a phase's durations) are counted
+        together, in one bucket count, each bucket range found from its row's min and max;
+        a row of zeros (a closed account's phase that did not run) is a count of zeros;
+        any other row goes through :meth:`add`."""
+        width, m = values.shape
         if not m or not width:
             return
-        lows = values.min(axis=0) if lows is None else lows
-        tops = values.max(axis=0) if tops is None else tops
+        lows = values.min(axis=1) if lows is None else lows
+        tops = values.max(axis=1) if tops is None else tops
         scale = dists[0].scale
         if any(d.scale != scale or d.max is None for d in dists):
             fast = np.zeros(width, dtype=bool)
         else:
             fast = lows > 0
         if fast.any():
-            block = values if fast.all() else values[:, fast]
+            block = values if fast.all() else values[fast]
             mine = [d for d, f in zip(dists, fast.tolist(), strict=True) if f]
             f = 2.0 ** scale
-            # each column's bucket range, from its min and max (a bucket wider each side:
+            # each row's bucket range, from its min and max (a bucket wider each side:
             # a log2 of one value may differ in its last bit between numpy's loops)
             lo = (np.ceil(np.log2(lows[fast]) * f) - 2).astype(np.int64)
             spans = (np.ceil(np.log2(tops[fast]) * f)).astype(np.int64) - lo + 1
             if int(spans.sum()) > 1 << 22:  # far apart (hand-written values): each alone
                 for i, d in enumerate(mine):
-                    d.add(block[:, i])
+                    d.add(block[i])
             else:
                 ends = np.cumsum(spans)
                 idx = np.log2(block)
                 idx *= f
                 np.ceil(idx, out=idx)
-                keys = idx.astype(np.int64)
-                keys += ends - spans - lo - 1  # a column's buckets after those before it
+                # a row's buckets after those before (whole numbers: exact in float64),
+                # cast in the same pass
+                keys = np.empty(idx.shape, dtype=np.int64)
+                np.add(idx, (ends - spans - lo - 1)[:, None].astype(np.float64), out=keys,
+                       casting="unsafe")
                 n = np.bincount(keys.ravel(), minlength=int(ends[-1]))
-                at = 0
-                for d, span, low, low_v, top_v in zip(
-                        mine, spans.tolist(), lo.tolist(), lows[fast].tolist(),
-                        tops[fast].tolist(), strict=True):
-                    part = n[at:at + span]
-                    at += span
-                    hit = np.flatnonzero(part)
-                    counts = d.counts
-                    for k, c in zip((hit + low).tolist(), part[hit].tolist(), strict=True):
-                        counts[k] = counts.get(k, 0) + c
+                for d, a, b, low, low_v, top_v in zip(
+                        mine, (ends - spans).tolist(), ends.tolist(), lo.tolist(),
+                        lows[fast].tolist(), tops[fast].tolist(), strict=True):
+                    d._add_dense(low, n[a:b])
                     d.max = max(d.max, top_v)
                     d.min = min(d.min, low_v)
         for j in np.flatnonzero(~fast).tolist():
@@ -177,7 +237,13 @@ class Distribution:
                 d.zero += m
                 d.max = max(d.max, float(tops[j]))
             else:
-                d.add(values[:, j])
+                d.add(values[j])
+
+    def add_zeros(self, m: int) -> None:
+        """``add`` of ``m`` zeros."""
+        self.zero += m
+        if m and self.max is not None:
+            self.max = max(self.max, 0.0)
 
     def add_one(self, value: float) -> None:
         if self.max is not None and value > self.max:

@@ -196,6 +196,53 @@ def trace_cpu_us(n: int = 20_000) -> dict[str, float]:
     return out
 
 
+def aggregation_cpu_us(n: int = 40_960, chunk: int = 1_024) -> dict[str, float]:
+    """Recording and aggregation apart, per reset trace of :func:`_reset_trace`, as a
+    training run's two threads share them: the training thread's CPU
+    (``time.thread_time``) to run the trace with tracing off, recorded with no sink, and
+    recorded and queued for an :class:`~resettrace.tracing.aggregate.Aggregator`
+    (``hand_off``: queued less recorded); then the aggregation's CPU, its drain and folds
+    of each ``chunk`` of queued traces taken as its thread takes them, run here on the
+    calling thread so nothing else shares the count: ``aggregation`` while the reservoirs
+    fill (``max_samples`` above the traces: every value kept, the first touch of its
+    memory included), ``aggregation_full`` past them (a long run). Each a best of 3; the
+    three modes interleaved chunk by chunk, so each runs as cold as the others."""
+    from resettrace.tracing.aggregate import Aggregator
+    from resettrace.tracing.recorder import Recorder
+
+    def once(samples: int) -> list[float]:
+        agg = Aggregator(max_pending=n + 1, max_samples=samples)
+        agg._start_worker = lambda: None  # type: ignore[method-assign]  # (drained below)
+        queued, bare = Recorder([agg]), Recorder([])
+        spent = [0.0] * 4  # off, recorded, queued, aggregation
+        clock = time.thread_time
+        for _ in range(n // chunk):
+            for j, rec in enumerate((NOOP_RECORDER, bare, queued)):
+                t0 = clock()
+                for _ in range(chunk):
+                    _reset_trace(rec)
+                spent[j] += clock() - t0
+            t0 = clock()
+            agg._drain()  # (the thread's turn: folds at the same marks)
+            spent[3] += clock() - t0
+        t0 = clock()
+        agg.force_flush()  # (what the last fold left buffered)
+        spent[3] += clock() - t0
+        agg.shutdown()
+        return [x / (n // chunk * chunk) * 1e6 for x in spent]
+
+    out: dict[str, float] = {}
+    for name, samples in (("aggregation", 10 * n), ("aggregation_full", n // 20)):
+        once(samples)  # warm-up
+        runs = [once(samples) for _ in range(3)]
+        out[name] = min(r[3] for r in runs)
+        if name == "aggregation":
+            best = min(runs, key=lambda r: r[1] + r[2])
+            out["recording"] = best[1] - best[0]
+            out["hand_off"] = best[2] - best[1]
+    return out
+
+
 def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = None
                  ) -> dict[str, Any]:
     import resettrace
@@ -265,7 +312,7 @@ def run_overhead(cfg: OverheadConfig, progress: Callable[[str], None] | None = N
             reps[m].append(statistics.median(times[m][lo:hi]) / base)
     noop_ns = noop_scope_cost_ns()
     traced = traced_call_cost_ns()
-    trace_cpu = trace_cpu_us()
+    trace_cpu = trace_cpu_us() | aggregation_cpu_us()
     return {
         "config": asdict(cfg) | {"k": k},
         "modes": {m: {"reset_done_p50_ms": p50[m],
@@ -294,6 +341,11 @@ def _render_trace_cpu(cpu: dict[str, float]) -> str:
     if "aggregated_full" in cpu:  # (results of before the figure)
         text += (f"; {cpu['aggregated_full']:.2f} us recorded and aggregated in a long "
                  "run (10x max_samples traces)")
+    if "aggregation" in cpu:  # (results of before the figure)
+        text += (f"\napart, each thread's CPU: recording {cpu['recording']:.2f} us and "
+                 f"hand-off {cpu['hand_off']:.2f} us on the training thread; aggregation "
+                 f"{cpu['aggregation']:.2f} us while the reservoirs fill, "
+                 f"{cpu['aggregation_full']:.2f} us past them")
     return text
 
 

@@ -142,31 +142,48 @@ class _Draws:
 class _Series:
     """Exact count/total/max plus a bounded reservoir of samples for percentiles."""
 
-    __slots__ = ("count", "total", "max", "samples", "_cap", "_rng", "_gen")
+    __slots__ = ("count", "total", "max", "kept", "_buf", "_cap", "_rng", "_gen")
 
     def __init__(self, cap: int, rng: random.Random) -> None:
         self.count = 0
         self.total = 0.0
         self.max = -math.inf
-        #: float64s, not a list of floats: a long run keeps max_samples per key (a fold
-        #: appends them as a block, with no Python object each)
-        self.samples = array("d")
+        #: the samples kept (``samples``): the first ``kept`` float64s of a buffer that
+        #: doubles as it fills, up to the cap (no Python object per sample; a fold's block
+        #: lands in place: a buffer grown a few percent at a time, as an ``array``'s is,
+        #: was copied whole at nearly every fold of a long run)
+        self.kept = 0
+        self._buf = np.empty(0, dtype=np.float64)
         self._cap = cap
         self._rng = rng
         self._gen: np.random.Generator | None = None  # add_many's, once the reservoir is full
+
+    @property
+    def samples(self) -> np.ndarray:
+        """The kept samples (a view)."""
+        return self._buf[:self.kept]
+
+    def _room(self, need: int) -> None:
+        """A buffer of at least ``need`` samples (within the cap)."""
+        if need > len(self._buf):
+            buf = np.empty(min(self._cap, max(need, 2 * len(self._buf), 256)),
+                           dtype=np.float64)
+            buf[:self.kept] = self._buf[:self.kept]
+            self._buf = buf
 
     def add(self, v: float) -> None:
         self.count += 1
         self.total += v
         if v > self.max:
             self.max = v
-        if len(self.samples) < self._cap:
-            self.samples.append(v)
+        if self.kept < self._cap:
+            self._room(self.kept + 1)
+            self._buf[self.kept] = v
+            self.kept += 1
         else:  # reservoir sampling keeps a uniform sample of every value seen
             j = self._rng.randrange(self.count)
             if j < self._cap:
-                self.samples[j] = v
-
+                self._buf[j] = v
 
     def add_many(self, values: np.ndarray, total: float | None = None,
                  top: float | None = None, draws: _Draws | None = None) -> None:
@@ -179,12 +196,14 @@ class _Series:
             return
         self.total += float(values.sum()) if total is None else total
         self.max = max(self.max, float(values.max()) if top is None else top)
-        free = self._cap - len(self.samples)
+        free = self._cap - self.kept
         if free > 0:
-            head = np.ascontiguousarray(values[:free], dtype=np.float64)
-            self.samples.frombytes(head.tobytes())
-            self.count += len(head)
-            values = values[free:]
+            h = min(free, m)
+            self._room(self.kept + h)
+            self._buf[self.kept:self.kept + h] = values[:h]
+            self.kept += h
+            self.count += h
+            values = values[h:]
             m = len(values)
             if not m:
                 return
@@ -195,9 +214,7 @@ class _Series:
         kept, slots = draws(self._cap, self.count, m)
         self.count += m
         if len(kept):
-            view = np.frombuffer(self.samples, dtype=np.float64)  # (a view: released below)
-            view[slots] = values[kept]
-            del view
+            self._buf[slots] = values[kept]
 
 
 _K_ZERO = -2  # _Plan.k_at of an env step that reset nothing
@@ -231,8 +248,8 @@ class _Plan:
     count as children of its own parent.
     """
 
-    __slots__ = ("width", "keys", "direct", "direct_cols", "summed", "count_at", "k_at",
-                 "durations", "seqs", "ks", "counts")
+    __slots__ = ("width", "keys", "live", "zero", "direct", "direct_cols", "summed",
+                 "count_at", "k_at", "durations", "seqs", "ks", "counts")
 
     def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
         n = self.width = len(records)
@@ -283,13 +300,22 @@ class _Plan:
         at = self.count_at or [i for i in range(n) if phases[i] is SET_STATE][:1]
         self.k_at = at[0] if at else _K_ZERO if n and phases[0] is ENV_STEP else -1
         self.keys = [k for k, _, _ in rows]
+        # the rows of a closed account's phases that cannot run in this shape (no record)
+        # are zeros whatever the durations: no values, a count of zeros at the fold
+        self.zero = [j for j, (_, plus, _) in enumerate(rows) if not plus]
+        live = [j for j, (_, plus, _) in enumerate(rows) if plus]
+        #: per row: its row in :meth:`values` (-1: a zero row)
+        self.live = [-1] * len(rows)
+        for row, j in enumerate(live):
+            self.live[j] = row
         # the rows that are one record's duration (most), gathered in one pass, and the
-        # others, each a sum of some durations minus some others
-        direct = [j for j, (_, plus, minus) in enumerate(rows) if len(plus) == 1 and not minus]
+        # others, each a sum of some durations minus some others (rows of values)
+        direct = [at for at, j in enumerate(live) if len(rows[j][1]) == 1 and not rows[j][2]]
         self.direct = np.array(direct, dtype=np.intp)
-        self.direct_cols = np.array([rows[j][1][0] for j in direct], dtype=np.intp)
-        self.summed = [(j, np.array(plus, dtype=np.intp), np.array(minus, dtype=np.intp))
-                       for j, (_, plus, minus) in enumerate(rows) if len(plus) != 1 or minus]
+        self.direct_cols = np.array([rows[live[at]][1][0] for at in direct], dtype=np.intp)
+        self.summed = [(at, np.array(rows[j][1], dtype=np.intp),
+                        np.array(rows[j][2], dtype=np.intp))
+                       for at, j in enumerate(live) if len(rows[j][1]) != 1 or rows[j][2]]
         # the buffered traces, in arrays (no object per trace for the garbage collector
         # to walk: a training step that allocates nothing else makes it collect nothing)
         self.durations = array("q")  # each trace's record durations (ns), trace after trace
@@ -298,17 +324,20 @@ class _Plan:
         self.counts = array("d")  # each trace's reset_done counts (-1: none given)
 
     def values(self) -> np.ndarray:
-        """Every sample row's values (ms) for every buffered trace: ``(traces, rows)``
-        (the row sums in int64 ns, then ms)."""
+        """The values (ms) of every row that is not a zero row, for every buffered trace:
+        ``(rows, traces)``, a row's values contiguous for the passes over each (the row
+        sums in int64 ns, then ms)."""
         m = len(self.seqs)
-        d = np.array(self.durations, dtype=np.int64).reshape(m, self.width)
-        v = np.empty((m, len(self.keys)), dtype=np.int64)
-        v[:, self.direct] = d[:, self.direct_cols]
+        # (a view of the buffer: gone when this returns, before the buffer is cleared)
+        d = np.frombuffer(self.durations, dtype=np.int64).reshape(m, self.width)
+        v = np.empty((len(self.direct) + len(self.summed), m), dtype=np.int64)
+        v[self.direct] = d[:, self.direct_cols].T
         for j, plus, minus in self.summed:
-            x = d[:, plus].sum(axis=1)  # (no columns: zeros)
+            x = d[:, plus].sum(axis=1)
             if len(minus):
                 x -= d[:, minus].sum(axis=1)
-            v[:, j] = x
+            v[j] = x
+        del d
         return v * 1e-6
 
 
@@ -626,7 +655,10 @@ class Aggregator:
                 idx = np.flatnonzero(lens == width)
                 block = fields[starts[idx][:, None] + np.arange(width)]
             place = block[:, :, R_PHASE:R_PARENT + 1]  # (phase, parent): the shape
-            if (place == place[0]).all():  # one shape (the usual batch): no sort
+            # one shape (the usual batch): no sort (the two fields compared a field at a
+            # time: an inner loop over the trace's records, not over a record's 2 fields)
+            phase, parent = block[:, :, R_PHASE], block[:, :, R_PARENT]
+            if (phase == phase[0]).all() and (parent == parent[0]).all():
                 kinds = [(np.ascontiguousarray(place[0]).tobytes(), idx, block)]
             else:
                 keyed = np.ascontiguousarray(place).reshape(len(idx), -1).view(
@@ -697,25 +729,40 @@ class Aggregator:
             if not plan.seqs:
                 continue
             seqs = np.array(plan.seqs, dtype=np.int64)
-            values = plan.values()
+            m = len(seqs)
+            values = plan.values()  # (the rows that are not zero rows)
             keys = plan.keys
             for key in keys:
                 if key not in dists:
                     dists[key] = Distribution()
-            lows, tops = values.min(axis=0), values.max(axis=0)
-            Distribution.add_columns([dists[k] for k in keys], values, lows, tops)
+            live = [keys[j] for j, at in enumerate(plan.live) if at >= 0]
+            lows, tops = values.min(axis=1), values.max(axis=1)
+            totals = values.sum(axis=1)
+            Distribution.add_rows([dists[k] for k in live], values, lows, tops)
+            for j in plan.zero:
+                dists[keys[j]].add_zeros(m)
             if plan.k_at >= 0 or plan.k_at == _K_ZERO:
                 ks = (np.array(plan.ks, dtype=np.float64) if plan.k_at >= 0
-                      else np.zeros(len(seqs)))
-                counted = ks >= 0
+                      else np.zeros(m))
                 for key in keys:
                     if key not in self._fits:
                         self._fits[key] = FitSums()
-                FitSums.add_columns([self._fits[k] for k in keys], ks[counted],
-                                    values[counted])
-            totals, top = values.sum(axis=0).tolist(), tops.tolist()
+                if plan.k_at == _K_ZERO or bool((ks >= 0).all()):  # every trace counted
+                    FitSums.add_rows([self._fits[k] for k in live], ks, values, totals)
+                    counted_k = ks
+                else:
+                    counted = ks >= 0
+                    counted_k = ks[counted]
+                    FitSums.add_rows([self._fits[k] for k in live], counted_k,
+                                     values[:, counted])
+                FitSums.add_rows([self._fits[keys[j]] for j in plan.zero], counted_k, None)
+            totals, top = totals.tolist(), tops.tolist()
+            zeros = np.zeros(m)
             for j, key in enumerate(keys):
-                parts.setdefault(key, []).append((seqs, values[:, j], totals[j], top[j]))
+                row = plan.live[j]
+                parts.setdefault(key, []).append(
+                    (seqs, values[row], totals[row], top[row]) if row >= 0
+                    else (seqs, zeros, 0.0, 0.0))
             if plan.count_at:  # each reset_done's count, in arrival order
                 cs = np.array(plan.counts, dtype=np.float64).reshape(len(seqs), -1)
                 has = cs >= 0
@@ -766,7 +813,7 @@ class Aggregator:
             # every call's value at hand: exact; a reservoir of some: from the buckets,
             # within their bound (the rule of :mod:`resettrace.distribution`)
             snapshot = {k: (s.count, s.total, s.max,
-                            _exact_percentiles(s.samples, _QS) if len(s.samples) == s.count
+                            _exact_percentiles(s.samples, _QS) if s.kept == s.count
                             or k not in self._dists else Distribution.merged([self._dists[k]]))
                         for k, s in self._series.items()}
         out: dict[str, KeyStats] = {}
@@ -813,7 +860,7 @@ class Aggregator:
         self._drain()
         with self._lock:
             self._fold()
-            return {k: list(self._series[k].samples)
+            return {k: self._series[k].samples.tolist()
                     for k in _ordered(self._series, self._order())}
 
     def clear(self) -> None:
@@ -838,11 +885,11 @@ class Aggregator:
 _QS = (50, 90, 99)
 
 
-def _exact_percentiles(samples: array[float], qs: Sequence[float]) -> list[float]:
+def _exact_percentiles(samples: np.ndarray, qs: Sequence[float]) -> list[float]:
     """:func:`~resettrace.distribution.percentile` of the samples at each ``q``, from the
     order statistics it reads only (``np.partition``: no sort of every sample, no float
     object per sample), so the same values to the last bit."""
-    a = np.frombuffer(samples, dtype=np.float64)
+    a = np.asarray(samples, dtype=np.float64)
     n = len(a)
     if n == 0:
         return [math.nan] * len(qs)
