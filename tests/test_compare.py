@@ -81,6 +81,40 @@ def test_configuration_differences_come_first_and_aa_from_one_run() -> None:
     assert 40 < shares["reset_done_of_overhead_pct"] < 60
 
 
+def test_calls_per_parent_call_are_shown_and_a_change_of_them_is_said() -> None:
+    """A key's calls per call of its parent, each side's: physics at 4 substeps a step in
+    one run and 5 in the other is said in one line (its delta is per substep, not per
+    step), and shown in the table; counts from the records' statistics when given (samples
+    thinned), else the samples; a key with no parent phase has none."""
+    rng = np.random.default_rng(6)
+
+    def side(substeps: int, thinned: bool) -> Run:
+        steps = 400
+        run = _run("r", {"env_step_total_ms": _samples(rng, steps, 5.0),
+                         "physics_ms": _samples(rng, steps * substeps // (2 if thinned else 1),
+                                                1.0),
+                         "reset_done_ms": _samples(rng, 100, 0.5)})
+        if thinned:  # a record's samples thinned to half: its statistics count every call
+            run.counts.update({"env_step_total_ms": steps, "physics_ms": steps * substeps,
+                               "reset_done_ms": 100})
+        return run
+
+    result = compare_runs([side(4, thinned=True)], [side(5, thinned=False)])
+    keys = {k["key"]: k for k in result["keys"]}
+    assert (keys["physics_ms"]["base_per_parent"], keys["physics_ms"]["new_per_parent"]) \
+        == (4.0, 5.0)
+    assert keys["reset_done_ms"]["base_per_parent"] == keys["reset_done_ms"]["new_per_parent"] \
+        == 0.25
+    assert keys["env_step_total_ms"]["base_per_parent"] is None
+    assert any("calls per parent call differ for physics_ms (4.000 -> 5.000)" in n
+               for n in result["notes"])
+    text = render_compare(result)
+    assert "per parent" in text and "4.000 -> 5.000" in text and "0.250" in text
+    assert "reset_done_ms (" not in text  # (the same on both sides: no line for it)
+    same = compare_runs([side(4, thinned=False)], [side(4, thinned=True)])
+    assert not any("per parent" in n for n in same["notes"])
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "resettrace.cli", *args], capture_output=True,
                           text=True, timeout=300)
@@ -104,6 +138,7 @@ def test_compare_cli_on_real_runs(tmp_path: Path) -> None:
     assert r.returncode == 1 and "set_state_reset_rand_ms" in r.stderr
     folder = _cli("compare", str(tmp_path / "a"), str(tmp_path / "b"))  # folders of runs
     assert folder.returncode == 0 and "env/s:" in folder.stdout, folder.stderr
+    assert "per parent" in folder.stdout  # (calls per parent call: physics per env step)
     aa = _cli("bench", "compare-aa", str(runs["a"]), "--pairs", "3")
     assert aa.returncode == 0 and "false-positive rate" in aa.stdout, aa.stderr
     missing = _cli("compare", str(tmp_path / "none.json"), str(runs["a"]))

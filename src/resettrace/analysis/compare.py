@@ -46,7 +46,7 @@ import numpy as np
 from resettrace import catalog as C
 from resettrace.costmodel import FitSums
 from resettrace.record import CONFIG_FIELDS as _CONFIG_FIELDS
-from resettrace.record import RecordError, RunRecord, read_records
+from resettrace.record import RecordError, RunRecord, per_parent, read_records
 from resettrace.tables import format_table
 
 __all__ = ["Run", "load_runs", "compare_runs", "render_compare", "KeyVerdict",
@@ -72,16 +72,38 @@ class Run:
     #: runs written before it existed)
     model: dict[str, FitSums] = field(default_factory=dict)
     catalog: Any = None
+    #: per key, its calls in the run (the record's statistics; a key without them: its
+    #: samples, every call while they were not thinned)
+    counts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, rec: RunRecord) -> Run:
         if not rec.samples:
             raise RecordError(f"{rec.source or 'run'}: no per-key samples to compare")
+        counts = {}
+        for k, s in (rec.stats or {}).items():
+            n = s.get("count") if isinstance(s, Mapping) else None
+            if isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 0:
+                counts[k] = int(n)
         return cls(source=rec.source, config=dict(rec.config or {}, mode=rec.mode),
                    env_per_s=float(rec.env_per_s or 0.0),
                    reset_fraction=float(rec.reset_fraction or 0.0),
                    samples={k: [float(x) for x in v] for k, v in rec.samples.items()},
-                   model=_model_sums(rec.model), catalog=rec.catalog())
+                   model=_model_sums(rec.model), catalog=rec.catalog(), counts=counts)
+
+    def calls(self, key: str) -> int:
+        """The key's calls in the run (0: none)."""
+        n = self.counts.get(key)
+        return len(self.samples.get(key, ())) if n is None else n
+
+
+def _per_parent(runs: Sequence[Run], cat: Any, key: str) -> float | None:
+    """:func:`~resettrace.record.per_parent` over ``runs``: a key's calls per call of its
+    parent phase (a phase called several times under one parent, the physics substeps of a
+    step, has a sample per call, so a per-call delta is a per-parent one only while this
+    stays the same)."""
+    keys = [k for k in (key, cat.parent_key(key)) if k is not None]
+    return per_parent({k: {"count": sum(r.calls(k) for r in runs)} for k in keys}, cat, key)
 
 
 def _model_sums(model: Mapping[str, Any] | None) -> dict[str, FitSums]:
@@ -254,6 +276,13 @@ def compare_runs(base: Sequence[Run], new: Sequence[Run], *, blocks: int = 10,
         if note:
             notes.append(note)
     verdicts = [verdict(k, floor) for k in keys]
+    per = {k: (_per_parent(base, cat, k), _per_parent(new, cat, k)) for k in keys}
+    moved = [k for k, (b, n) in per.items() if b is not None and n is not None
+             and abs(n - b) > 1e-9 * max(b, n)]
+    if moved:
+        notes.append("calls per parent call differ for " + ", ".join(
+            f"{k} ({per[k][0]:.3f} -> {per[k][1]:.3f})" for k in moved) + ": their deltas "
+            "are per call, not per call of the parent")
     shares = {"base": _shares(base), "new": _shares(new)}
     stepless = [side for side in ("base", "new")
                 if shares[side]["reset_done_of_env_step_pct"] is None]
@@ -272,7 +301,9 @@ def compare_runs(base: Sequence[Run], new: Sequence[Run], *, blocks: int = 10,
         "shares": shares,
         # JSON has no inf or nan: a delta with no base (a phase that appears) is null
         "keys": [{k: None if isinstance(x, float) and not math.isfinite(x) else x
-                  for k, x in asdict(v).items()} for v in verdicts],
+                  for k, x in asdict(v).items()}
+                 | {"base_per_parent": per[v.key][0], "new_per_parent": per[v.key][1]}
+                 for v in verdicts],
         "model": compare_models(base, new, cat),
     }
 
@@ -335,8 +366,16 @@ def render_compare(result: Mapping[str, Any]) -> str:
     def num(x: Any) -> float:
         return float("nan") if x is None else float(x)
 
+    def per(k: Mapping[str, Any]) -> str:  # calls per parent call, each side's when apart
+        b, n = k.get("base_per_parent"), k.get("new_per_parent")
+        if b is None and n is None:
+            return "-"
+        if b is None or n is None or abs(n - b) > 1e-9 * max(b, n):
+            return f"{'-' if b is None else f'{b:.3f}'} -> {'-' if n is None else f'{n:.3f}'}"
+        return f"{b:.3f}"
+
     idle = [k for k in result["keys"] if not k["base_mean"] and not k["new_mean"]]
-    rows = [[k["key"], num(k["base_p50"]), num(k["new_p50"]), num(k["base_mean"]),
+    rows = [[k["key"], per(k), num(k["base_p50"]), num(k["new_p50"]), num(k["base_mean"]),
              num(k["new_mean"]), num(k["delta_ms"]), num(k["delta_pct"]),
              "-" if k["ci_low_pct"] is None or k["ci_high_pct"] is None
              else f"[{k['ci_low_pct']:+.1f}, {k['ci_high_pct']:+.1f}]", k["verdict"]]
@@ -347,8 +386,8 @@ def render_compare(result: Mapping[str, Any]) -> str:
         "noise floor" + (f": {s['reference']} moved up to {s['reference_shift_pct']:.1f}%"
                          if s.get("reference_shift_pct") is not None
                          and s["noise_floor_pct"] > s["noise_pct"] else "") + ")",
-        ["key", "base p50", "new p50", "base mean", "new mean", "delta ms", "delta %",
-         "interval %", "verdict"], rows)
+        ["key", "per parent", "base p50", "new p50", "base mean", "new mean", "delta ms",
+         "delta %", "interval %", "verdict"], rows)
         + (f"\n({len(idle)} keys that took no time on either side not shown)" if idle
            else ""))
     if result.get("model"):
@@ -385,7 +424,7 @@ def split_run(run: Run, parts: int) -> list[Run]:
     return [Run(source=f"{run.source}#{i + 1}/{parts}", config=run.config,
                 env_per_s=run.env_per_s, reset_fraction=run.reset_fraction,
                 samples={k: p[i].tolist() for k, p in pieces.items()}, catalog=run.catalog)
-            for i in range(parts)]
+            for i in range(parts)]  # (calls: each piece's samples)
 
 
 def aa_false_positive_rate(run: Run, pairs: int = 10, **options: Any) -> dict[str, Any]:
