@@ -248,7 +248,7 @@ class _Plan:
     count as children of its own parent.
     """
 
-    __slots__ = ("width", "keys", "live", "zero", "direct", "direct_cols", "summed",
+    __slots__ = ("width", "keys", "live", "zero", "row_keys", "direct_cols", "summed",
                  "count_at", "k_at", "durations", "seqs", "ks", "counts")
 
     def __init__(self, records: Sequence[Record], catalog: Catalog) -> None:
@@ -304,18 +304,19 @@ class _Plan:
         # are zeros whatever the durations: no values, a count of zeros at the fold
         self.zero = [j for j, (_, plus, _) in enumerate(rows) if not plus]
         live = [j for j, (_, plus, _) in enumerate(rows) if plus]
-        #: per row: its row in :meth:`values` (-1: a zero row)
+        # the rows of values: first those that are one record's duration (most), gathered
+        # in one pass, then the others, each a sum of some durations minus some others
+        direct = [j for j in live if len(rows[j][1]) == 1 and not rows[j][2]]
+        summed = [j for j in live if len(rows[j][1]) != 1 or rows[j][2]]
+        #: per row of :meth:`values`, its key
+        self.row_keys = [rows[j][0] for j in direct + summed]
+        #: per key (row of the plan): its row in :meth:`values` (-1: a zero row)
         self.live = [-1] * len(rows)
-        for row, j in enumerate(live):
+        for row, j in enumerate(direct + summed):
             self.live[j] = row
-        # the rows that are one record's duration (most), gathered in one pass, and the
-        # others, each a sum of some durations minus some others (rows of values)
-        direct = [at for at, j in enumerate(live) if len(rows[j][1]) == 1 and not rows[j][2]]
-        self.direct = np.array(direct, dtype=np.intp)
-        self.direct_cols = np.array([rows[live[at]][1][0] for at in direct], dtype=np.intp)
-        self.summed = [(at, np.array(rows[j][1], dtype=np.intp),
-                        np.array(rows[j][2], dtype=np.intp))
-                       for at, j in enumerate(live) if len(rows[j][1]) != 1 or rows[j][2]]
+        self.direct_cols = np.array([rows[j][1][0] for j in direct], dtype=np.intp)
+        self.summed = [(len(direct) + i, np.array(rows[j][1], dtype=np.intp),
+                        np.array(rows[j][2], dtype=np.intp)) for i, j in enumerate(summed)]
         # the buffered traces, in arrays (no object per trace for the garbage collector
         # to walk: a training step that allocates nothing else makes it collect nothing)
         self.durations = array("q")  # each trace's record durations (ns), trace after trace
@@ -330,15 +331,16 @@ class _Plan:
         m = len(self.seqs)
         # (a view of the buffer: gone when this returns, before the buffer is cleared)
         d = np.frombuffer(self.durations, dtype=np.int64).reshape(m, self.width)
-        v = np.empty((len(self.direct) + len(self.summed), m), dtype=np.int64)
-        v[self.direct] = d[:, self.direct_cols].T
+        v = np.empty((len(self.row_keys), m), dtype=np.float64)
+        n = len(self.direct_cols)
+        np.multiply(d[:, self.direct_cols].T, 1e-6, out=v[:n])  # (the gather, then ms)
         for j, plus, minus in self.summed:
             x = d[:, plus].sum(axis=1)
             if len(minus):
                 x -= d[:, minus].sum(axis=1)
-            v[j] = x
+            np.multiply(x, 1e-6, out=v[j])
         del d
-        return v * 1e-6
+        return v
 
 
 def _counts(values: list[Any]) -> array[float]:
@@ -735,7 +737,7 @@ class Aggregator:
             for key in keys:
                 if key not in dists:
                     dists[key] = Distribution()
-            live = [keys[j] for j, at in enumerate(plan.live) if at >= 0]
+            live = plan.row_keys
             lows, tops = values.min(axis=1), values.max(axis=1)
             totals = values.sum(axis=1)
             Distribution.add_rows([dists[k] for k in live], values, lows, tops)
