@@ -113,6 +113,18 @@ def test_calls_per_parent_call_are_shown_and_a_change_of_them_is_said() -> None:
     assert "reset_done_ms (" not in text  # (the same on both sides: no line for it)
     same = compare_runs([side(4, thinned=False)], [side(4, thinned=True)])
     assert not any("per parent" in n for n in same["notes"])
+    # a share that moves (reset_done in 25% of steps, then 30%): in the table, not the
+    # line; a key on one side only: no figure on the other (not 0)
+    more = side(4, thinned=False)
+    more.samples["reset_done_ms"] = _samples(rng, 120, 0.5)
+    more.samples["update_state_ms"] = _samples(rng, 400, 0.3)
+    moved = compare_runs([side(4, thinned=False)], [more])
+    assert not any("per parent" in n for n in moved["notes"]), moved["notes"]
+    keys = {k["key"]: k for k in moved["keys"]}
+    assert keys["reset_done_ms"]["new_per_parent"] == 0.3
+    assert "0.250 -> 0.300" in render_compare(moved)
+    assert keys["update_state_ms"]["base_per_parent"] is None  # (its parent ran there)
+    assert keys["update_state_ms"]["new_per_parent"] == 1.0
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

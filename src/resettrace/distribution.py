@@ -110,7 +110,9 @@ class Distribution:
 
     @property
     def counts(self) -> dict[int, int]:
-        """The count of each bucket that holds any (bucket index: count)."""
+        """The count of each bucket that holds any (bucket index: count). A read moves the
+        counts :meth:`add_rows` left waiting into the dict: like a write, it needs the
+        caller's lock when other threads share the distribution."""
         if self._dense is not None:
             self._settle()
         return self._counts

@@ -83,7 +83,8 @@ class Run:
         counts = {}
         for k, s in (rec.stats or {}).items():
             n = s.get("count") if isinstance(s, Mapping) else None
-            if isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 0:
+            if isinstance(n, (int, float)) and not isinstance(n, bool) \
+                    and math.isfinite(n) and n >= 0:
                 counts[k] = int(n)
         return cls(source=rec.source, config=dict(rec.config or {}, mode=rec.mode),
                    env_per_s=float(rec.env_per_s or 0.0),
@@ -103,7 +104,10 @@ def _per_parent(runs: Sequence[Run], cat: Any, key: str) -> float | None:
     step, has a sample per call, so a per-call delta is a per-parent one only while this
     stays the same)."""
     keys = [k for k in (key, cat.parent_key(key)) if k is not None]
-    return per_parent({k: {"count": sum(r.calls(k) for r in runs)} for k in keys}, cat, key)
+    calls = {k: sum(r.calls(k) for r in runs) for k in keys}
+    if not calls[key]:
+        return None  # (a key this side never ran: no figure, not 0)
+    return per_parent({k: {"count": n} for k, n in calls.items()}, cat, key)
 
 
 def _model_sums(model: Mapping[str, Any] | None) -> dict[str, FitSums]:
@@ -277,8 +281,11 @@ def compare_runs(base: Sequence[Run], new: Sequence[Run], *, blocks: int = 10,
             notes.append(note)
     verdicts = [verdict(k, floor) for k in keys]
     per = {k: (_per_parent(base, cat, k), _per_parent(new, cat, k)) for k in keys}
+    # a phase called again and again under its parent (substeps, a manager's resets) whose
+    # number of calls changed (a phase that runs in some parent calls only, reset_done in
+    # a step, has a share that moves from run to run: the table shows both sides)
     moved = [k for k, (b, n) in per.items() if b is not None and n is not None
-             and abs(n - b) > 1e-9 * max(b, n)]
+             and max(b, n) >= 1.0 and abs(n - b) > 0.005 * max(b, n)]
     if moved:
         notes.append("calls per parent call differ for " + ", ".join(
             f"{k} ({per[k][0]:.3f} -> {per[k][1]:.3f})" for k in moved) + ": their deltas "
@@ -370,9 +377,8 @@ def render_compare(result: Mapping[str, Any]) -> str:
         b, n = k.get("base_per_parent"), k.get("new_per_parent")
         if b is None and n is None:
             return "-"
-        if b is None or n is None or abs(n - b) > 1e-9 * max(b, n):
-            return f"{'-' if b is None else f'{b:.3f}'} -> {'-' if n is None else f'{n:.3f}'}"
-        return f"{b:.3f}"
+        shown = ["-" if x is None else f"{x:.3f}" for x in (b, n)]
+        return shown[0] if shown[0] == shown[1] else f"{shown[0]} -> {shown[1]}"
 
     idle = [k for k in result["keys"] if not k["base_mean"] and not k["new_mean"]]
     rows = [[k["key"], per(k), num(k["base_p50"]), num(k["new_p50"]), num(k["base_mean"]),

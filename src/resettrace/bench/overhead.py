@@ -133,7 +133,7 @@ def traced_call_cost_ns(n: int = 100_000) -> dict[str, float]:
 
 
 def _reset_trace(rec: Any) -> None:
-    """One reset trace of the shipped path's shape (20 records): ``reset_done`` and its
+    """One reset trace of the shipped path's shape (17 records): ``reset_done`` and its
     stages, ``dr_reset`` and its stages, ``set_state`` with its phases as laps, its timing
     dict read."""
     with rec.scope(C.RESET_DONE, 3):

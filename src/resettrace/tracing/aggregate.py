@@ -149,9 +149,9 @@ class _Series:
         self.total = 0.0
         self.max = -math.inf
         #: the samples kept (``samples``): the first ``kept`` float64s of a buffer that
-        #: doubles as it fills, up to the cap (no Python object per sample; a fold's block
-        #: lands in place: a buffer grown a few percent at a time, as an ``array``'s is,
-        #: was copied whole at nearly every fold of a long run)
+        #: grows by half as it fills, up to the cap (no Python object per sample; a fold's
+        #: block lands in place: a buffer grown a few percent at a time, as an ``array``'s
+        #: is, was reallocated at nearly every fold of a long run)
         self.kept = 0
         self._buf = np.empty(0, dtype=np.float64)
         self._cap = cap
@@ -166,7 +166,7 @@ class _Series:
     def _room(self, need: int) -> None:
         """A buffer of at least ``need`` samples (within the cap)."""
         if need > len(self._buf):
-            buf = np.empty(min(self._cap, max(need, 2 * len(self._buf), 256)),
+            buf = np.empty(min(self._cap, max(need, len(self._buf) * 3 // 2, 256)),
                            dtype=np.float64)
             buf[:self.kept] = self._buf[:self.kept]
             self._buf = buf
