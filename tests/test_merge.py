@@ -117,6 +117,18 @@ def test_blocks_waiting_in_the_dense_span_count_as_values_added_one_by_one() -> 
     Distribution.add_rows([d], blocks[0][None, :].copy())
     assert merged.count == 2 * 2601 and d.count == 2601 + 500
     assert Distribution.from_dict(d.as_dict()).counts == d.counts
+    # merged with a coarser distribution while a block waits: the coarser buckets of all
+    coarse, mine = Distribution(5), Distribution()
+    for v in blocks[2].tolist():
+        coarse.add_one(v)
+    Distribution.add_rows([mine], blocks[0][None, :].copy())
+    mine.merge(coarse)
+    alone = Distribution()
+    for v in blocks[0].tolist():
+        alone.add_one(v)
+    alone.merge(coarse)
+    assert mine.scale == alone.scale == 5 and mine.counts == alone.counts
+    assert mine.count == alone.count == 1000
 
 
 def test_the_processor_keeps_every_call_in_its_distribution(clock) -> None:  # type: ignore[no-untyped-def]
