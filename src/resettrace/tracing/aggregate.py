@@ -759,7 +759,7 @@ class Aggregator:
                                      values[:, counted])
                 FitSums.add_rows([self._fits[keys[j]] for j in plan.zero], counted_k, None)
             totals, top = totals.tolist(), tops.tolist()
-            zeros = np.zeros(m)
+            zeros = np.zeros(m if plan.zero else 0)  # (the zero rows' values)
             for j, key in enumerate(keys):
                 row = plan.live[j]
                 parts.setdefault(key, []).append(
