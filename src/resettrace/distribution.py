@@ -182,9 +182,7 @@ class Distribution:
             keys += lo
         else:
             keys, n = np.unique(idx, return_counts=True)
-        counts = self.counts
-        for k, c in zip(keys.tolist(), n.tolist(), strict=True):
-            counts[k] = counts.get(k, 0) + c
+        _merge_counts(self.counts, keys.tolist(), n.tolist())
 
     @staticmethod
     def add_rows(dists: Sequence[Distribution], values: np.ndarray,
@@ -284,8 +282,8 @@ class Distribution:
             self.max = other.max if empty[0] else self.max if empty[1] else None
         else:
             self.max = max(self.max, other.max)
-        for k, c in other.counts.items():
-            self.counts[k] = self.counts.get(k, 0) + c
+        theirs = other.counts
+        _merge_counts(self.counts, list(theirs), list(theirs.values()))
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0-1) by :func:`percentile`'s definition (rank ``q * (n -

@@ -150,12 +150,18 @@ def _array_count(value: Any) -> int:
     if kind == "b":
         return int(bool(value))
     if kind in "iu":
-        note_once("count:0-d", "a count of a 0-d integer %s is read as one env id "
-                  "(nonzero().squeeze() of one reset), not as its value: for a count "
-                  "(torch's mask.sum() is a 0-d tensor too) pass the mask itself, or an "
-                  "int", "ndarray")
-        return 1
+        return _one_env_id("ndarray")
     return _not_a_count(f"a 0-d numpy array of {value.dtype}")
+
+
+def _one_env_id(kind: str) -> int:
+    """The count of a 0-d integer array or tensor: one env id (``nonzero().squeeze()`` of
+    one reset), said once."""
+    note_once("count:0-d", "a count of a 0-d integer %s is read as one env id "
+              "(nonzero().squeeze() of one reset), not as its value: for a count "
+              "(torch's mask.sum() is a 0-d tensor too) pass the mask itself, or an int",
+              kind)
+    return 1
 
 
 def _kind(dtype: Any) -> str:
@@ -264,11 +270,7 @@ def count_of(value: Any) -> int:
             if kind == "b":
                 return int(bool(value))
             if kind in "iu":  # a 0-d index array: one env id
-                note_once("count:0-d", "a count of a 0-d integer %s is read as one env id "
-                          "(nonzero().squeeze() of one reset), not as its value: for a "
-                          "count (torch's mask.sum() is a 0-d tensor too) pass the mask "
-                          "itself, or an int", t.__name__)
-                return 1
+                return _one_env_id(t.__name__)
             return _not_a_count(f"a {t.__name__} of {dtype}")
         if isinstance(value, int):  # an int subclass (an IntEnum)
             return _int_count(int(value))
