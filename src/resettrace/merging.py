@@ -276,6 +276,11 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
     devices = sorted({str(d) for r in records for d in r.extra.get("devices") or ()})
     if devices:  # the accelerators any member's counts lived on
         extra["devices"] = devices
+    on_device: list[dict[str, Any]] = [r.extra["device_counts"] for r in records
+                                       if isinstance(r.extra.get("device_counts"), dict)]
+    if on_device:  # masks counted on a device: how many of those counts arrived, job-wide
+        extra["device_counts"] = {k: sum(int(dc.get(k) or 0) for dc in on_device)
+                                  for k in ("deferred", "arrived", "lost")}
     return RunRecord(
         kind="job", mode=first.mode,
         command=list(command) if command is not None else first.command,

@@ -51,6 +51,7 @@ from typing import Any
 
 from resettrace.config import ENV_RUN_ID
 from resettrace.outputs import expand_path
+from resettrace.tracing import devicecounts
 from resettrace.tracing.recorder import DEVICES
 from resettrace.version import __version__
 
@@ -428,6 +429,9 @@ def record_of_session(session: Any, *, kind: str = "process",
         extra.setdefault("untraced", untraced)
     if DEVICES:  # its spans time the host's launches there (docs/instrument.md)
         extra.setdefault("devices", sorted(DEVICES))
+    counted = devicecounts.report()
+    if counted is not None:  # masks counted on a device: how many counts arrived
+        extra.setdefault("device_counts", counted)
     return RunRecord(
         kind=kind, mode=session.mode,
         command=list(sys.argv if command is None else command),

@@ -178,6 +178,11 @@ def _finish_run(args: argparse.Namespace, command: list[str], code: int, run_id:
               + ": the spans time the host, so a phase that launches device work shows its "
               "launch, and the work shows where the host next waits for it "
               "(docs/instrument.md, \"On a GPU\")", file=sys.stderr)
+    lost = (job.extra.get("device_counts") or {}).get("lost")
+    if lost:
+        print(f"resettrace run: {lost} env counts on a device never arrived (the device "
+              "was still busy at shutdown, or too many traces waited): those calls have no"
+              " count", file=sys.stderr)
     job.extra["incomplete"] = notes["incomplete"]
     job.extra["missing"] = notes["missing"]
     written: Path | None = None

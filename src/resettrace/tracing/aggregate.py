@@ -49,7 +49,7 @@ from resettrace.catalog import (
 )
 from resettrace.costmodel import FitSums
 from resettrace.distribution import Distribution, percentile
-from resettrace.tracing import lifecycle
+from resettrace.tracing import devicecounts, lifecycle
 from resettrace.tracing.layout import (
     NO_COUNT,
     R_COUNT,
@@ -548,6 +548,8 @@ class Aggregator:
         at a time (taken and aggregated in one hold of the lock, so a read that takes the
         lock next sees them), the others in batches."""
         on_worker = threading.current_thread() is self._worker
+        if not on_worker and devicecounts.active():  # a read: traces waiting for counts
+            devicecounts.settle()  # on a device are handed on first
         others = self._others
         take = others.popleft
         while len(self._log) or others:

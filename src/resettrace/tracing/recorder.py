@@ -52,7 +52,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from resettrace.catalog import CATALOG, Catalog, Phase
-from resettrace.tracing import lifecycle
+from resettrace.tracing import devicecounts, lifecycle
+from resettrace.tracing.devicecounts import DeferredCount
 from resettrace.tracing.layout import (
     NO_COUNT,
     R_COUNT,
@@ -226,10 +227,13 @@ def count_of(value: Any) -> int:
       is one env id (``nonzero().squeeze()`` of one reset): 1;
     - an int (Python's, not a bool; a numpy integer scalar, what ``mask.sum()`` and
       ``len()`` give) *is* the count, when in ``[0, 2**63)``;
-    - an array on an accelerator (a CUDA tensor) is never read: counting would wait for the
-      device inside the call it times. Its length and shape are on the host, so env ids
-      and a 0-d id count as above; a bool mask there is no count (one warning: pass the
-      ids, ``mask.nonzero()``'s length, or a count);
+    - an array on an accelerator (a CUDA tensor) is never read on the host: counting
+      would wait for the device inside the call it times. Its length and shape are on the
+      host, so env ids and a 0-d id count as above; a torch bool mask on CUDA is counted
+      on the device, and what is returned is a :class:`DeferredCount` (an int of -2 or
+      below) that records hold until the count arrives
+      (:mod:`~resettrace.tracing.devicecounts`); a mask on another device is no count (one
+      warning: pass the ids, ``mask.nonzero()``'s length, or a count);
     - anything else (a negative or too large int, a float, a 0-d float array, None, a
       string, bytes, a mapping, an object without ``len()``) is no count: ``NO_COUNT``
       (-1), with one warning per kind. It never raises. (``traced`` reads None and
@@ -262,7 +266,10 @@ def count_of(value: Any) -> int:
                           "replays) shows in the phase where the host next waits for it, "
                           "not in the one that launched it (docs/instrument.md, \"On a "
                           "GPU\")", where)
-                if kind == "b":
+                if kind == "b":  # counted on the device, the record's count to come
+                    handle = devicecounts.defer(value)
+                    if handle is not None:
+                        return handle
                     return _not_a_count(f"a bool mask on {where} (counting it would wait "
                                         "for the device)")
             if ndim:
@@ -272,6 +279,9 @@ def count_of(value: Any) -> int:
             if kind in "iu":  # a 0-d index array: one env id
                 return _one_env_id(t.__name__)
             return _not_a_count(f"a {t.__name__} of {dtype}")
+        if t is DeferredCount:  # a count on a device, passed on
+            devicecounts.keep(value)
+            return value
         if isinstance(value, int):  # an int subclass (an IntEnum)
             return _int_count(int(value))
         if value is None or isinstance(value, _NOT_COUNTS) or not hasattr(t, "__len__"):
@@ -906,9 +916,8 @@ class Scope(_ScopeBase):
         stack, records = self._stack, self._records
         for k in range(len(stack) - 1, -1, -1):
             if records[stack[k] * F + R_PHASE] == self._index:
-                c = records[stack[k] * F + R_COUNT]
-                return None if c == NO_COUNT else c
-        return None if self._count == NO_COUNT else self._count
+                return _read_count(records[stack[k] * F + R_COUNT])
+        return _read_count(self._count)
 
     @count.setter
     def count(self, count: int) -> None:
@@ -934,6 +943,15 @@ class Scope(_ScopeBase):
 
 #: called before any recorder's span attributes change (see :class:`SpanAttributes`)
 _ATTRIBUTE_WATCHERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _read_count(c: int) -> int | None:
+    """A record's count as ``Scope.count`` gives it: None for none; one still on the
+    device waited for (asked for, as ``int(mask.sum())`` would)."""
+    if c < NO_COUNT:
+        handle = devicecounts.handle_of(c)
+        return handle.wait() if type(handle) is DeferredCount else None
+    return None if c == NO_COUNT else c
 
 
 def watch_attributes(sink: Any) -> None:
@@ -1057,6 +1075,8 @@ class Recorder(_RecorderBase):
         #: wall-clock ns minus perf_counter ns, to place records in real time
         self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
         _RECORDERS.add(self)
+        if devicecounts.active():  # counts on a device: its traces may wait for them
+            devicecounts.park(self)
 
     @property
     def attributes(self) -> SpanAttributes:
@@ -1150,7 +1170,10 @@ class Recorder(_RecorderBase):
             rec = cur
         at = rec._stack[-1] * F
         records = rec._records
-        return rec.catalog[records[at + R_PHASE]], records[at + R_COUNT]
+        count = records[at + R_COUNT]
+        if count < NO_COUNT:  # a count still on the device: passed on as its handle
+            count = devicecounts.handle_of(count)
+        return rec.catalog[records[at + R_PHASE]], count
 
     def _target(self) -> Recorder:
         """The recorder a scope opened here now goes to (the one rule :meth:`scope`,
@@ -1515,6 +1538,8 @@ def _discard_open_traces() -> None:
 lifecycle.at_fork(_discard_open_traces)
 # a forked child counts on the devices it uses itself (CUDA does not survive a fork)
 lifecycle.at_fork(DEVICES.clear)
+lifecycle.at_fork(devicecounts.after_fork_in_child)
+devicecounts.bind(note_once, Trace, _RECORDERS)
 
 
 def use_clock(clock_ns: Callable[[], int] | None) -> None:

@@ -42,7 +42,7 @@ from resettrace.catalog import (
 )
 from resettrace.config import DEFAULT_EXPORTERS, Config
 from resettrace.launcher import parent_pid
-from resettrace.tracing import lifecycle
+from resettrace.tracing import devicecounts, lifecycle
 from resettrace.tracing.exits import register_exit_hooks
 from resettrace.tracing.recorder import NOOP_RECORDER, NoopRecorder, Recorder, default_changed
 
@@ -152,6 +152,7 @@ class Tracing:
         from resettrace.tracing.recorder import say_if_not_built
 
         say_if_not_built()
+        devicecounts.exit_wait(self.config.shutdown_timeout_s)  # (counts on a device)
 
         # the aggregation engine alone: a session aggregates records, no SDK span
         self.aggregator = Aggregator(max_samples=self.config.max_samples, catalog=self.catalog,
@@ -397,6 +398,7 @@ class Tracing:
         timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         ok = True
+        devicecounts.settle(timeout)  # traces waiting for counts on a device first
         if self.aggregator is not None:
             self.aggregator.force_flush()
         if self.materializer is not None:
@@ -416,6 +418,9 @@ class Tracing:
         timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         self._closed = True
+        # the traces waiting for counts on a device, the last ones without those missing
+        devicecounts.settle(max(0.0, min(timeout / 2, deadline - time.monotonic())),
+                            final=True)
         default_changed()  # the compiled traced calls ask again (it records nothing more)
         if self.sampler is not None:
             self.sampler.close()

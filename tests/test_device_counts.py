@@ -1,0 +1,314 @@
+"""A bool mask on a device is counted there, never waited for on the traced path: its
+record holds a handle, its trace waits (parked, in order) until the count arrived, and a
+read of the statistics or the session's shutdown settles the rest, counting what never
+came. No CUDA device runs here: the device is a stand-in with a queue of work the test
+runs (its counts raise if read before the device got to them); the torch starter is the
+part left to a machine with a GPU."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import resettrace
+from resettrace import catalog as C
+from resettrace.config import Config
+from resettrace.merging import merge_records
+from resettrace.record import record_of_session
+from resettrace.tracing import devicecounts
+from resettrace.tracing import recorder as recorder_module
+from resettrace.tracing.layout import NO_COUNT, R_COUNT, R_PHASE
+from resettrace.tracing.recorder import Recorder, count_of
+from resettrace.tracing.session import Tracing
+
+
+class Device:
+    """A stand-in accelerator: work queued on it runs when the test says (:meth:`run`),
+    or after ``lag`` queries of a count's event (a device that gets there meanwhile)."""
+
+    type = "cuda"
+    index = 0
+
+    def __init__(self) -> None:
+        self.queued = 0  # counts launched
+        self.done = 0  # counts the device got through
+        self.lag: int | None = None
+        self.queries = 0
+
+    def __str__(self) -> str:
+        return "cuda:0"
+
+    def run(self) -> None:
+        self.done = self.queued
+
+
+class Count:
+    """A count launched on the device: ``value()`` before it is ready fails (a wait)."""
+
+    def __init__(self, device: Device, n: int) -> None:
+        device.queued += 1
+        self.device, self.seq, self.n = device, device.queued, n
+
+    def ready(self) -> bool:
+        d = self.device
+        d.queries += 1
+        if d.lag is not None and d.queries >= d.lag:
+            d.run()
+        return d.done >= self.seq
+
+    def value(self) -> int:
+        assert self.ready(), "read before the device got there: a host sync"
+        return self.n
+
+
+class Mask:
+    """A bool mask on the stand-in device: shape and dtype on the host, values not."""
+
+    dtype = np.dtype(bool)
+    ndim = 1
+
+    def __init__(self, device: Device, values: list[bool]) -> None:
+        self.device, self._values = device, values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def sum(self) -> Any:
+        raise AssertionError("counted on the host: a sync")
+
+    __bool__ = __array__ = __iter__ = sum
+
+
+@pytest.fixture
+def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[Device]:
+    dev = Device()
+    monkeypatch.setitem(devicecounts.STARTERS, Mask.__module__.partition(".")[0],
+                        lambda m: Count(m.device, sum(m._values)))
+    monkeypatch.setattr(recorder_module, "_NOTED", set())
+    yield dev
+    # this process parks no more traces (as one that never counted on a device)
+    devicecounts.settle(0.0, final=True)
+    for rec in list(recorder_module._RECORDERS):
+        s = rec._sinks
+        if len(s) == 1 and type(s[0]) is devicecounts._Parking:
+            rec._sinks = s[0].sinks
+    devicecounts._ACTIVE[0] = False
+    for k in devicecounts.COUNTS:
+        devicecounts.COUNTS[k] = 0
+    recorder_module.DEVICES.clear()
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.traces: list[list[tuple[int, ...]]] = []
+
+    def on_trace(self, trace: Any, rec: Any) -> None:
+        self.traces.append([tuple(r) for r in trace])
+
+    def counts(self, phase: C.Phase) -> list[int]:
+        return [r[R_COUNT] for t in self.traces for r in t if r[R_PHASE] == phase.index]
+
+
+def test_a_device_mask_is_counted_there_and_its_trace_waits_for_the_count(
+        device: Device) -> None:
+    sink = Sink()
+    rec = Recorder([sink])
+    mask = Mask(device, [True, False, True, True])
+    handle = count_of(mask)
+    assert handle < NO_COUNT and isinstance(handle, devicecounts.DeferredCount)
+    assert not handle.done() and device.queued == 1
+    with rec.scope(C.RESET_DONE, mask):  # a count started by the scope itself
+        with rec.scope(C.DR_RESET):
+            pass
+    assert sink.traces == [] and device.done == 0  # parked: the device is behind
+    with rec.scope(C.RESET_DONE, np.array([True, True, False])):  # a host count: 2
+        pass
+    assert sink.traces == []  # behind the first: traces keep their order
+    device.run()
+    with rec.scope(C.RESET_DONE, 0):
+        pass
+    assert sink.counts(C.RESET_DONE) == [3, 2, 0]
+    assert sink.counts(C.DR_RESET) == [NO_COUNT]  # none given: none, not the mask's
+    assert handle.done() and handle.wait() == 3  # read back: arrived
+    # the other ways a count is given: lap, set_count, a traced call's argument, passed
+    # on (a handle given as a count again)
+    reset = resettrace.traced(C.SET_STATE, count="envs")(lambda envs: None)
+    with rec.scope(C.RESET_DONE) as top:  # (traced calls join the trace open here)
+        top.set_count(Mask(device, [True] * 5))
+        with rec.scope(C.DR_RESET) as dr:
+            dr.lap(C.DR_RESET_PLAN, Mask(device, [True, False]))
+            dr.lap(None)
+            reset(Mask(device, [True] * 7))
+            reset(Mask(device, [False] * 7))
+            dr.count = handle  # passed on: the same count
+        device.lag = device.queries + 1  # the device gets there while Scope.count waits
+        assert top.count == 5  # asked for inside the trace: waited for, as int(sum) is
+    device.run()
+    with rec.scope(C.RESET_DONE, 1):
+        pass
+    assert sink.counts(C.RESET_DONE)[-2:] == [5, 1]
+    assert sink.counts(C.DR_RESET_PLAN) == [1]
+    assert sink.counts(C.SET_STATE) == [7, 0]
+    assert sink.counts(C.DR_RESET)[-1] == 3
+    assert device.queued == 6 and devicecounts.COUNTS == {
+        "deferred": 6, "arrived": 6, "lost": 0}
+
+
+def test_a_read_waits_for_the_device_and_shutdown_counts_what_never_came(
+        device: Device) -> None:
+    session = Tracing(Config(mode="timing", shutdown_timeout_s=0.05))
+    rec = session.recorder()
+    for n in (3, 5):
+        with rec.scope(C.RESET_DONE, Mask(device, [True] * n + [False])):
+            pass
+    assert session.aggregator.pending() == 0  # parked, not aggregated yet
+    device.lag = device.queries + 3  # the device gets there during the read's wait
+    stats = session.stats()
+    assert stats["reset_done_ms"].count == 2
+    fit = session.aggregator.fit_sums()["reset_done_ms"]
+    assert (fit.n, fit.sk, fit.kmax) == (2, 8.0, 5.0)
+    device.lag = None
+    with rec.scope(C.RESET_DONE, Mask(device, [True] * 4)):  # the device hangs on it
+        pass
+    with rec.scope(C.RESET_DONE, 2):
+        pass
+    session.shutdown()
+    fit = session.aggregator.fit_sums()["reset_done_ms"]
+    assert session.aggregator.stats()["reset_done_ms"].count == 4  # every call timed
+    assert (fit.n, fit.sk) == (3, 10.0)  # the lost count is none, never 0 or a guess
+    assert devicecounts.COUNTS == {"deferred": 3, "arrived": 2, "lost": 1}
+    record = record_of_session(session)
+    assert record.extra["device_counts"] == {"deferred": 3, "arrived": 2, "lost": 1}
+    assert record.extra["devices"] == ["cuda:0"]
+    # a job's: its members' summed (one that never counted on a device adds none)
+    other = copy.deepcopy(record)
+    del other.extra["device_counts"], other.extra["devices"]
+    record.pid, other.pid = 11, 12
+    record.rank, other.rank = 0, 1
+    record.identity, other.identity = "rank 0", "rank 1"
+    twice = copy.deepcopy(record)
+    twice.pid, twice.rank, twice.identity = 13, 2, "rank 2"
+    job = merge_records([record, other, twice])
+    assert job.extra["device_counts"] == {"deferred": 6, "arrived": 4, "lost": 2}
+
+
+@pytest.mark.parametrize("exporter", ["memory", "file"])
+def test_a_span_carries_the_count_that_arrived(device: Device, exporter: str,
+                                               tmp_path: Path) -> None:
+    """In-process spans and the export process's alike: the count, never the handle."""
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode="trace", exporters=(
+        "memory" if exporter == "memory" else f"file:{out}",)))
+    rec = session.recorder()
+    for n in (6, 2):
+        with rec.scope(C.RESET_DONE, Mask(device, [True] * n)):
+            with rec.scope(C.DR_RESET, 1):
+                pass
+    device.run()
+    session.force_flush()
+    if exporter == "memory":
+        spans = [(s.name, s.attributes.get(C.ATTR_RESET_COUNT))
+                 for s in session.exporters[0].get_finished_spans()]
+    session.shutdown()
+    if exporter == "file":
+        spans = [(d["name"], d["attributes"].get(C.ATTR_RESET_COUNT))
+                 for d in map(json.loads, out.read_text().splitlines())]
+    assert sorted(spans) == [("dr_reset", 1), ("dr_reset", 1), ("reset_done", 2),
+                             ("reset_done", 6)]
+    assert session.export_report()["spans_dropped"] == 0
+
+
+def test_too_many_traces_waiting_hand_the_oldest_on_without_its_count(
+        device: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(devicecounts, "MAX_PARKED", 2)
+    sink = Sink()
+    rec = Recorder([sink])
+    for n in range(1, 6):  # the device never gets there
+        with rec.scope(C.RESET_DONE, Mask(device, [True] * n)):
+            pass
+    assert sink.counts(C.RESET_DONE) == [NO_COUNT] * 3  # memory stays bounded: counted
+    assert devicecounts.COUNTS["lost"] == 3
+    device.run()
+    devicecounts.settle(1.0)
+    assert sink.counts(C.RESET_DONE) == [NO_COUNT] * 3 + [4, 5]
+
+
+def test_a_forked_child_never_hands_on_its_parents_parked_traces(device: Device) -> None:
+    sink = Sink()
+    rec = Recorder([sink])
+    with rec.scope(C.RESET_DONE, Mask(device, [True])):
+        pass
+    pid = os.fork()
+    if pid == 0:  # the parent hands its trace on; the child has none
+        device.run()
+        with rec.scope(C.RESET_DONE, 2):
+            pass
+        os._exit(0 if sink.counts(C.RESET_DONE) == [2] else 3)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    device.run()
+    devicecounts.settle(1.0)
+    assert sink.counts(C.RESET_DONE) == [1]
+
+
+def test_a_run_says_how_many_device_counts_never_arrived(tmp_path: Path) -> None:
+    """A process that ends with a count still on the device (its device hung): the trace
+    is aggregated without it at exit, its record and the job count it, and ``resettrace
+    run`` says it in one line."""
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import numpy as np
+        import resettrace
+        from resettrace.tracing import devicecounts
+
+        class Device:
+            type, index = "cuda", 0
+            def __str__(self):
+                return "cuda:0"
+
+        class Never:  # a count the device never gets to
+            def ready(self):
+                return False
+            def value(self):
+                raise AssertionError("waited for")
+
+        class Mask:
+            dtype, ndim, device = np.dtype(bool), 1, Device()
+            def __len__(self):
+                return 4
+
+        devicecounts.STARTERS["__main__"] = lambda mask: Never()
+
+        @resettrace.traced("set_state", count="done")
+        def reset(done):
+            return None
+
+        for _ in range(3):
+            reset(Mask())
+        reset(np.ones(2, bool))
+    """))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RESETTRACE") or k == "RESETTRACE_PURE_PYTHON"}
+    env["RESETTRACE_SHUTDOWN_TIMEOUT"] = "0.2"
+    r = subprocess.run([sys.executable, "-m", "resettrace.cli", "run", "--stats-json",
+                        "job.json", "--", sys.executable, "train.py"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["stats"]["dr_reset_set_state_ms"]["count"] == 4  # every call, at exit
+    assert job["device_counts"] == {"deferred": 3, "arrived": 0, "lost": 3}
+    assert job["model"]["keys"]["dr_reset_set_state_ms"]["sums"]["n"] == 1  # the one that came
+    said = [line for line in r.stderr.splitlines() if "never arrived" in line]
+    assert said == ["resettrace: 3 env counts on a device never arrived; their records have "
+                    "no count (logged once)",  # the process's, then the run's summary
+                    "resettrace run: 3 env counts on a device never arrived (the device was "
+                    "still busy at shutdown, or too many traces waited): those calls have no "
+                    "count"]
