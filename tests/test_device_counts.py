@@ -8,11 +8,13 @@ part left to a machine with a GPU."""
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,22 +55,18 @@ class Device:
 
 
 class Count:
-    """A count launched on the device: ``value()`` before it is ready fails (a wait)."""
+    """A count launched on the device: its value once the device got there, else None."""
 
     def __init__(self, device: Device, n: int) -> None:
         device.queued += 1
         self.device, self.seq, self.n = device, device.queued, n
 
-    def ready(self) -> bool:
+    def value(self) -> int | None:
         d = self.device
         d.queries += 1
         if d.lag is not None and d.queries >= d.lag:
             d.run()
-        return d.done >= self.seq
-
-    def value(self) -> int:
-        assert self.ready(), "read before the device got there: a host sync"
-        return self.n
+        return self.n if d.done >= self.seq else None
 
 
 class Mask:
@@ -207,7 +205,7 @@ def test_a_span_carries_the_count_that_arrived(device: Device, exporter: str,
                                                tmp_path: Path) -> None:
     """In-process spans and the export process's alike: the count, never the handle."""
     out = tmp_path / "spans.jsonl"
-    session = Tracing(Config(mode="trace", exporters=(
+    session = Tracing(Config(mode="trace", shutdown_timeout_s=120.0, exporters=(
         "memory" if exporter == "memory" else f"file:{out}",)))
     rec = session.recorder()
     for n in (6, 2):
@@ -275,10 +273,8 @@ def test_a_run_says_how_many_device_counts_never_arrived(tmp_path: Path) -> None
                 return "cuda:0"
 
         class Never:  # a count the device never gets to
-            def ready(self):
-                return False
             def value(self):
-                raise AssertionError("waited for")
+                return None
 
         class Mask:
             dtype, ndim, device = np.dtype(bool), 1, Device()
@@ -312,3 +308,168 @@ def test_a_run_says_how_many_device_counts_never_arrived(tmp_path: Path) -> None
                     "resettrace run: 3 env counts on a device never arrived (the device was "
                     "still busy at shutdown, or too many traces waited): those calls have no "
                     "count"]
+
+
+def test_a_count_dropped_before_its_trace_closed_is_lost_and_holds_nothing_back(
+        device: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread holds the counts it started for the trace that records them, up to a
+    bound: past it (counts read and never recorded, in one trace) the oldest goes, and
+    its trace is handed on with no count there (counted) rather than parked for good."""
+    monkeypatch.setattr(devicecounts, "_HELD_MAX", 4)
+    sink = Sink()
+    rec = Recorder([sink])
+    with rec.scope(C.RESET_DONE) as top:
+        top.set_count(Mask(device, [True] * 3))  # (the record alone holds its handle)
+        for _ in range(8):  # read alone: never recorded
+            count_of(Mask(device, [True]))
+        gc.collect()
+    with rec.scope(C.RESET_DONE, 2):
+        pass
+    devicecounts.settle(0.0)  # (the device got nowhere: nothing to wait for)
+    assert sink.counts(C.RESET_DONE) == [NO_COUNT, 2]
+    assert devicecounts.COUNTS == {"deferred": 1, "arrived": 0, "lost": 1}
+
+
+def test_a_parked_trace_outlives_its_recorder(device: Device) -> None:
+    sink = Sink()
+    rec = Recorder([sink])
+    with rec.scope(C.RESET_DONE, Mask(device, [True] * 3)):
+        pass
+    del rec
+    gc.collect()
+    device.run()
+    devicecounts.settle(0.0)
+    assert sink.counts(C.RESET_DONE) == [3]
+
+
+def test_a_trace_closed_while_traces_are_handed_on_waits_its_turn(device: Device) -> None:
+    """A trace that closes on the thread handing traces on (a signal handler's, a sink
+    that records) is queued behind them: every trace once, in order."""
+
+    class Recording(Sink):
+        def on_trace(self, trace: Any, r: Any) -> None:
+            super().on_trace(trace, r)
+            if len(self.traces) == 1:
+                with rec.scope(C.RESET_DONE, 9):  # inside the hand-over
+                    pass
+
+    sink = Recording()
+    rec2 = Recorder([sink])
+    with rec2.scope(C.RESET_DONE, Mask(device, [True])):
+        pass
+    rec = Recorder([])
+    rec._sinks = rec2._sinks  # (one parking: rec's traces are sink's too)
+    with rec2.scope(C.RESET_DONE, 2):
+        pass
+    device.run()
+    with rec2.scope(C.RESET_DONE, 3):
+        pass
+    assert sink.counts(C.RESET_DONE) == [1, 2, 3, 9]
+
+
+def test_a_sink_that_waits_never_holds_up_the_training_thread(device: Device) -> None:
+    """A reader thread handing traces on into a sink that waits (a lock another thread
+    holds) leaves the training thread free: its traces queue behind, none lost."""
+    gate, inside = threading.Event(), threading.Event()
+
+    class Slow(Sink):
+        def on_trace(self, trace: Any, r: Any) -> None:
+            inside.set()
+            gate.wait()
+            super().on_trace(trace, r)
+
+    sink = Slow()
+    rec = Recorder([sink])
+    with rec.scope(C.RESET_DONE, Mask(device, [True])):
+        pass
+    device.run()
+    reader = threading.Thread(target=devicecounts.settle, args=(0.0,))
+    reader.start()
+    assert inside.wait(60)
+    for n in (2, 3):  # returns while the reader's hand-over waits
+        with rec.scope(C.RESET_DONE, n):
+            pass
+    gate.set()
+    reader.join()
+    devicecounts.settle(0.0)
+    assert sink.counts(C.RESET_DONE) == [1, 2, 3]
+
+
+def test_a_parked_trace_keeps_the_attributes_it_closed_with(device: Device,
+                                                            tmp_path: Path) -> None:
+    out = tmp_path / "spans.jsonl"
+    session = Tracing(Config(mode="trace", shutdown_timeout_s=120.0,
+                             exporters=(f"file:{out}",)))
+    rec = session.recorder(attributes={"mylab.stage": 1})
+    with rec.scope(C.RESET_DONE, Mask(device, [True] * 4)):
+        pass
+    device.lag = device.queries + 2  # the device gets there while the change waits
+    rec.attributes["mylab.stage"] = 2
+    with rec.scope(C.RESET_DONE, 1):
+        pass
+    session.shutdown()
+    spans = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(d["attributes"][C.ATTR_RESET_COUNT], d["attributes"]["mylab.stage"])
+            for d in spans if d["name"] == "reset_done"] == [(4, 1), (1, 2)]
+
+
+def test_a_cuda_mask_is_counted_with_launches_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch starter, against a stand-in of torch's CUDA calls (no GPU here): the count
+    and a non-blocking copy into pinned memory that holds -1 until it lands; whether it
+    landed is a read of that memory; no count while a CUDA graph is captured."""
+    calls: list[str] = []
+
+    class HostInt:
+        def __init__(self) -> None:
+            self.v = -1
+
+        def copy_(self, src: Any, non_blocking: bool = False) -> None:
+            calls.append(f"copy non_blocking={non_blocking}")
+            self.landing = src
+
+        def __int__(self) -> int:
+            return self.v
+
+    class Cuda:
+        capturing = False
+
+        @staticmethod
+        def current_device() -> int:
+            return 0
+
+        @classmethod
+        def is_current_stream_capturing(cls) -> bool:
+            return cls.capturing
+
+        @staticmethod
+        def synchronize() -> None:
+            raise AssertionError("a host sync")
+
+    class Torch:
+        int64, cuda = "int64", Cuda
+
+        @staticmethod
+        def count_nonzero(mask: Any) -> str:
+            calls.append("count_nonzero")
+            return "n on the device"
+
+        @staticmethod
+        def full(shape: Any, value: int, dtype: Any, pin_memory: bool) -> HostInt:
+            calls.append(f"full({value}) pinned={pin_memory}")
+            return HostInt()
+
+    class Dev:
+        type, index = "cuda", 0
+
+    class TensorMask:
+        device = Dev()
+
+    monkeypatch.setitem(sys.modules, "torch", Torch)
+    pending = devicecounts._start_torch(TensorMask())
+    assert calls == ["count_nonzero", "full(-1) pinned=True", "copy non_blocking=True"]
+    assert pending.value() is None  # not landed: no wait
+    pending.host.v = 7  # the copy landed
+    assert pending.value() == 7
+    Cuda.capturing = True
+    assert devicecounts._start_torch(TensorMask()) is None
+    assert len(calls) == 3

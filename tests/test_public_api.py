@@ -1178,7 +1178,8 @@ def test_torch_and_numpy_count_alike(device: str, caplog: pytest.LogCaptureFixtu
     # the choice a 0-d integer forces is said (torch's mask.sum() is one too)
     assert "a count of a 0-d integer Tensor is read as one env id" in caplog.text
     if device == "meta":
-        assert "a bool mask on meta (counting it would wait for the device)" in caplog.text
+        assert "a bool mask on meta that cannot be counted there (counting it here would " \
+            "wait for the device" in caplog.text
         assert "env counts live on meta: resettrace's spans time the host" in caplog.text
         assert "meta" in recorder_module.DEVICES  # (its run record lists it)
         pid = os.fork()  # a forked child counts on its own devices: none yet

@@ -3,26 +3,32 @@
 A bool mask on a CUDA device counts its True values on the device, and reading that
 count on the host waits for the device: a sync inside the call being timed, which
 changes the workload measured. So :func:`~resettrace.tracing.recorder.count_of` starts
-the count there instead (a count kernel, a non-blocking copy into pinned host memory and
-an event, on the mask's stream: launches, no wait) and the record holds a
-:class:`DeferredCount`, an int of -2 or below standing for the count to come.
+the count there instead (a count kernel and a non-blocking copy into pinned host memory
+that holds -1 until the copy lands, on the mask's stream: launches, no wait) and the
+record holds a :class:`DeferredCount`, an int of -2 or below standing for the count to
+come. Whether it came is a read of that host memory: no CUDA call after the launches
+(an event query would break a CUDA graph being captured meanwhile).
 
 The trace that holds one is *parked* when it closes, and handed on to the sinks (the
 aggregation, the spans, the export) once every count in it has arrived:
 
-- at a later trace's close, when the device got there by then (an event query, never a
-  wait); a training loop syncs the host with the device every step (it reads its done
-  flags), so that is the common case;
-- else at the next read of the statistics or flush of the session, which waits for the
-  device up to ``wait_s``, off the training thread's trace (a read is where a loop logs).
+- at a later trace's close, when the device got there by then (never a wait); a training
+  loop syncs the host with the device every step (it reads its done flags), so that is
+  the common case;
+- else at the next read of the statistics or flush (:data:`READ_WAIT_S` at most) or the
+  session's shutdown and the process's exit (half the shutdown timeout), which wait for
+  the device off the traced path.
 
-Traces keep their order: one parked holds back those that close after it. A count that
-never arrives (the device past the wait at shutdown, a count not started or failed, more
-than :data:`MAX_PARKED` traces waiting) is recorded as no count, and counted
-(:data:`COUNTS`, the run record's ``extra["device_counts"]``), never silently 0.
+Traces keep their order per recorder: one parked holds back those that close after it.
+The sinks are called outside any lock of this module, by one thread at a time per
+recorder's sinks. A count that never arrives (the device still busy at shutdown, a count
+that failed or was dropped before its trace closed, more than :data:`MAX_PARKED` traces
+waiting on one recorder's sinks) is recorded as no count, and counted (:data:`COUNTS`,
+the run record's ``extra["device_counts"]``), never silently 0.
 
 Nothing here runs until a process counts a mask on a device: until then every trace goes
-from the recorder to its sinks as before, at no cost.
+from the recorder to its sinks as before, at no cost. From then on, every trace of the
+process goes through :class:`_Parking`'s Python hand-over instead of the compiled one.
 """
 
 from __future__ import annotations
@@ -40,33 +46,33 @@ from typing import Any
 from resettrace.tracing import lifecycle
 from resettrace.tracing.layout import NO_COUNT, R_COUNT, RECORD_FIELDS
 
-__all__ = ["DeferredCount", "COUNTS", "MAX_PARKED", "STARTERS", "defer", "keep", "park",
-           "settle", "report", "handle_of", "bind", "exit_wait"]
+__all__ = ["DeferredCount", "COUNTS", "MAX_PARKED", "READ_WAIT_S", "STARTERS", "defer",
+           "keep", "park", "settle", "report", "handle_of", "bind", "exit_wait"]
 
 log = logging.getLogger("resettrace")
 
 F = RECORD_FIELDS
-#: traces parked at once (per recorder's sinks); past it the oldest is handed on with the
-#: counts that have not arrived as no count (counted)
+#: traces parked at once on one recorder's sinks; past it the oldest is handed on with
+#: the counts that have not arrived as no count (counted)
 MAX_PARKED = 1024
-#: counts started and not yet in a closed trace that are found by their handle: a count
-#: read and never recorded (a user's own ``count_of`` call) is forgotten past them
-_YOUNG_KEPT = 4096
+#: how long a read of the statistics (or a flush) waits for the counts of parked traces
+READ_WAIT_S = 5.0
 
-#: what became of the counts started on a device in this process: ``deferred`` started,
-#: ``arrived`` written into their traces, ``lost`` recorded as no count (never arrived)
+#: the counts on a device in the traces handed on in this process: ``deferred`` recorded
+#: (``arrived`` + ``lost`` once none waits), ``arrived`` written into their records,
+#: ``lost`` recorded as no count
 COUNTS = {"deferred": 0, "arrived": 0, "lost": 0}
 
-#: what the recorder module gives this one (:func:`bind`): it imports this, not the reverse
-_HOST: dict[str, Any] = {}
-
-_LOCK = threading.RLock()
 _SERIAL = itertools.count(2)
 _ACTIVE = [False]
+#: what the recorder module gives this one (:func:`bind`): it imports this, not the reverse
+_HOST: dict[str, Any] = {}
+_COUNTS_LOCK = threading.RLock()  # (a signal handler may record inside it)
 
 
 class _Cell:
-    """One count started on a device: ``pending`` until it arrived, then ``value``."""
+    """One count started on a device: ``pending`` until it arrived, then ``value`` (-1:
+    it failed)."""
 
     __slots__ = ("pending", "value", "__weakref__")
 
@@ -75,30 +81,45 @@ class _Cell:
         self.value: int | None = None
 
     def ready(self) -> bool:
-        """Whether the count arrived (asks the device; never waits)."""
+        """Whether the count arrived (never waits; any thread)."""
         if self.value is not None:
             return True
+        p = self.pending
+        if p is None:  # (another thread took it meanwhile)
+            return self.value is not None
         try:
-            if not self.pending.ready():
-                return False
-            self.value = self.pending.value()
+            v = p.value()
         except Exception as e:  # a failed count is no count, said once
-            _note_failed(e)
-            self.value = NO_COUNT
-        self.pending = None  # (its device and host memory go)
+            _HOST["note_once"]("device-count-failed", "a count on a device failed (%s: "
+                               "%s); recorded without a count", type(e).__name__, e)
+            v = NO_COUNT
+        if v is None:
+            return False
+        if self.value is None:
+            self.value = v
+        self.pending = None  # (its host memory goes)
         return True
 
 
-def _note_failed(e: BaseException) -> None:
-    _HOST["note_once"]("device-count-failed", "a count on a device failed (%s: %s); recorded "
-              "without a count", type(e).__name__, e)
+def _wait(cells: Sequence[_Cell], deadline: float) -> None:
+    """Until every cell's count arrived or ``deadline`` (monotonic s), polling with a
+    growing pause (the GIL is left to the training thread)."""
+    pause = 1e-4
+    for cell in cells:
+        while not cell.ready():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 5e-3)
 
 
 class DeferredCount(int):
     """A count started on a device (a bool mask's True values): an int of -2 or below that
     a record holds until the count arrives. Passed as a count (to a scope, ``lap``,
     ``set_count``) it stands for the same count; :meth:`wait` gives it on the host,
-    waiting for the device."""
+    waiting for the device. Copied, it is itself; pickled, its count if it arrived, else
+    no count (-1): a handle means nothing in another process."""
 
     _cell: _Cell
 
@@ -111,61 +132,83 @@ class DeferredCount(int):
         """Whether the count arrived (never waits)."""
         return self._cell.ready()
 
-    def wait(self, timeout_s: float = 5.0) -> int | None:
+    def wait(self, timeout_s: float = READ_WAIT_S) -> int | None:
         """The count, waiting for the device up to ``timeout_s``; None if it did not come
         (or failed)."""
-        deadline = time.monotonic() + timeout_s
-        while not self._cell.ready():
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.0002)
-        v = self._cell.value
+        _wait([self._cell], time.monotonic() + timeout_s)
+        v = self._cell.value if self._cell.ready() else None
         return None if v is None or v < 0 else v
+
+    def __copy__(self) -> DeferredCount:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> DeferredCount:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        v = self._cell.value if self._cell.ready() else None
+        return int, (NO_COUNT if v is None else v,)
 
     def __repr__(self) -> str:
         v = self._cell.value
         return f"DeferredCount({'pending' if v is None else v})"
 
 
-#: the counts started and alive, by handle (a parked trace holds its cells; the young
-#: ring holds the last ones started until their trace closes)
+#: the counts started and alive, by handle (a :class:`DeferredCount` someone holds, or a
+#: parked trace, keeps its cell)
 _CELLS: weakref.WeakValueDictionary[int, _Cell] = weakref.WeakValueDictionary()
-_YOUNG: deque[_Cell] = deque(maxlen=_YOUNG_KEPT)
+
+
+class _Started(threading.local):
+    """Per thread: the cells started or passed on since its last trace closed, held until
+    it closes (the trace that records them closes on this thread)."""
+
+    cells: list[_Cell] | None = None
+
+
+_STARTED = _Started()
+#: cells a thread holds at most for traces not closed yet
+_HELD_MAX = 4096
 
 
 class _TorchCount:
-    """A CUDA tensor's True values, counted on its device and copied to pinned host
-    memory on its current stream; ``ready`` queries the event recorded after the copy."""
+    """A CUDA tensor's True values, counted on its device and copied into pinned host
+    memory that holds -1 until the copy lands, both queued on the device's current
+    stream (torch's rule for an op's stream). Whether it landed is a read of host memory:
+    no CUDA call (an event query is illegal while a CUDA graph is being captured, on any
+    thread)."""
 
-    __slots__ = ("host", "event")
+    __slots__ = ("host",)
 
     def __init__(self, mask: Any, torch: Any) -> None:
-        # the mask's device's current stream runs both (torch's rule for an op's stream)
         n = torch.count_nonzero(mask)  # on the device: queued, not waited for
-        self.host = n.to("cpu", non_blocking=True)  # (pinned: the copy is queued too)
-        self.event = torch.cuda.Event()
-        self.event.record(torch.cuda.current_stream(mask.device))
+        host = torch.full((), -1, dtype=torch.int64, pin_memory=True)
+        host.copy_(n, non_blocking=True)  # queued after the count
+        self.host = host
 
-    def ready(self) -> bool:
-        return bool(self.event.query())
-
-    def value(self) -> int:
-        self.event.synchronize()  # (ready() said so: no wait)
-        return int(self.host)
+    def value(self) -> int | None:
+        v = int(self.host)  # (host memory: the copy's 8 bytes land at once)
+        return None if v < 0 else v
 
 
 def _start_torch(mask: Any) -> Any:
     """A CUDA mask's count started, or None: another device, or a CUDA graph being
-    captured (a copy to the host cannot be captured)."""
-    torch = sys.modules["torch"]
-    if mask.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    captured on the mask's device (a copy to the host cannot be captured)."""
+    dev = mask.device
+    if dev.type != "cuda":
         return None
-    return _TorchCount(mask, torch)
+    torch = sys.modules["torch"]
+    if dev.index is None or dev.index == torch.cuda.current_device():
+        capturing = torch.cuda.is_current_stream_capturing()
+    else:
+        with torch.cuda.device(dev):
+            capturing = torch.cuda.is_current_stream_capturing()
+    return None if capturing else _TorchCount(mask, torch)
 
 
 #: how a device array library's mask is counted without a wait, by the top-level module of
-#: its type: a function of the mask giving an object with ``ready()`` (never waits) and
-#: ``value()`` (the count, once ready), or None where it cannot
+#: its type: a function of the mask giving an object whose ``value()`` is the count once
+#: it arrived and None before (never waits), or None where it cannot
 STARTERS: dict[str, Callable[[Any], Any]] = {"torch": _start_torch}
 
 
@@ -180,10 +223,8 @@ def defer(mask: Any) -> DeferredCount | None:
         return None
     cell = _Cell(pending)
     handle = DeferredCount(-next(_SERIAL), cell)
-    with _LOCK:
-        _CELLS[int(handle)] = cell
-        _YOUNG.append(cell)
-        COUNTS["deferred"] += 1
+    _CELLS[int(handle)] = cell
+    _hold(cell)
     if not _ACTIVE[0]:
         _activate()
     return handle
@@ -191,48 +232,110 @@ def defer(mask: Any) -> DeferredCount | None:
 
 def keep(handle: DeferredCount) -> None:
     """A handle recorded again (passed on as a count): found when its trace closes."""
-    cell = handle._cell
-    with _LOCK:
-        _CELLS[int(handle)] = cell
-        _YOUNG.append(cell)
+    _CELLS[int(handle)] = handle._cell
+    _hold(handle._cell)
+
+
+def _hold(cell: _Cell) -> None:
+    held = _STARTED.cells
+    if held is None:
+        _STARTED.cells = [cell]
+        return
+    held.append(cell)
+    if len(held) > _HELD_MAX:  # (started and never recorded: counts read alone)
+        del held[:len(held) - _HELD_MAX // 2]
+
+
+def handle_of(c: int) -> int:
+    """A record's count as a count to pass on: a handle as its :class:`DeferredCount`
+    (no count where it is gone), any other as it is."""
+    if c >= NO_COUNT:
+        return c
+    cell = _CELLS.get(c)
+    return NO_COUNT if cell is None else DeferredCount(c, cell)
 
 
 # -- parking ---------------------------------------------------------------------------------
-_PARKINGS: weakref.WeakSet[_Parking] = weakref.WeakSet()
+#: the parkings that hold traces (strong: a parked trace outlives its recorder)
+_BUSY: set[_Parking] = set()
+_BUSY_LOCK = threading.RLock()
 
 
 class _Parking:
     """The sinks of a recorder while counts on a device are in use: a trace with a count
-    still on the device waits here, in order, until it arrived."""
+    still on the device waits here, in order, until it arrived. One thread at a time
+    hands traces on (:attr:`releasing`), outside the lock: a sink that takes a lock of
+    its own never waits for this one's holder, and a trace closed meanwhile (on any
+    thread, or by a signal handler) is queued behind."""
 
     def __init__(self, sinks: Sequence[Any]) -> None:
         self.sinks = tuple(sinks)
         #: ``(trace, recorder, {handle: cell or None})`` in the order they closed
         self.parked: deque[tuple[Any, Any, dict[int, _Cell | None]]] = deque()
-        _PARKINGS.add(self)
+        self.lock = threading.RLock()  # (a signal handler's trace may close inside it)
+        self.releasing = False
 
+    @lifecycle.uncut
     def on_trace(self, trace: Any, recorder: Any) -> None:
-        data = trace.data
-        handles = [c for c in data[R_COUNT::F] if c < NO_COUNT] if len(data) else []
-        with _LOCK:
-            if not handles and not self.parked:
-                self._hand_on(trace, recorder)
-                return
-            self.parked.append((trace, recorder, {h: _CELLS.get(h) for h in handles}))
-            self._release(final=len(self.parked) > MAX_PARKED)
+        cells: dict[int, _Cell | None] = {}
+        held = _STARTED.cells  # (a handle reaches a record through defer or keep, on the
+        if held:  # thread that records it: with none since, the trace holds none)
+            handles = [c for c in trace.data[R_COUNT::F] if c < NO_COUNT]
+            if handles:
+                cells = {h: _CELLS.get(h) for h in set(handles)}
+                with _COUNTS_LOCK:
+                    COUNTS["deferred"] += len(handles)
+                # the cells this trace recorded are the parking's to hold from now
+                found = {id(c) for c in cells.values()}
+                held[:] = [c for c in held if id(c) not in found]
+        with self.lock:
+            if not cells and not self.parked and not self.releasing:
+                direct = True
+            else:
+                direct = False
+                self.parked.append((trace, recorder, cells))
+                if len(self.parked) == 1:
+                    with _BUSY_LOCK:
+                        _BUSY.add(self)
+        if direct:
+            self._hand_on(trace, recorder)
+        else:
+            self.pump(overflow=True)
 
-    def _release(self, final: bool = False, all_of_them: bool = False) -> None:
-        """Hand on the parked traces whose counts arrived, in order; ``final``: the oldest
-        one whatever (``all_of_them``: every one), its missing counts recorded as none."""
-        parked = self.parked
-        while parked:
-            trace, recorder, cells = parked[0]
-            arrived = all(c is not None and c.ready() for c in cells.values())
-            if not arrived and not final:
+    @lifecycle.uncut
+    def pump(self, final: bool = False, overflow: bool = False) -> None:
+        """Hand on the parked traces whose counts arrived, in order (``final``: every one,
+        its missing counts as none; ``overflow``: the oldest ones past
+        :data:`MAX_PARKED` too). Returns at once when another call is handing on (it
+        takes what is parked meanwhile)."""
+        while True:
+            with self.lock:
+                if self.releasing:
+                    return
+                self.releasing = True
+            try:
+                while True:
+                    with self.lock:
+                        parked = self.parked
+                        if not parked:
+                            break
+                        trace, recorder, cells = parked[0]
+                        if not (final or (overflow and len(parked) > MAX_PARKED)
+                                or all(c is None or c.ready() for c in cells.values())):
+                            break
+                        parked.popleft()
+                    self._hand_on(_with_counts(trace, cells) if cells else trace, recorder)
+            finally:
+                with self.lock:
+                    self.releasing = False
+                    parked = self.parked
+                    again = bool(parked) and (final or not parked[0][2] or all(
+                        c is None or c.ready() for c in parked[0][2].values()))
+                    if not parked:
+                        with _BUSY_LOCK:
+                            _BUSY.discard(self)
+            if not again:  # (a trace parked while this one handed on, ready now)
                 return
-            parked.popleft()
-            self._hand_on(_with_counts(trace, cells), recorder)
-            final = all_of_them
 
     def _hand_on(self, trace: Any, recorder: Any) -> None:
         for sink in self.sinks:
@@ -242,21 +345,38 @@ class _Parking:
                 log.exception("resettrace: a trace sink failed")
 
     def cells(self) -> list[_Cell]:
-        return [c for _, _, cells in self.parked for c in cells.values() if c is not None]
+        with self.lock:
+            return [c for _, _, cells in self.parked for c in cells.values()
+                    if c is not None]
+
+    def attributes_changing(self, attributes: Any) -> None:
+        """A recorder's attributes are about to change: its parked traces are handed on
+        first, with the attributes they closed with (their counts waited for, up to
+        :data:`READ_WAIT_S`: a change of attributes is rare, and asked for)."""
+        if any(rec.attributes is attributes for _, rec, _ in list(self.parked)):
+            _wait(self.cells(), time.monotonic() + READ_WAIT_S)
+            self.pump(final=True)
 
 
 def _with_counts(trace: Any, cells: dict[int, _Cell | None]) -> Any:
     """The trace with each handle replaced by the count that arrived, else no count."""
-    values = {}
+    values: dict[int, int] = {}
     for h, cell in cells.items():
         v = cell.value if cell is not None and cell.ready() else None
-        values[h] = NO_COUNT if v is None else v
-        COUNTS["arrived" if v is not None and v >= 0 else "lost"] += 1
+        values[h] = NO_COUNT if v is None or v < 0 else v
     rows = [list(r) for r in trace]
+    arrived = lost = 0
     for r in rows:
         c = r[R_COUNT]
         if c < NO_COUNT:
-            r[R_COUNT] = values.get(c, NO_COUNT)
+            r[R_COUNT] = v = values.get(c, NO_COUNT)
+            if v >= 0:
+                arrived += 1
+            else:
+                lost += 1
+    with _COUNTS_LOCK:
+        COUNTS["arrived"] += arrived
+        COUNTS["lost"] += lost
     return _HOST["Trace"](rows)
 
 
@@ -265,19 +385,51 @@ def park(recorder: Any) -> None:
     sinks = recorder._sinks
     if len(sinks) == 1 and type(sinks[0]) is _Parking:
         return
-    recorder._sinks = (_Parking(sinks),)
+    parking = _Parking(sinks)
+    _HOST["watch_attributes"](parking)
+    recorder._sinks = (parking,)
+
+
+def bind(note_once: Callable[..., None], trace: Callable[[list[list[int]]], Any],
+         recorders: Any, watch_attributes: Callable[[Any], None]) -> None:
+    """The recorder's parts this module uses: its ``note_once``, its ``Trace`` type (a
+    trace made from records), the recorders alive (a collection) and its
+    ``watch_attributes``."""
+    _HOST.update(note_once=note_once, Trace=trace, recorders=recorders,
+                 watch_attributes=watch_attributes)
 
 
 def _activate() -> None:
     """The first count started on a device: every recorder's traces are parked from now
     (those made later too, see Recorder.__init__)."""
-    with _LOCK:
+    with _BUSY_LOCK:
         if _ACTIVE[0]:
             return
         _ACTIVE[0] = True
-        for rec in list(_HOST["recorders"]):
-            park(rec)
+    for rec in list(_HOST["recorders"]):
+        park(rec)
     lifecycle.at_exit("spans", _settle_at_exit)  # (before the run record, workers too)
+
+
+def active() -> bool:
+    return _ACTIVE[0]
+
+
+def settle(wait_s: float = READ_WAIT_S, final: bool = False, sink: Any = None) -> None:
+    """Hand on every parked trace whose counts arrive within ``wait_s`` (a read of the
+    statistics, a flush: off the traced path). ``final`` (shutdown): the rest too, their
+    missing counts recorded as none (counted in :data:`COUNTS`); ``sink``: only the
+    traces going to it (a session's, at its shutdown)."""
+    if not _ACTIVE[0]:
+        return
+    with _BUSY_LOCK:
+        busy = [p for p in _BUSY if sink is None or sink in p.sinks]
+    _wait([c for p in busy for c in p.cells()], time.monotonic() + wait_s)
+    for p in busy:
+        p.pump(final=final)
+    if final and COUNTS["lost"]:
+        _HOST["note_once"]("device-count-lost", "%d env counts on a device never arrived; "
+                           "their records have no count", COUNTS["lost"])
 
 
 #: the longest shutdown timeout of this process's sessions (s): half of it at exit for
@@ -295,59 +447,23 @@ def _settle_at_exit() -> None:
     settle(_EXIT_WAIT_S[0], final=True)
 
 
-def active() -> bool:
-    return _ACTIVE[0]
-
-
-def settle(wait_s: float = 5.0, final: bool = False) -> None:
-    """Hand on every parked trace whose counts arrive within ``wait_s`` (a read of the
-    statistics, a flush: off the traced path). ``final`` (shutdown): the rest too, their
-    missing counts recorded as none (counted in :data:`COUNTS`)."""
-    if not _ACTIVE[0]:
-        return
-    with _LOCK:
-        waiting = [c for p in list(_PARKINGS) for c in p.cells()]
-    deadline = time.monotonic() + wait_s
-    for cell in waiting:  # (without the lock: the training thread closes traces meanwhile)
-        while not cell.ready() and time.monotonic() < deadline:
-            time.sleep(0.0002)
-    with _LOCK:
-        for p in list(_PARKINGS):
-            p._release(final=final, all_of_them=final)
-    if final and COUNTS["lost"]:
-        _HOST["note_once"]("device-count-lost", "%d env counts on a device never arrived; their "
-                  "records have no count", COUNTS["lost"])
-
-
 def report() -> dict[str, int] | None:
-    """:data:`COUNTS` for the run record, or None when no count was started on a device."""
+    """:data:`COUNTS` for the run record, or None when no count on a device was
+    recorded."""
     return dict(COUNTS) if COUNTS["deferred"] else None
-
-
-def bind(note_once: Callable[..., None], trace: Callable[[list[list[int]]], Any],
-         recorders: Any) -> None:
-    """The recorder's parts this module uses: its ``note_once``, its ``Trace`` type (a
-    trace made from records) and the recorders alive (a collection)."""
-    _HOST.update(note_once=note_once, Trace=trace, recorders=recorders)
-
-
-def handle_of(c: int) -> int:
-    """A record's count as a count to pass on: a handle as its :class:`DeferredCount`
-    (no count where it is gone), any other as it is."""
-    if c >= NO_COUNT:
-        return c
-    cell = _CELLS.get(c)
-    return NO_COUNT if cell is None else DeferredCount(c, cell)
 
 
 def after_fork_in_child() -> None:
     """The parked traces and counts are the parent's (it hands them on); the child's own
     counts start afresh (CUDA does not survive a fork)."""
-    global _LOCK
-    _LOCK = threading.RLock()  # (another thread of the parent may have held it)
-    for p in list(_PARKINGS):
+    global _BUSY_LOCK, _COUNTS_LOCK
+    _BUSY_LOCK, _COUNTS_LOCK = threading.RLock(), threading.RLock()
+    for p in list(_BUSY):
         p.parked.clear()
-    _YOUNG.clear()
+        p.lock = threading.RLock()
+        p.releasing = False
+    _BUSY.clear()
+    _STARTED.cells = None
     _CELLS.clear()
     for k in COUNTS:
         COUNTS[k] = 0

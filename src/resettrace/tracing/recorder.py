@@ -270,8 +270,10 @@ def count_of(value: Any) -> int:
                     handle = devicecounts.defer(value)
                     if handle is not None:
                         return handle
-                    return _not_a_count(f"a bool mask on {where} (counting it would wait "
-                                        "for the device)")
+                    return _not_a_count(f"a bool mask on {where} that cannot be counted "
+                                        "there (counting it here would wait for the "
+                                        "device; a CUDA graph being captured, or a "
+                                        "library other than torch)")
             if ndim:
                 return int(value.sum()) if kind == "b" else len(value)
             if kind == "b":
@@ -1161,7 +1163,9 @@ class Recorder(_RecorderBase):
         """The innermost open phase of this thread's trace (this recorder's, or the one
         this thread has open on another recorder) and its count (``NO_COUNT``: none);
         ``None`` when no scope is open. What an instrumentation of a stack's own profiler
-        places its scopes under."""
+        places its scopes under. A count still on a device (:func:`count_of` of a CUDA
+        mask) is its :class:`~resettrace.tracing.devicecounts.DeferredCount`, which
+        passed on as a count stands for the same one."""
         rec: Recorder = self
         if not self._stack:
             cur = _current_get()
@@ -1539,7 +1543,7 @@ lifecycle.at_fork(_discard_open_traces)
 # a forked child counts on the devices it uses itself (CUDA does not survive a fork)
 lifecycle.at_fork(DEVICES.clear)
 lifecycle.at_fork(devicecounts.after_fork_in_child)
-devicecounts.bind(note_once, Trace, _RECORDERS)
+devicecounts.bind(note_once, Trace, _RECORDERS, watch_attributes)
 
 
 def use_clock(clock_ns: Callable[[], int] | None) -> None:

@@ -398,7 +398,6 @@ class Tracing:
         timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         ok = True
-        devicecounts.settle(timeout)  # traces waiting for counts on a device first
         if self.aggregator is not None:
             self.aggregator.force_flush()
         if self.materializer is not None:
@@ -419,8 +418,9 @@ class Tracing:
         deadline = time.monotonic() + timeout
         self._closed = True
         # the traces waiting for counts on a device, the last ones without those missing
-        devicecounts.settle(max(0.0, min(timeout / 2, deadline - time.monotonic())),
-                            final=True)
+        if self.aggregator is not None:
+            devicecounts.settle(max(0.0, min(timeout / 2, deadline - time.monotonic())),
+                                final=True, sink=self.aggregator)
         default_changed()  # the compiled traced calls ask again (it records nothing more)
         if self.sampler is not None:
             self.sampler.close()
