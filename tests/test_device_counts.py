@@ -473,3 +473,15 @@ def test_a_cuda_mask_is_counted_with_launches_only(monkeypatch: pytest.MonkeyPat
     Cuda.capturing = True
     assert devicecounts._start_torch(TensorMask()) is None
     assert len(calls) == 3
+
+
+def test_a_scope_entered_again_records_its_device_count_again(device: Device) -> None:
+    sink = Sink()
+    rec = Recorder([sink])
+    s = rec.scope(C.RESET_DONE, Mask(device, [True] * 3))
+    for _ in range(2):  # one scope object, two traces: the same count in both
+        with s:
+            pass
+    device.run()
+    devicecounts.settle(0.0)
+    assert sink.counts(C.RESET_DONE) == [3, 3]

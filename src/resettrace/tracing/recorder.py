@@ -486,6 +486,8 @@ class _ScopeCore:
     # recorder runs no Python code in its steps.
     def __enter__(self) -> Any:
         count, first = self._count, self._first  # first: a handler's scope() may follow
+        if count < NO_COUNT:  # a count on a device, recorded again by a scope re-entered
+            devicecounts.keep(count)  # type: ignore[arg-type]
         if self._stash is None:
             self._armed = False
         else:  # a handler's scope() came before this __enter__: this one's are back
