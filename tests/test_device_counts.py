@@ -101,6 +101,7 @@ def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[Device]:
         if len(s) == 1 and type(s[0]) is devicecounts._Parking:
             rec._sinks = s[0].sinks
     devicecounts._ACTIVE[0] = False
+    devicecounts._HELD.clear()
     for k in devicecounts.COUNTS:
         devicecounts.COUNTS[k] = 0
     recorder_module.DEVICES.clear()
@@ -162,15 +163,19 @@ def test_a_device_mask_is_counted_there_and_its_trace_waits_for_the_count(
         "deferred": 6, "arrived": 6, "lost": 0}
 
 
-def test_a_read_waits_for_the_device_and_shutdown_counts_what_never_came(
+def test_a_flush_waits_for_the_device_and_shutdown_counts_what_never_came(
         device: Device) -> None:
+    """A read hands on what landed, never waiting (a metrics scrape, a snapshot); a flush
+    waits for the device; a shutdown records what never came as no count, counted."""
     session = Tracing(Config(mode="timing", shutdown_timeout_s=0.05))
     rec = session.recorder()
     for n in (3, 5):
         with rec.scope(C.RESET_DONE, Mask(device, [True] * n + [False])):
             pass
     assert session.aggregator.pending() == 0  # parked, not aggregated yet
-    device.lag = device.queries + 3  # the device gets there during the read's wait
+    assert "reset_done_ms" not in session.stats()  # nothing landed: a read does not wait
+    device.lag = device.queries + 3  # the device gets there during the flush's wait
+    session.force_flush()
     stats = session.stats()
     assert stats["reset_done_ms"].count == 2
     fit = session.aggregator.fit_sums()["reset_done_ms"]
@@ -186,7 +191,8 @@ def test_a_read_waits_for_the_device_and_shutdown_counts_what_never_came(
     assert (fit.n, fit.sk) == (3, 10.0)  # the lost count is none, never 0 or a guess
     assert devicecounts.COUNTS == {"deferred": 3, "arrived": 2, "lost": 1}
     record = record_of_session(session)
-    assert record.extra["device_counts"] == {"deferred": 3, "arrived": 2, "lost": 1}
+    assert record.extra["device_counts"] == {"deferred": 3, "arrived": 2, "lost": 1,
+                                             "pending": 0}
     assert record.extra["devices"] == ["cuda:0"]
     # a job's: its members' summed (one that never counted on a device adds none)
     other = copy.deepcopy(record)
@@ -197,7 +203,8 @@ def test_a_read_waits_for_the_device_and_shutdown_counts_what_never_came(
     twice = copy.deepcopy(record)
     twice.pid, twice.rank, twice.identity = 13, 2, "rank 2"
     job = merge_records([record, other, twice])
-    assert job.extra["device_counts"] == {"deferred": 6, "arrived": 4, "lost": 2}
+    assert job.extra["device_counts"] == {"deferred": 6, "arrived": 4, "lost": 2,
+                                          "pending": 0}
 
 
 @pytest.mark.parametrize("exporter", ["memory", "file"])
@@ -300,7 +307,7 @@ def test_a_run_says_how_many_device_counts_never_arrived(tmp_path: Path) -> None
     assert r.returncode == 0, r.stderr
     job = json.loads((tmp_path / "job.json").read_text())
     assert job["stats"]["dr_reset_set_state_ms"]["count"] == 4  # every call, at exit
-    assert job["device_counts"] == {"deferred": 3, "arrived": 0, "lost": 3}
+    assert job["device_counts"] == {"deferred": 3, "arrived": 0, "lost": 3, "pending": 0}
     assert job["model"]["keys"]["dr_reset_set_state_ms"]["sums"]["n"] == 1  # the one that came
     said = [line for line in r.stderr.splitlines() if "never arrived" in line]
     assert said == ["resettrace: 3 env counts on a device never arrived; their records have "
@@ -485,3 +492,74 @@ def test_a_scope_entered_again_records_its_device_count_again(device: Device) ->
     device.run()
     devicecounts.settle(0.0)
     assert sink.counts(C.RESET_DONE) == [3, 3]
+
+
+def test_a_count_set_from_another_thread_or_across_an_overflow_arrives(
+        device: Device) -> None:
+    """Every record holding a count on the device is found when its trace closes, on
+    whichever thread the count was read, across an overflow that cut the trace."""
+    sink = Sink()
+    rec = Recorder([sink])
+    with rec.scope(C.RESET_DONE, Mask(device, [True])):
+        pass
+    with rec.scope(C.RESET_DONE) as top:
+        t = threading.Thread(target=top.set_count, args=(Mask(device, [True] * 2),))
+        t.start()
+        t.join()
+    old = recorder_module.MAX_TRACE_RECORDS
+    recorder_module.set_max_trace_records(4)
+    try:
+        s = rec.scope(C.RESET_DONE, Mask(device, [True] * 3))
+        with rec.scope(C.ENV_STEP):
+            for _ in range(5):  # the trace overflows, and its next one holds the count too
+                with s:
+                    pass
+    finally:
+        recorder_module.set_max_trace_records(old)
+    device.run()
+    devicecounts.settle(0.0)
+    assert sink.counts(C.RESET_DONE) == [1, 2, 3, 3, 3, 3, 3]
+    assert all(r[R_COUNT] >= NO_COUNT for t in sink.traces for r in t)
+
+
+def test_a_final_settle_while_another_thread_hands_on_finishes_the_job(
+        device: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shutdown's final settle, and the bound on parked traces, hold while another
+    thread is inside a sink: that thread goes on to the end."""
+    monkeypatch.setattr(devicecounts, "MAX_PARKED", 2)
+    gate, inside = threading.Event(), threading.Event()
+
+    class Slow(Sink):
+        def on_trace(self, trace: Any, r: Any) -> None:
+            if not self.traces:  # the first trace: held up
+                inside.set()
+                gate.wait()
+            super().on_trace(trace, r)
+
+    sink = Slow()
+    rec = Recorder([sink])
+    with rec.scope(C.RESET_DONE, Mask(device, [True])):
+        pass
+    device.run()
+    reader = threading.Thread(target=devicecounts.settle, args=(0.0,))
+    reader.start()
+    assert inside.wait(60)
+    for n in range(2, 8):  # the device never gets to these
+        with rec.scope(C.RESET_DONE, Mask(device, [True] * n)):
+            pass
+    gate.set()
+    reader.join()
+    assert sink.counts(C.RESET_DONE) == [1] + [NO_COUNT] * 4  # the bound, kept
+    del sink.traces[1:]
+    with rec.scope(C.RESET_DONE, Mask(device, [True] * 9)):
+        pass
+    assert sink.counts(C.RESET_DONE) == [1, NO_COUNT]  # (past the bound again)
+    devicecounts.settle(0.0, final=True)
+    assert sink.counts(C.RESET_DONE) == [1] + [NO_COUNT] * 3
+    c = devicecounts.COUNTS
+    assert c["deferred"] == c["arrived"] + c["lost"] == 8
+
+
+def test_an_env_count_on_a_device_starts_no_count(device: Device) -> None:
+    assert recorder_module.env_count_of(Mask(device, [True] * 3)) == NO_COUNT
+    assert device.queued == 0

@@ -280,7 +280,7 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
                                        if isinstance(r.extra.get("device_counts"), dict)]
     if on_device:  # masks counted on a device: how many of those counts arrived, job-wide
         extra["device_counts"] = {k: sum(int(dc.get(k) or 0) for dc in on_device)
-                                  for k in ("deferred", "arrived", "lost")}
+                                  for k in ("deferred", "arrived", "lost", "pending")}
     return RunRecord(
         kind="job", mode=first.mode,
         command=list(command) if command is not None else first.command,

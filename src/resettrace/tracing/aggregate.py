@@ -548,8 +548,8 @@ class Aggregator:
         at a time (taken and aggregated in one hold of the lock, so a read that takes the
         lock next sees them), the others in batches."""
         on_worker = threading.current_thread() is self._worker
-        if not on_worker and devicecounts.active():  # a read: traces waiting for counts
-            devicecounts.settle()  # on a device are handed on first
+        if not on_worker and devicecounts.active():  # a read: traces whose counts on a
+            devicecounts.settle(0.0, sink=self)  # device landed are handed on first
         others = self._others
         take = others.popleft
         while len(self._log) or others:
@@ -794,6 +794,9 @@ class Aggregator:
             s.add_many(ordered, total, top, draws)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
+        if devicecounts.active():  # traces waiting for counts on a device: waited for
+            devicecounts.settle(min(devicecounts.READ_WAIT_S, timeout_millis / 1000),
+                                sink=self)
         self._drain()
         with self._lock:
             self._fold()

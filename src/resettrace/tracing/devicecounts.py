@@ -12,12 +12,11 @@ come. Whether it came is a read of that host memory: no CUDA call after the laun
 The trace that holds one is *parked* when it closes, and handed on to the sinks (the
 aggregation, the spans, the export) once every count in it has arrived:
 
-- at a later trace's close, when the device got there by then (never a wait); a training
-  loop syncs the host with the device every step (it reads its done flags), so that is
-  the common case;
-- else at the next read of the statistics or flush (:data:`READ_WAIT_S` at most) or the
-  session's shutdown and the process's exit (half the shutdown timeout), which wait for
-  the device off the traced path.
+- at a later trace's close or a read of the statistics, whichever finds the device got
+  there (never a wait); a training loop syncs the host with the device every step (it
+  reads its done flags), so by the next step it has;
+- a flush waits for the device (:data:`READ_WAIT_S` at most), the session's shutdown and
+  the process's exit too (half the shutdown timeout), off the traced path.
 
 Traces keep their order per recorder: one parked holds back those that close after it.
 The sinks are called outside any lock of this module, by one thread at a time per
@@ -55,7 +54,7 @@ F = RECORD_FIELDS
 #: traces parked at once on one recorder's sinks; past it the oldest is handed on with
 #: the counts that have not arrived as no count (counted)
 MAX_PARKED = 1024
-#: how long a read of the statistics (or a flush) waits for the counts of parked traces
+#: how long a flush (and a change of attributes) waits for the counts of parked traces
 READ_WAIT_S = 5.0
 
 #: the counts on a device in the traces handed on in this process: ``deferred`` recorded
@@ -159,15 +158,11 @@ class DeferredCount(int):
 _CELLS: weakref.WeakValueDictionary[int, _Cell] = weakref.WeakValueDictionary()
 
 
-class _Started(threading.local):
-    """Per thread: the cells started or passed on since its last trace closed, held until
-    it closes (the trace that records them closes on this thread)."""
-
-    cells: list[_Cell] | None = None
-
-
-_STARTED = _Started()
-#: cells a thread holds at most for traces not closed yet
+#: the cells started or passed on last (:data:`_HELD_MAX` at most, any thread), so that
+#: each lives until the trace that records it closed (and holds it while parked)
+_HELD: deque[_Cell] = deque()
+#: the cells held at most: a trace holding more counts on a device than this loses the
+#: oldest (counted)
 _HELD_MAX = 4096
 
 
@@ -237,13 +232,12 @@ def keep(handle: DeferredCount) -> None:
 
 
 def _hold(cell: _Cell) -> None:
-    held = _STARTED.cells
-    if held is None:
-        _STARTED.cells = [cell]
-        return
-    held.append(cell)
-    if len(held) > _HELD_MAX:  # (started and never recorded: counts read alone)
-        del held[:len(held) - _HELD_MAX // 2]
+    _HELD.append(cell)  # (one call: atomic across threads)
+    while len(_HELD) > _HELD_MAX:  # the oldest: recorded in traces closed since, mostly
+        try:
+            _HELD.popleft()
+        except IndexError:  # (another thread took it)
+            break
 
 
 def handle_of(c: int) -> int:
@@ -259,6 +253,8 @@ def handle_of(c: int) -> int:
 #: the parkings that hold traces (strong: a parked trace outlives its recorder)
 _BUSY: set[_Parking] = set()
 _BUSY_LOCK = threading.RLock()
+#: every parking (a fork gives each a fresh lock)
+_PARKINGS: weakref.WeakSet[_Parking] = weakref.WeakSet()
 
 
 class _Parking:
@@ -272,24 +268,30 @@ class _Parking:
         self.sinks = tuple(sinks)
         #: ``(trace, recorder, {handle: cell or None})`` in the order they closed
         self.parked: deque[tuple[Any, Any, dict[int, _Cell | None]]] = deque()
+        self._fresh_lock()
+        _PARKINGS.add(self)
+
+    def _fresh_lock(self) -> None:
         self.lock = threading.RLock()  # (a signal handler's trace may close inside it)
-        self.releasing = False
+        #: notified when the parking empties (a final pump waits on it)
+        self.emptied = threading.Condition(self.lock)
+        #: the thread handing traces on, or None
+        self.releasing: int | None = None
+        #: a final pump asked for while another thread hands on: that one goes on to the
+        #: end, counts that did not land as none
+        self.final_wanted = False
 
     @lifecycle.uncut
     def on_trace(self, trace: Any, recorder: Any) -> None:
         cells: dict[int, _Cell | None] = {}
-        held = _STARTED.cells  # (a handle reaches a record through defer or keep, on the
-        if held:  # thread that records it: with none since, the trace holds none)
-            handles = [c for c in trace.data[R_COUNT::F] if c < NO_COUNT]
-            if handles:
-                cells = {h: _CELLS.get(h) for h in set(handles)}
-                with _COUNTS_LOCK:
-                    COUNTS["deferred"] += len(handles)
-                # the cells this trace recorded are the parking's to hold from now
-                found = {id(c) for c in cells.values()}
-                held[:] = [c for c in held if id(c) not in found]
+        counts = trace.data[R_COUNT::F]
+        if len(counts) and min(counts) < NO_COUNT:  # (one pass in C)
+            handles = [c for c in counts if c < NO_COUNT]
+            cells = {h: _CELLS.get(h) for h in set(handles)}
+            with _COUNTS_LOCK:
+                COUNTS["deferred"] += len(handles)
         with self.lock:
-            if not cells and not self.parked and not self.releasing:
+            if not cells and not self.parked and self.releasing is None:
                 direct = True
             else:
                 direct = False
@@ -300,19 +302,31 @@ class _Parking:
         if direct:
             self._hand_on(trace, recorder)
         else:
-            self.pump(overflow=True)
+            self.pump()
 
     @lifecycle.uncut
-    def pump(self, final: bool = False, overflow: bool = False) -> None:
-        """Hand on the parked traces whose counts arrived, in order (``final``: every one,
-        its missing counts as none; ``overflow``: the oldest ones past
-        :data:`MAX_PARKED` too). Returns at once when another call is handing on (it
-        takes what is parked meanwhile)."""
+    def pump(self, final: bool = False, wait_s: float = READ_WAIT_S) -> None:
+        """Hand on the parked traces whose counts arrived, in order, and the oldest past
+        :data:`MAX_PARKED` whatever (``final``: every one, counts that did not land as
+        none). A call while another thread hands on returns at once (that one takes what
+        is parked meanwhile); a final one asks it to go on to the end and waits for it,
+        up to ``wait_s``."""
+        me = threading.get_ident()
         while True:
             with self.lock:
-                if self.releasing:
+                if self.releasing is not None:
+                    if final:
+                        self.final_wanted = True
+                        if self.releasing != me:  # (the same thread: a handler, inside)
+                            deadline = time.monotonic() + wait_s
+                            while self.parked and self.releasing is not None:
+                                left = deadline - time.monotonic()
+                                if left <= 0 or not self.emptied.wait(left):
+                                    break
+                            if self.releasing is None and self.parked:
+                                continue  # (it stopped: this call goes on from here)
                     return
-                self.releasing = True
+                self.releasing = me
             try:
                 while True:
                     with self.lock:
@@ -320,22 +334,27 @@ class _Parking:
                         if not parked:
                             break
                         trace, recorder, cells = parked[0]
-                        if not (final or (overflow and len(parked) > MAX_PARKED)
-                                or all(c is None or c.ready() for c in cells.values())):
+                        if not self._due(final):
                             break
                         parked.popleft()
                     self._hand_on(_with_counts(trace, cells) if cells else trace, recorder)
             finally:
                 with self.lock:
-                    self.releasing = False
-                    parked = self.parked
-                    again = bool(parked) and (final or not parked[0][2] or all(
-                        c is None or c.ready() for c in parked[0][2].values()))
-                    if not parked:
+                    self.releasing = None
+                    again = bool(self.parked) and self._due(final)
+                    if not self.parked:
+                        self.final_wanted = False
+                        self.emptied.notify_all()
                         with _BUSY_LOCK:
                             _BUSY.discard(self)
-            if not again:  # (a trace parked while this one handed on, ready now)
+            if not again:  # (a trace parked while this one handed on, due now)
                 return
+
+    def _due(self, final: bool) -> bool:
+        """Whether the first parked trace goes on now (caller holds the lock)."""
+        parked = self.parked
+        return (final or self.final_wanted or len(parked) > MAX_PARKED
+                or all(c is None or c.ready() for c in parked[0][2].values()))
 
     def _hand_on(self, trace: Any, recorder: Any) -> None:
         for sink in self.sinks:
@@ -352,10 +371,11 @@ class _Parking:
     def attributes_changing(self, attributes: Any) -> None:
         """A recorder's attributes are about to change: its parked traces are handed on
         first, with the attributes they closed with (their counts waited for, up to
-        :data:`READ_WAIT_S`: a change of attributes is rare, and asked for)."""
+        :data:`READ_WAIT_S`: a change of attributes is rare, and asked for; one whose count
+        takes longer keeps waiting, and goes on with the new attributes)."""
         if any(rec.attributes is attributes for _, rec, _ in list(self.parked)):
             _wait(self.cells(), time.monotonic() + READ_WAIT_S)
-            self.pump(final=True)
+            self.pump()
 
 
 def _with_counts(trace: Any, cells: dict[int, _Cell | None]) -> Any:
@@ -424,9 +444,10 @@ def settle(wait_s: float = READ_WAIT_S, final: bool = False, sink: Any = None) -
         return
     with _BUSY_LOCK:
         busy = [p for p in _BUSY if sink is None or sink in p.sinks]
-    _wait([c for p in busy for c in p.cells()], time.monotonic() + wait_s)
+    deadline = time.monotonic() + wait_s
+    _wait([c for p in busy for c in p.cells()], deadline)
     for p in busy:
-        p.pump(final=final)
+        p.pump(final=final, wait_s=max(0.0, deadline - time.monotonic()))
     if final and COUNTS["lost"]:
         _HOST["note_once"]("device-count-lost", "%d env counts on a device never arrived; "
                            "their records have no count", COUNTS["lost"])
@@ -448,9 +469,15 @@ def _settle_at_exit() -> None:
 
 
 def report() -> dict[str, int] | None:
-    """:data:`COUNTS` for the run record, or None when no count on a device was
+    """:data:`COUNTS` for the run record, with ``pending`` (in traces still parked: a
+    record written while the run goes on), or None when no count on a device was
     recorded."""
-    return dict(COUNTS) if COUNTS["deferred"] else None
+    if not COUNTS["deferred"]:
+        return None
+    with _COUNTS_LOCK:
+        out = dict(COUNTS)
+    out["pending"] = out["deferred"] - out["arrived"] - out["lost"]
+    return out
 
 
 def after_fork_in_child() -> None:
@@ -458,12 +485,11 @@ def after_fork_in_child() -> None:
     counts start afresh (CUDA does not survive a fork)."""
     global _BUSY_LOCK, _COUNTS_LOCK
     _BUSY_LOCK, _COUNTS_LOCK = threading.RLock(), threading.RLock()
-    for p in list(_BUSY):
+    for p in list(_PARKINGS):
         p.parked.clear()
-        p.lock = threading.RLock()
-        p.releasing = False
+        p._fresh_lock()
     _BUSY.clear()
-    _STARTED.cells = None
+    _HELD.clear()
     _CELLS.clear()
     for k in COUNTS:
         COUNTS[k] = 0

@@ -182,6 +182,13 @@ def env_count_of(value: Any) -> int:
     array or tensor is its value, when on the host (one on a device is not read); anything
     else as :func:`count_of`."""
     dtype = getattr(value, "dtype", None)
+    if dtype is not None and type(value) is not bool and _kind(dtype) == "b":
+        where = _device(value)
+        if where is not None:  # (a count of it would be started, and never recorded)
+            DEVICES.add(where)
+            note_once(f"env_count:{where}", "an env count on %s is not read (reading it "
+                      "would wait for the device): give it as an int", where)
+            return NO_COUNT
     if dtype is not None and not getattr(value, "ndim", 1) and type(value) is not bool:
         if _kind(dtype) in ("i", "u"):
             where = _device(value)
