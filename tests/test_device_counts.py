@@ -563,3 +563,39 @@ def test_a_final_settle_while_another_thread_hands_on_finishes_the_job(
 def test_an_env_count_on_a_device_starts_no_count(device: Device) -> None:
     assert recorder_module.env_count_of(Mask(device, [True] * 3)) == NO_COUNT
     assert device.queued == 0
+
+
+def test_a_final_settle_from_another_thread_waits_for_the_hand_on_under_way(
+        device: Device) -> None:
+    """A shutdown on one thread while another is inside a sink: it returns once that one
+    handed every trace on, none left parked for a stopped aggregation to miss."""
+    gate, inside = threading.Event(), threading.Event()
+
+    class Slow(Sink):
+        def on_trace(self, trace: Any, r: Any) -> None:
+            if not self.traces:
+                inside.set()
+                gate.wait()
+            super().on_trace(trace, r)
+
+    sink = Slow()
+    rec = Recorder([sink])
+    with rec.scope(C.RESET_DONE, Mask(device, [True])):
+        pass
+    device.run()
+    reader = threading.Thread(target=devicecounts.settle, args=(0.0,))
+    reader.start()
+    assert inside.wait(60)
+    with rec.scope(C.RESET_DONE, Mask(device, [True] * 2)):
+        pass
+    (parking,) = rec._sinks
+    device.lag = device.queries + 2  # it lands while the final settle waits for it
+    final = threading.Thread(target=devicecounts.settle, args=(120.0,),
+                             kwargs={"final": True})
+    final.start()
+    while not parking.final_wanted and final.is_alive():  # (it waits for the reader)
+        final.join(0.01)
+    gate.set()
+    final.join()
+    reader.join()
+    assert sink.counts(C.RESET_DONE) == [1, 2] and not parking.parked

@@ -794,13 +794,17 @@ class Aggregator:
             s.add_many(ordered, total, top, draws)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Aggregate every trace queued; False when traces still wait for their counts on
+        a device (up to ``timeout_millis``, at most ``devicecounts.READ_WAIT_S``)."""
+        ok = True
         if devicecounts.active():  # traces waiting for counts on a device: waited for
             devicecounts.settle(min(devicecounts.READ_WAIT_S, timeout_millis / 1000),
                                 sink=self)
+            ok = not devicecounts.waiting(self)
         self._drain()
         with self._lock:
             self._fold()
-        return True
+        return ok
 
     def shutdown(self) -> None:
         self._closing = True

@@ -46,7 +46,7 @@ from resettrace.tracing import lifecycle
 from resettrace.tracing.layout import NO_COUNT, R_COUNT, RECORD_FIELDS
 
 __all__ = ["DeferredCount", "COUNTS", "MAX_PARKED", "READ_WAIT_S", "STARTERS", "defer",
-           "keep", "park", "settle", "report", "handle_of", "bind", "exit_wait"]
+           "keep", "park", "settle", "report", "handle_of", "bind", "exit_wait", "waiting"]
 
 log = logging.getLogger("resettrace")
 
@@ -227,8 +227,10 @@ def defer(mask: Any) -> DeferredCount | None:
 
 def keep(handle: DeferredCount) -> None:
     """A handle recorded again (passed on as a count): found when its trace closes."""
-    _CELLS[int(handle)] = handle._cell
-    _hold(handle._cell)
+    cell = handle._cell
+    _CELLS[int(handle)] = cell
+    if not _HELD or _HELD[-1] is not cell:  # (a scope re-entered in a loop: once)
+        _hold(cell)
 
 
 def _hold(cell: _Cell) -> None:
@@ -252,7 +254,6 @@ def handle_of(c: int) -> int:
 # -- parking ---------------------------------------------------------------------------------
 #: the parkings that hold traces (strong: a parked trace outlives its recorder)
 _BUSY: set[_Parking] = set()
-_BUSY_LOCK = threading.RLock()
 #: every parking (a fork gives each a fresh lock)
 _PARKINGS: weakref.WeakSet[_Parking] = weakref.WeakSet()
 
@@ -297,8 +298,7 @@ class _Parking:
                 direct = False
                 self.parked.append((trace, recorder, cells))
                 if len(self.parked) == 1:
-                    with _BUSY_LOCK:
-                        _BUSY.add(self)
+                    _BUSY.add(self)  # (one call: atomic; no other lock inside this one)
         if direct:
             self._hand_on(trace, recorder)
         else:
@@ -312,19 +312,25 @@ class _Parking:
         is parked meanwhile); a final one asks it to go on to the end and waits for it,
         up to ``wait_s``."""
         me = threading.get_ident()
+        deadline = time.monotonic() + wait_s
         while True:
             with self.lock:
                 if self.releasing is not None:
                     if final:
+                        # the one handing on goes on to the end; from another thread,
+                        # wait for it (the same thread: a signal handler inside it, which
+                        # returns with the traces still parked)
                         self.final_wanted = True
-                        if self.releasing != me:  # (the same thread: a handler, inside)
-                            deadline = time.monotonic() + wait_s
+                        if self.releasing != me:
                             while self.parked and self.releasing is not None:
                                 left = deadline - time.monotonic()
-                                if left <= 0 or not self.emptied.wait(left):
+                                if left <= 0:
                                     break
+                                self.emptied.wait(left)
                             if self.releasing is None and self.parked:
                                 continue  # (it stopped: this call goes on from here)
+                            if self.parked:  # given up: a later hand-on is not final
+                                self.final_wanted = False
                     return
                 self.releasing = me
             try:
@@ -344,9 +350,8 @@ class _Parking:
                     again = bool(self.parked) and self._due(final)
                     if not self.parked:
                         self.final_wanted = False
-                        self.emptied.notify_all()
-                        with _BUSY_LOCK:
-                            _BUSY.discard(self)
+                        _BUSY.discard(self)
+                    self.emptied.notify_all()  # (a final pump waits: done, or stopped)
             if not again:  # (a trace parked while this one handed on, due now)
                 return
 
@@ -422,7 +427,7 @@ def bind(note_once: Callable[..., None], trace: Callable[[list[list[int]]], Any]
 def _activate() -> None:
     """The first count started on a device: every recorder's traces are parked from now
     (those made later too, see Recorder.__init__)."""
-    with _BUSY_LOCK:
+    with _COUNTS_LOCK:
         if _ACTIVE[0]:
             return
         _ACTIVE[0] = True
@@ -442,10 +447,11 @@ def settle(wait_s: float = READ_WAIT_S, final: bool = False, sink: Any = None) -
     traces going to it (a session's, at its shutdown)."""
     if not _ACTIVE[0]:
         return
-    with _BUSY_LOCK:
-        busy = [p for p in _BUSY if sink is None or sink in p.sinks]
-    deadline = time.monotonic() + wait_s
-    _wait([c for p in busy for c in p.cells()], deadline)
+    busy = [p for p in list(_BUSY) if sink is None or sink in p.sinks]
+    # the counts get the time (half of it when final: the rest for a hand-on under way)
+    _wait([c for p in busy for c in p.cells()],
+          time.monotonic() + (wait_s / 2 if final else wait_s))
+    deadline = time.monotonic() + (wait_s / 2 if final else 0.0)
     for p in busy:
         p.pump(final=final, wait_s=max(0.0, deadline - time.monotonic()))
     if final and COUNTS["lost"]:
@@ -468,6 +474,11 @@ def _settle_at_exit() -> None:
     settle(_EXIT_WAIT_S[0], final=True)
 
 
+def waiting(sink: Any) -> int:
+    """The traces parked on their way to ``sink``."""
+    return sum(len(p.parked) for p in list(_BUSY) if sink in p.sinks)
+
+
 def report() -> dict[str, int] | None:
     """:data:`COUNTS` for the run record, with ``pending`` (in traces still parked: a
     record written while the run goes on), or None when no count on a device was
@@ -483,8 +494,8 @@ def report() -> dict[str, int] | None:
 def after_fork_in_child() -> None:
     """The parked traces and counts are the parent's (it hands them on); the child's own
     counts start afresh (CUDA does not survive a fork)."""
-    global _BUSY_LOCK, _COUNTS_LOCK
-    _BUSY_LOCK, _COUNTS_LOCK = threading.RLock(), threading.RLock()
+    global _COUNTS_LOCK
+    _COUNTS_LOCK = threading.RLock()
     for p in list(_PARKINGS):
         p.parked.clear()
         p._fresh_lock()

@@ -399,9 +399,9 @@ class Tracing:
         deadline = time.monotonic() + timeout
         ok = True
         if self.aggregator is not None:
-            self.aggregator.force_flush()
+            ok = self.aggregator.force_flush(max(1, int(timeout * 1000)))
         if self.materializer is not None:
-            ok = self.materializer.flush(timeout)
+            ok = self.materializer.flush(max(0.01, deadline - time.monotonic())) and ok
         if self._provider is not None and hasattr(self._provider, "force_flush"):
             left_ms = max(1, int((deadline - time.monotonic()) * 1000))
             ok = bool(self._provider.force_flush(left_ms)) and ok
