@@ -374,29 +374,43 @@ def test_a_trace_closed_while_traces_are_handed_on_waits_its_turn(device: Device
     assert sink.counts(C.RESET_DONE) == [1, 2, 3, 9]
 
 
-def test_a_sink_that_waits_never_holds_up_the_training_thread(device: Device) -> None:
-    """A reader thread handing traces on into a sink that waits (a lock another thread
-    holds) leaves the training thread free: its traces queue behind, none lost."""
-    gate, inside = threading.Event(), threading.Event()
+class HeldUp(Sink):
+    """A sink that holds up the first trace it gets until :attr:`gate` opens (a lock
+    another thread holds), saying so on :attr:`inside`."""
 
-    class Slow(Sink):
-        def on_trace(self, trace: Any, r: Any) -> None:
-            inside.set()
-            gate.wait()
-            super().on_trace(trace, r)
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.inside = threading.Event(), threading.Event()
 
-    sink = Slow()
+    def on_trace(self, trace: Any, r: Any) -> None:
+        if not self.traces:
+            self.inside.set()
+            self.gate.wait()
+        super().on_trace(trace, r)
+
+
+def _a_reader_inside_a_sink(device: Device) -> tuple[HeldUp, Recorder, threading.Thread]:
+    """A recorder whose first trace (a count of 1 that landed) a reader thread's settle
+    is handing on, held up inside the sink."""
+    sink = HeldUp()
     rec = Recorder([sink])
     with rec.scope(C.RESET_DONE, Mask(device, [True])):
         pass
     device.run()
     reader = threading.Thread(target=devicecounts.settle, args=(0.0,))
     reader.start()
-    assert inside.wait(60)
+    assert sink.inside.wait(60)
+    return sink, rec, reader
+
+
+def test_a_sink_that_waits_never_holds_up_the_training_thread(device: Device) -> None:
+    """A reader thread handing traces on into a sink that waits (a lock another thread
+    holds) leaves the training thread free: its traces queue behind, none lost."""
+    sink, rec, reader = _a_reader_inside_a_sink(device)
     for n in (2, 3):  # returns while the reader's hand-over waits
         with rec.scope(C.RESET_DONE, n):
             pass
-    gate.set()
+    sink.gate.set()
     reader.join()
     devicecounts.settle(0.0)
     assert sink.counts(C.RESET_DONE) == [1, 2, 3]
@@ -527,27 +541,11 @@ def test_a_final_settle_while_another_thread_hands_on_finishes_the_job(
     """A shutdown's final settle, and the bound on parked traces, hold while another
     thread is inside a sink: that thread goes on to the end."""
     monkeypatch.setattr(devicecounts, "MAX_PARKED", 2)
-    gate, inside = threading.Event(), threading.Event()
-
-    class Slow(Sink):
-        def on_trace(self, trace: Any, r: Any) -> None:
-            if not self.traces:  # the first trace: held up
-                inside.set()
-                gate.wait()
-            super().on_trace(trace, r)
-
-    sink = Slow()
-    rec = Recorder([sink])
-    with rec.scope(C.RESET_DONE, Mask(device, [True])):
-        pass
-    device.run()
-    reader = threading.Thread(target=devicecounts.settle, args=(0.0,))
-    reader.start()
-    assert inside.wait(60)
+    sink, rec, reader = _a_reader_inside_a_sink(device)
     for n in range(2, 8):  # the device never gets to these
         with rec.scope(C.RESET_DONE, Mask(device, [True] * n)):
             pass
-    gate.set()
+    sink.gate.set()
     reader.join()
     assert sink.counts(C.RESET_DONE) == [1] + [NO_COUNT] * 4  # the bound, kept
     del sink.traces[1:]
@@ -569,23 +567,7 @@ def test_a_final_settle_from_another_thread_waits_for_the_hand_on_under_way(
         device: Device) -> None:
     """A shutdown on one thread while another is inside a sink: it returns once that one
     handed every trace on, none left parked for a stopped aggregation to miss."""
-    gate, inside = threading.Event(), threading.Event()
-
-    class Slow(Sink):
-        def on_trace(self, trace: Any, r: Any) -> None:
-            if not self.traces:
-                inside.set()
-                gate.wait()
-            super().on_trace(trace, r)
-
-    sink = Slow()
-    rec = Recorder([sink])
-    with rec.scope(C.RESET_DONE, Mask(device, [True])):
-        pass
-    device.run()
-    reader = threading.Thread(target=devicecounts.settle, args=(0.0,))
-    reader.start()
-    assert inside.wait(60)
+    sink, rec, reader = _a_reader_inside_a_sink(device)
     with rec.scope(C.RESET_DONE, Mask(device, [True] * 2)):
         pass
     (parking,) = rec._sinks
@@ -595,7 +577,7 @@ def test_a_final_settle_from_another_thread_waits_for_the_hand_on_under_way(
     final.start()
     while not parking.final_wanted and final.is_alive():  # (it waits for the reader)
         final.join(0.01)
-    gate.set()
+    sink.gate.set()
     final.join()
     reader.join()
     assert sink.counts(C.RESET_DONE) == [1, 2] and not parking.parked
