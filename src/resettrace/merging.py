@@ -279,7 +279,7 @@ def merge_records(records: Sequence[RunRecord], *, allow_mixed: bool = False,
     on_device: list[dict[str, Any]] = [r.extra["device_counts"] for r in records
                                        if isinstance(r.extra.get("device_counts"), dict)]
     if on_device:  # masks counted on a device: how many of those counts arrived, job-wide
-        extra["device_counts"] = {k: sum(int(dc.get(k) or 0) for dc in on_device)
+        extra["device_counts"] = {k: sum(v for dc in on_device if type(v := dc.get(k)) is int)
                                   for k in ("deferred", "arrived", "lost", "pending")}
     return RunRecord(
         kind="job", mode=first.mode,

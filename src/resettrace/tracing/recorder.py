@@ -179,24 +179,20 @@ def _kind(dtype: Any) -> str:
 
 def env_count_of(value: Any) -> int:
     """An env count (``env_count=``: the envs in the batch, never env ids): a 0-d integer
-    array or tensor is its value, when on the host (one on a device is not read); anything
-    else as :func:`count_of`."""
+    array or tensor is its value, when on the host (one on a device, and a bool mask on a
+    device, are not read); anything else as :func:`count_of`."""
     dtype = getattr(value, "dtype", None)
-    if dtype is not None and type(value) is not bool and _kind(dtype) == "b":
-        where = _device(value)
-        if where is not None:  # (a count of it would be started, and never recorded)
-            DEVICES.add(where)
-            note_once(f"env_count:{where}", "an env count on %s is not read (reading it "
-                      "would wait for the device): give it as an int", where)
-            return NO_COUNT
-    if dtype is not None and not getattr(value, "ndim", 1) and type(value) is not bool:
-        if _kind(dtype) in ("i", "u"):
+    if dtype is not None and type(value) is not bool:
+        kind = _kind(dtype)
+        zero_d_int = kind in ("i", "u") and not getattr(value, "ndim", 1)
+        if zero_d_int or kind == "b":  # (a mask on a device: a count never recorded)
             where = _device(value)
             if where is not None:
                 DEVICES.add(where)
                 note_once(f"env_count:{where}", "an env count on %s is not read (reading it "
                           "would wait for the device): give it as an int", where)
                 return NO_COUNT
+        if zero_d_int:
             return _int_count(int(value))
     return count_of(value)
 
