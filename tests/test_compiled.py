@@ -797,3 +797,61 @@ def test_a_trace_past_thousands_of_records_gives_its_memory_back_when_it_closes(
     finally:
         tracemalloc.stop()
     assert held - after > 2_000_000, (held, after)
+
+
+# 150 phases (more than the C's table of remembered phases: entries collide and are
+# replaced), each opened by its Phase and by a span name built at run time (equal, not the
+# same object), with phases registered after the recorder was made; the records must be
+# the pure-Python recorder's.
+MANY_PHASES = r'''
+import gc, json, weakref
+from resettrace.catalog import Catalog
+from resettrace.tracing.recorder import Recorder
+
+cat = Catalog()
+root = cat.register("job", parent=None)
+early = [cat.register(f"job.p{i}", parent=root) for i in range(100)]
+traces = []
+
+class Keep:
+    def on_trace(self, records, rec):
+        traces.append([[cat[r[0]].span, r[1], r[4]] for r in records])
+
+rec = Recorder([Keep()], catalog=cat)
+late = [cat.register(f"job.q{i}", parent=root) for i in range(50)]
+for rnd in range(3):
+    with rec.scope(root):
+        for i, p in enumerate(early + late):
+            with rec.scope(p, i % 7):
+                pass
+            with rec.scope("".join(["job.", p.span[4:]]), rnd):
+                pass
+gone = weakref.ref(rec)
+del rec
+gc.collect()
+print(json.dumps([traces, gone() is None]))
+'''
+
+
+def test_scopes_found_by_phase_identity_record_what_pure_python_does() -> None:
+    """The compiled scope() remembers each phase object's scope in a table of 64 entries:
+    colliding phases, span names equal but not identical, and phases registered after the
+    recorder record as the pure-Python recorder does, and the table keeps no recorder
+    alive (child processes: a crash fails here)."""
+    got = []
+    for pure in ("0", "1"):
+        r = subprocess.run([sys.executable, "-c", MANY_PHASES], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT,
+                           env=clean_env(PYTHONPATH=str(ROOT / "src"),
+                                         RESETTRACE_PURE_PYTHON=pure))
+        assert r.returncode == 0, (pure, r.returncode, r.stderr[-2000:])
+        got.append(json.loads(r.stdout.splitlines()[-1]))
+    assert got[0] == got[1]
+    traces, collected = got[0]
+    assert collected and len(traces) == 3
+    first = traces[0]
+    assert len(first) == 1 + 2 * 150 and first[0] == ["job", -1, -1]
+    assert first[1:5] == [["job.p0", 0, 0], ["job.p0", 0, 0], ["job.p1", 0, 1],
+                          ["job.p1", 0, 0]]
+    assert first[-2:] == [["job.q49", 0, 149 % 7], ["job.q49", 0, 0]]
+    assert traces[2][-1] == ["job.q49", 0, 2]

@@ -29,6 +29,14 @@
 #include <string.h>
 #include <time.h>
 
+/* Code off the common path: kept apart from it, so that a cold call (the caches emptied
+ * by a physics step) reads fewer lines of code. */
+#if defined(__GNUC__)
+#define COLD __attribute__((cold, noinline))
+#else
+#define COLD
+#endif
+
 #include "_layout.h"  /* R_PHASE ... R_ERROR, RECORD_FIELDS: layout.py's */
 
 static PyObject *str_index,
@@ -1102,6 +1110,7 @@ static PyTypeObject SlotType = {
 };
 
 /* ---------------------------------------------------------------- RecorderBase */
+#define SCOPE_SEEN 64  /* a power of 2 */
 /* The state of a recorder that the hot path reads: the base of recorder.Recorder (its
  * Python subclass adds the routing and the rest). The C code reads these fields in place;
  * Python code reads them as the members _stack, _records, _laps, _scopes, _named, _owner
@@ -1119,7 +1128,19 @@ typedef struct {
     unsigned long owner;  /* the thread that records here */
     long long serial;     /* the traces closed: a call that finds it changed on return
                            * knows its trace was cut meanwhile (an overflow) */
+    /* phase -> its Scope, by identity (both held): a scope() call reads one entry, not
+     * the phase's index attribute, the scopes list or the names dict */
+    struct { PyObject *phase, *scope; } seen[SCOPE_SEEN];
 } RecorderBase;
+
+static void
+rb_forget(RecorderBase *self)
+{
+    for (int i = 0; i < SCOPE_SEEN; i++) {
+        Py_CLEAR(self->seen[i].phase);
+        Py_CLEAR(self->seen[i].scope);
+    }
+}
 
 static PyTypeObject RecorderBaseType;
 /* what setup_recorder() gives: the Python implementations of every case */
@@ -1141,6 +1162,10 @@ rb_traverse(RecorderBase *self, visitproc visit, void *arg)
     Py_VISIT(self->token);
     Py_VISIT(self->last);
     Py_VISIT(self->sinks);
+    for (int i = 0; i < SCOPE_SEEN; i++) {
+        Py_VISIT(self->seen[i].phase);
+        Py_VISIT(self->seen[i].scope);
+    }
     return 0;
 }
 
@@ -1155,6 +1180,7 @@ rb_clear(RecorderBase *self)
     Py_CLEAR(self->token);
     Py_CLEAR(self->last);
     Py_CLEAR(self->sinks);
+    rb_forget(self);
     return 0;
 }
 
@@ -1207,8 +1233,23 @@ rb_set_list(PyObject **field, PyObject *v, const char *name)
     { return rb_set_list(&self->field, v, name); }
 RB_LIST(stack, "_stack")
 RB_LIST(laps, "_laps")
-RB_LIST(scopes, "_scopes")
 #undef RB_LIST
+
+static PyObject *
+rb_get_scopes(RecorderBase *self, void *c)
+{
+    return Py_NewRef(self->scopes);
+}
+
+static int
+rb_set_scopes(RecorderBase *self, PyObject *v, void *c)
+{
+    if (rb_set_list(&self->scopes, v, "_scopes") < 0) {
+        return -1;
+    }
+    rb_forget(self);  /* another list: other scopes */
+    return 0;
+}
 
 static PyObject *
 rb_get_records(RecorderBase *self, void *c)
@@ -1441,7 +1482,7 @@ code_value(PyObject *code)
 }
 
 /* The pending slow path: the Python implementation given by setup_recorder(). */
-static PyObject *
+COLD static PyObject *
 call_general(PyObject *fn, PyObject *const *args, size_t n)
 {
     if (fn == NULL) {
@@ -1771,9 +1812,10 @@ slow:;
 }
 
 /* The scope object of `phase` (a Phase or a span name) on rec, borrowed, or NULL with no
- * error: the Python method resolves it (an unknown name, a phase registered later). */
-static PyObject *
-scope_for(RecorderBase *rec, PyObject *phase)
+ * error: the Python method resolves it (an unknown name, a phase registered later). Once
+ * per phase: scope_for remembers it. */
+COLD static PyObject *
+scope_lookup(RecorderBase *rec, PyObject *phase)
 {
     PyObject *s;
     if (PyUnicode_CheckExact(phase)) {
@@ -1800,6 +1842,27 @@ scope_for(RecorderBase *rec, PyObject *phase)
         s = PyList_GET_ITEM(rec->scopes, k);
     }
     return PyObject_TypeCheck(s, &ScopeBaseType) ? s : NULL;
+}
+
+/* The scope of a phase object or span name, borrowed, or NULL (the Python method then
+ * decides): remembered by the phase's identity. */
+static inline PyObject *
+scope_for(RecorderBase *rec, PyObject *phase)
+{
+    size_t h = (((uintptr_t)phase >> 4) ^ ((uintptr_t)phase >> 10)) & (SCOPE_SEEN - 1);
+    if (rec->seen[h].phase == phase) {
+        return rec->seen[h].scope;
+    }
+    PyObject *s = scope_lookup(rec, phase);
+    if (s != NULL) {
+        PyObject *was_phase = rec->seen[h].phase, *was_scope = rec->seen[h].scope;
+        rec->seen[h].phase = Py_NewRef(phase);
+        rec->seen[h].scope = Py_NewRef(s);
+        Py_XDECREF(was_phase);  /* (after the entry is whole: a phase's or scope's
+                                 * dealloc runs no code of ours) */
+        Py_XDECREF(was_scope);
+    }
+    return s;
 }
 
 /* A count a record holds as given: an int in [-1, 2**63). */
@@ -2023,8 +2086,9 @@ fail:
     Py_DECREF(trace);
     Py_DECREF(out);
     return NULL;
-general:
-    return PyObject_CallOneArg(timing_general, (PyObject *)self);
+general:;
+    PyObject *a[] = {(PyObject *)self};
+    return call_general(timing_general, a, 1);
 }
 
 static PyMethodDef scope_methods[] = {
@@ -2070,6 +2134,27 @@ static PyTypeObject ScopeBaseType = {
  * scope() (a scope inside this thread's open trace, a plain int count): the phase's scope
  * object, armed with the count and first lap for its __enter__. Every other case: the
  * Python method given by setup_recorder(), before anything changed. */
+/* scope() in Python: Recorder._scope_general(self, *args). */
+COLD static PyObject *
+rb_scope_general(RecorderBase *self, PyObject *const *args, Py_ssize_t nargs,
+                 PyObject *kwnames)
+{
+    if (scope_general == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "resettrace._fast: setup_recorder() not called");
+        return NULL;
+    }
+    PyObject *a[4];
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    if (total + 1 > 4) {
+        return PyErr_Format(PyExc_TypeError, "scope() takes at most 3 arguments");
+    }
+    a[0] = (PyObject *)self;
+    for (Py_ssize_t i = 0; i < total; i++) {
+        a[i + 1] = args[i];
+    }
+    return PyObject_Vectorcall(scope_general, a, nargs + 1, kwnames);
+}
+
 static PyObject *
 rb_scope(RecorderBase *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -2112,22 +2197,7 @@ rb_scope(RecorderBase *self, PyObject *const *args, size_t nargsf, PyObject *kwn
     sb->armed = 1;
     return Py_NewRef(s);
 general:
-    if (scope_general == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "resettrace._fast: setup_recorder() not called");
-        return NULL;
-    }
-    /* (self, *args): the vectorcall's spare slot before args holds self */
-    PyObject *small[4];
-    PyObject **a = small;
-    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
-    if (total + 1 > 4) {
-        return PyErr_Format(PyExc_TypeError, "scope() takes at most 3 arguments");
-    }
-    a[0] = (PyObject *)self;
-    for (Py_ssize_t i = 0; i < total; i++) {
-        a[i + 1] = args[i];
-    }
-    return PyObject_Vectorcall(scope_general, a, nargs + 1, kwnames);
+    return rb_scope_general(self, args, nargs, kwnames);
 }
 
 static PyMethodDef rb_methods[] = {
@@ -2293,7 +2363,7 @@ pending_code(PyObject **exc_type)
 
 /* Call fn(*args) for its effect, with the exception of the traced call, if any, kept
  * pending; an error of the call itself is reported as unraisable (call_keeping_error). */
-static void
+COLD static void
 call_function_keeping_error(PyObject *fn, PyObject *const *args, size_t n)
 {
     PyObject *type, *value, *tb;
