@@ -360,20 +360,27 @@ print(json.dumps(traces))
 '''
 
 
-def test_a_recorder_given_new_lists_is_followed_not_a_crash() -> None:
-    """The C paths kept the last recorder's lists borrowed behind a weak reference to it:
-    lists replaced (and freed) meanwhile were still written to. Now they read the lists
-    the recorder holds: the records are the pure-Python recorder's (child processes: a
-    crash fails here)."""
+def _in_both_recorders(script: str) -> list[Any]:
+    """What ``script`` prints last (JSON), run in a child process by the compiled recorder
+    and by the pure-Python one: the two must agree (a crash fails here)."""
     got = []
     for pure in ("0", "1"):
-        r = subprocess.run([sys.executable, "-c", REPLACED_LISTS], capture_output=True,
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True,
                            text=True, timeout=120, cwd=ROOT,
                            env=clean_env(PYTHONPATH=str(ROOT / "src"),
                                          RESETTRACE_PURE_PYTHON=pure))
         assert r.returncode == 0, (pure, r.returncode, r.stderr[-2000:])
         got.append(json.loads(r.stdout.splitlines()[-1]))
     assert got[0] == got[1]
+    return got
+
+
+def test_a_recorder_given_new_lists_is_followed_not_a_crash() -> None:
+    """The C paths kept the last recorder's lists borrowed behind a weak reference to it:
+    lists replaced (and freed) meanwhile were still written to. Now they read the lists
+    the recorder holds: the records are the pure-Python recorder's (child processes: a
+    crash fails here)."""
+    got = _in_both_recorders(REPLACED_LISTS)
     assert len(got[0]) == 9 and got[0][1] == [["env_step", -1, -1], ["dr_reset", 0, 1],
                                               ["reset_done", 0, 1],
                                               ["reset_done.reset_call", 2, 1],
@@ -838,15 +845,7 @@ def test_scopes_found_by_phase_identity_record_what_pure_python_does() -> None:
     colliding phases, span names equal but not identical, and phases registered after the
     recorder record as the pure-Python recorder does, and the table keeps no recorder
     alive (child processes: a crash fails here)."""
-    got = []
-    for pure in ("0", "1"):
-        r = subprocess.run([sys.executable, "-c", MANY_PHASES], capture_output=True,
-                           text=True, timeout=120, cwd=ROOT,
-                           env=clean_env(PYTHONPATH=str(ROOT / "src"),
-                                         RESETTRACE_PURE_PYTHON=pure))
-        assert r.returncode == 0, (pure, r.returncode, r.stderr[-2000:])
-        got.append(json.loads(r.stdout.splitlines()[-1]))
-    assert got[0] == got[1]
+    got = _in_both_recorders(MANY_PHASES)
     traces, collected = got[0]
     assert collected and len(traces) == 3
     first = traces[0]
