@@ -2130,10 +2130,6 @@ static PyTypeObject ScopeBaseType = {
     .tp_members = scope_members,
 };
 
-/* RecorderBase.scope(phase, count=-1, lap=None): the common case of recorder.Recorder's
- * scope() (a scope inside this thread's open trace, a plain int count): the phase's scope
- * object, armed with the count and first lap for its __enter__. Every other case: the
- * Python method given by setup_recorder(), before anything changed. */
 /* scope() in Python: Recorder._scope_general(self, *args). */
 COLD static PyObject *
 rb_scope_general(RecorderBase *self, PyObject *const *args, Py_ssize_t nargs,
@@ -2155,6 +2151,10 @@ rb_scope_general(RecorderBase *self, PyObject *const *args, Py_ssize_t nargs,
     return PyObject_Vectorcall(scope_general, a, nargs + 1, kwnames);
 }
 
+/* RecorderBase.scope(phase, count=-1, lap=None): the common case of recorder.Recorder's
+ * scope() (a scope inside this thread's open trace, a plain int count): the phase's scope
+ * object, armed with the count and first lap for its __enter__. Every other case: the
+ * Python method given by setup_recorder(), before anything changed. */
 static PyObject *
 rb_scope(RecorderBase *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
